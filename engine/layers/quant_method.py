@@ -1,0 +1,65 @@
+"""The contract between linear layers (engine/) and quantization methods (quant/).
+
+A linear layer never knows how its weight is stored. It asks its method to create
+parameters, lets the loader fill them through each parameter's ``weight_loader``,
+calls ``process_weights_after_loading`` once, then ``apply`` on every forward.
+
+Parameter attributes the layer's weight loaders read (set with ``set_weight_attrs``):
+
+- ``input_dim`` / ``output_dim``: which tensor dim runs along K (in) / N (out), or absent.
+- ``packed_dim`` + ``packed_factor``: the dim holding several values per element
+  (e.g. AWQ qweight packs 8 int4 along N: packed_dim=1, packed_factor=8); shard
+  offsets along that dim are divided by the factor.
+- ``group_dim`` + ``group_size``: rows per element along K for group-wise tensors.
+- ``is_per_shard_scalar``: one value per fused shard (FP8 per-tensor ``weight_scale``,
+  ``input_scale``); the parameter has ``len(output_partition_sizes)`` elements and the
+  loader writes shard i's scalar at index i.
+- ``ignore_shard``: a tensor identical for every shard (e.g. GPTQ ``g_idx``); loaded once.
+
+A fused layer (q/k/v or gate/up) is one parameter set covering all shards along N;
+the loader copies each checkpoint shard into its slice.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
+    for key, value in attrs.items():
+        if hasattr(param, key):
+            raise AttributeError(f"weight attribute {key!r} is already set")
+        setattr(param, key, value)
+
+
+class LinearMethodBase(ABC):
+    """How one linear layer stores and applies its weight."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, input_size: int,
+                       output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
+        """Registers parameters on ``layer``. ``output_partition_sizes`` lists each fused
+        shard's N (one entry for a plain layer); their sum is the layer's N."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [..., K] -> [..., N] in x's dtype."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after every parameter is loaded (repack, transpose, check)."""
+
+
+class QuantizationConfig(ABC):
+    """A checkpoint's quantization, parsed from ``quantization_config`` (quant/ implements)."""
+
+    @abstractmethod
+    def get_name(self) -> str: ...
+
+    @abstractmethod
+    def get_linear_method(self, prefix: str) -> LinearMethodBase:
+        """The method for the linear layer at ``prefix`` (e.g. "model.layers.0.mlp.down_proj");
+        layers listed as ignored / not converted get the unquantized method."""
