@@ -1,0 +1,72 @@
+"""Triton plumbing shared by every kernel module: availability, dispatch, dual-mode kernels.
+
+Triton decides at decoration time whether ``@triton.jit`` compiles for the GPU or runs
+under the interpreter (``TRITON_INTERPRET=1``). That would make a kernel's mode depend
+on which module happened to import it first. ``kernel`` instead keeps the Python
+function and builds, on first launch, the variant the tensors need: the compiled
+kernel for CUDA tensors, the interpreted one for CPU tensors (CPU tests).
+
+Kernel bodies must be self-contained (no calls to other jitted helpers), so the same
+function runs in both modes.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any, Callable
+
+import torch
+
+
+@functools.cache
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """True when the dispatcher should run the Triton kernel for ``tensor``: a CUDA
+    tensor, Triton installed, and ``TAMIS_DISABLE_TRITON`` unset (a debugging switch
+    that forces the torch references everywhere)."""
+    return (tensor.is_cuda and triton_available()
+            and os.environ.get("TAMIS_DISABLE_TRITON", "0") in ("", "0"))
+
+
+class DualKernel:
+    """A Triton kernel launched as ``k[grid](*args, **meta)`` on CUDA or CPU tensors."""
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+        self._compiled = None
+        self._interpreted = None
+        functools.update_wrapper(self, fn)
+
+    def _variant(self, on_cpu: bool):
+        if on_cpu:
+            if self._interpreted is None:
+                from triton.runtime.interpreter import InterpretedFunction
+                self._interpreted = InterpretedFunction(self.fn)
+            return self._interpreted
+        if self._compiled is None:
+            from triton.runtime.jit import JITFunction
+            self._compiled = JITFunction(self.fn)
+        return self._compiled
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            on_cpu = bool(tensors) and not tensors[0].is_cuda
+            return self._variant(on_cpu)[grid](*args, **kwargs)
+        return launch
+
+
+def kernel(fn: Callable[..., Any]) -> DualKernel:
+    """Decorator used in place of ``@triton.jit`` (see the module docstring)."""
+    return DualKernel(fn)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
