@@ -1,0 +1,107 @@
+"""OpenAI error bodies and the status each failure maps to.
+
+Every error the server answers has OpenAI's shape::
+
+    {"error": {"message": str, "type": str, "param": str | None, "code": str | None}}
+
+``APIError`` is raised anywhere below the route handlers; ``install_error_handlers``
+turns it, FastAPI's request-validation errors (422 there, 400 here, as OpenAI answers),
+HTTP errors (404 route, 405) and engine errors into that body. A client mistake never
+becomes a 500: only a bug or a dead engine does.
+"""
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger("tamis.server")
+
+_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """A request the server refuses, with the HTTP status and OpenAI error fields."""
+
+    def __init__(self, message: str, status: int = 400, *, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.headers = headers
+        self.type = type or _TYPE_BY_STATUS.get(status, "server_error")
+
+
+def invalid(message: str, param: str | None = None) -> APIError:
+    """400 for a parameter the request got wrong."""
+    return APIError(message, 400, param=param, code="invalid_value" if param else None)
+
+
+def error_body(message: str, type: str, param: str | None = None,
+               code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.message, err.type, err.param, err.code),
+                        status_code=err.status, headers=err.headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)
+
+
+async def _on_api_error(_request: Request, exc: APIError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def _on_validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    return error_response(validation_error(exc.errors()))
+
+
+def validation_error(errors) -> APIError:
+    """First pydantic error as an OpenAI 400 naming the field (``param``)."""
+    if not errors:
+        return invalid("invalid request body")
+    first = errors[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    if param:
+        message = f"{param}: {message}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error(s))"
+    return APIError(message, 400, param=param, code="invalid_value")
+
+
+async def _on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    try:
+        phrase = HTTPStatus(exc.status_code).phrase
+    except ValueError:
+        phrase = "error"
+    message = exc.detail if isinstance(exc.detail, str) else phrase
+    return error_response(APIError(message, exc.status_code,
+                                   headers=getattr(exc, "headers", None)))
+
+
+async def _on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("internal error: %s", exc)
+    return error_response(APIError(f"internal server error: {type(exc).__name__}: {exc}",
+                                   500, type="server_error"))

@@ -1,0 +1,77 @@
+"""Request body -> ``SamplingParams``, with vLLM's server defaults.
+
+``max_tokens`` left unset means "until the context is full" for chat and 16 for
+completions (OpenAI's default). A prompt plus ``max_tokens`` past the model's context is
+a 400 naming both numbers, as vLLM answers. ``SamplingParams`` validates the values
+itself; its ``ValueError`` becomes a 400 whose ``param`` is the field it names.
+"""
+from __future__ import annotations
+
+import re
+
+from tamis.server.errors import invalid
+
+# Request field -> SamplingParams field, copied when the request sets them.
+_PASSTHROUGH = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed",
+                "presence_penalty", "frequency_penalty", "repetition_penalty",
+                "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+                "skip_special_tokens", "spaces_between_special_tokens", "allowed_token_ids",
+                "prompt_logprobs")
+
+
+def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
+                   param: str = "max_tokens") -> int:
+    """The output budget; 400 if the prompt or the requested budget does not fit."""
+    if prompt_len >= max_model_len:
+        raise invalid(f"This model's maximum context length is {max_model_len} tokens, "
+                      f"but the prompt has {prompt_len} tokens. Please shorten the prompt.",
+                      "messages" if param == "max_completion_tokens" else "prompt")
+    room = max_model_len - prompt_len
+    if request_max is None:
+        return room
+    if request_max < 1:
+        raise invalid(f"{param} must be at least 1, got {request_max}", param)
+    if request_max > room:
+        raise invalid(f"'{param}' is too large: {request_max}. This model's maximum context "
+                      f"length is {max_model_len} tokens and your request has {prompt_len} "
+                      f"input tokens ({request_max} > {max_model_len} - {prompt_len}).", param)
+    return request_max
+
+
+def build_sampling_params(request, *, max_tokens: int, logprobs: int | None,
+                          structured_outputs, default_temperature: float = 1.0):
+    from tamis.engine.sampling_params import SamplingParams
+
+    kwargs = {"max_tokens": max_tokens, "logprobs": logprobs,
+              "structured_outputs": structured_outputs}
+    for name in _PASSTHROUGH:
+        value = getattr(request, name, None)
+        if value is not None:
+            kwargs[name] = value
+    if request.temperature is None:
+        kwargs["temperature"] = default_temperature
+    if request.stop is not None:
+        kwargs["stop"] = [request.stop] if isinstance(request.stop, str) else list(request.stop)
+    if request.logit_bias:
+        kwargs["logit_bias"] = _logit_bias(request.logit_bias)
+    try:
+        return SamplingParams(**kwargs)
+    except TypeError as exc:
+        raise invalid(f"unsupported sampling parameter: {exc}") from exc
+    except ValueError as exc:
+        raise invalid(str(exc), _field_named_in(str(exc), kwargs)) from exc
+
+
+def _logit_bias(raw: dict[str, float]) -> dict[int, float]:
+    try:
+        return {int(token): float(bias) for token, bias in raw.items()}
+    except ValueError as exc:
+        raise invalid("logit_bias keys must be token ids (integers as strings)",
+                      "logit_bias") from exc
+
+
+def _field_named_in(message: str, kwargs: dict) -> str | None:
+    for name in sorted(kwargs, key=len, reverse=True):
+        if re.search(rf"\b{re.escape(name)}\b", message):
+            return name
+    return None
