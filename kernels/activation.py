@@ -1,0 +1,59 @@
+"""SiLU-and-mul, the gated MLP activation: ``[..., 2d] -> [..., d] = silu(x[:d]) * x[d:]``.
+
+Computed in float32 and rounded once to x's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tamis.kernels._triton import kernel, use_triton
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+
+def _check(x: torch.Tensor) -> None:
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul needs an even last dim (gate and up halves), "
+                         f"got {x.shape[-1]}")
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    _check(x)
+    gate, up = x.float().chunk(2, dim=-1)
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+if tl is not None:
+    @kernel
+    def _silu_and_mul_kernel(x_ptr, out_ptr, d, x_stride, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < d
+        gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + row * x_stride + d + cols, mask=mask, other=0.0).to(tl.float32)
+        out = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(out_ptr + row * d + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    _check(x)
+    rows = x if x.stride(-1) == 1 else x.contiguous()
+    rows = rows.reshape(-1, x.shape[-1])
+    d = x.shape[-1] // 2
+    out = torch.empty(rows.shape[0], d, dtype=x.dtype, device=x.device)
+    if rows.shape[0]:
+        block = 1024
+        _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
+            rows, out, d, rows.stride(0), BLOCK=block, num_warps=4)
+    return out.view(*x.shape[:-1], d)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    if use_triton(x):
+        return silu_and_mul_triton(x)
+    return silu_and_mul_ref(x)

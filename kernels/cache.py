@@ -1,0 +1,84 @@
+"""Writes the K/V of new tokens into the paged cache.
+
+``store_kv_cache(key, value, kv_cache, slot_mapping)``: key/value ``[T, Hkv, D]`` (any
+token/head strides, last dim contiguous), kv_cache ``[2, num_blocks, block_size, Hkv, D]``
+contiguous, slot_mapping int ``[T]``. Token t goes to ``kv_cache[:, slot // block_size,
+slot % block_size]``; ``slot == -1`` (padding) is skipped. Layout as in
+``engine/attention/metadata.py``.
+"""
+from __future__ import annotations
+
+import torch
+
+from tamis.kernels._triton import kernel, next_power_of_2, use_triton
+
+try:
+    import triton.language as tl
+except ImportError:
+    tl = None
+
+
+def _check(key, value, kv_cache, slot_mapping) -> None:
+    if kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"kv_cache must be [2, num_blocks, block_size, kv_heads, head_dim], "
+                         f"got {tuple(kv_cache.shape)}")
+    if key.shape != value.shape or key.dim() != 3 or key.shape[1:] != kv_cache.shape[3:]:
+        raise ValueError(f"key/value must be [T, {kv_cache.shape[3]}, {kv_cache.shape[4]}], "
+                         f"got {tuple(key.shape)} and {tuple(value.shape)}")
+    if slot_mapping.shape != (key.shape[0],):
+        raise ValueError(f"slot_mapping must be [T] = [{key.shape[0]}], "
+                         f"got {tuple(slot_mapping.shape)}")
+    if not kv_cache.is_contiguous():
+        raise ValueError("kv_cache must be contiguous")
+
+
+def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    _check(key, value, kv_cache, slot_mapping)
+    heads, dim = kv_cache.shape[3:]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    kv_cache[0].view(-1, heads, dim)[slots] = key[keep].to(kv_cache.dtype)
+    kv_cache[1].view(-1, heads, dim)[slots] = value[keep].to(kv_cache.dtype)
+
+
+if tl is not None:
+    @kernel
+    def _store_kv_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, num_heads, head_dim,
+                         key_tok_stride, key_head_stride, value_tok_stride, value_head_stride,
+                         values_offset, HEADS: tl.constexpr, DIM: tl.constexpr):
+        tok = tl.program_id(0).to(tl.int64)
+        slot = tl.load(slot_ptr + tok).to(tl.int64)
+        if slot >= 0:
+            h = tl.arange(0, HEADS)[:, None]
+            d = tl.arange(0, DIM)[None, :]
+            mask = (h < num_heads) & (d < head_dim)
+            k = tl.load(key_ptr + tok * key_tok_stride + h * key_head_stride + d, mask=mask)
+            v = tl.load(value_ptr + tok * value_tok_stride + h * value_head_stride + d,
+                        mask=mask)
+            dst = cache_ptr + slot * num_heads * head_dim + h * head_dim + d
+            tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + values_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv_cache_triton(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                          slot_mapping: torch.Tensor) -> None:
+    _check(key, value, kv_cache, slot_mapping)
+    if key.stride(-1) != 1 or value.stride(-1) != 1:
+        raise ValueError("key/value need a contiguous last dim")
+    if key.shape[0] == 0:
+        return
+    heads, dim = kv_cache.shape[3:]
+    _store_kv_kernel[(key.shape[0],)](
+        key, value, kv_cache, slot_mapping, heads, dim, key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1), kv_cache[0].numel(),
+        HEADS=next_power_of_2(heads), DIM=next_power_of_2(dim), num_warps=4)
+
+
+def store_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> None:
+    """Stores key/value at their slots (Triton on CUDA, reference elsewhere)."""
+    if use_triton(kv_cache):
+        store_kv_cache_triton(key, value, kv_cache, slot_mapping)
+    else:
+        store_kv_cache_ref(key, value, kv_cache, slot_mapping)

@@ -1,0 +1,137 @@
+"""Rotary position embedding applied in place to q and k.
+
+``rotary_embedding_(positions, q, k, inv_freq, attention_scaling=1.0, is_neox=True)``
+
+- positions: int ``[T]``; q: ``[T, Hq, D]``; k: ``[T, Hk, D]`` (views into a fused qkv
+  output are fine: any token/head strides, the last dim contiguous).
+- inv_freq: float32 ``[R // 2]``; the first ``R`` dims of each head rotate, the rest pass.
+- angle ``= position * inv_freq`` in float32 (the product transformers forms), then
+  ``cos``/``sin`` times ``attention_scaling`` rounded to q's dtype, and
+  ``x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin`` in float32, rounded once.
+- neox layout (Llama, Qwen, Mistral): x1 = first half of the rotary dims, x2 = second;
+  GPT-J layout (``is_neox=False``): x1 = even dims, x2 = odd dims.
+"""
+from __future__ import annotations
+
+import torch
+
+from tamis.kernels._triton import kernel, next_power_of_2, use_triton
+
+try:
+    import triton.language as tl
+except ImportError:
+    tl = None
+
+
+def _check(positions, q, k, inv_freq) -> int:
+    if q.dim() != 3 or k.dim() != 3 or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must be [T, heads, head_dim] with one head_dim, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    if positions.dim() != 1 or positions.shape[0] != q.shape[0] or k.shape[0] != q.shape[0]:
+        raise ValueError(f"positions must be [T] with T = {q.shape[0]}, got "
+                         f"{tuple(positions.shape)} (k has {k.shape[0]} tokens)")
+    rotary_dim = 2 * inv_freq.shape[-1]
+    if inv_freq.dim() != 1 or rotary_dim > q.shape[-1]:
+        raise ValueError(f"inv_freq must be 1-D with 2 * len <= head_dim {q.shape[-1]}, "
+                         f"got {tuple(inv_freq.shape)}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("q and k need a contiguous last dim to be rotated in place")
+    return rotary_dim
+
+
+def _cos_sin(positions, inv_freq, scaling, dtype):
+    angles = positions.float()[:, None] * inv_freq.float()[None, :]
+    cos = (angles.cos() * scaling).to(dtype).float()
+    sin = (angles.sin() * scaling).to(dtype).float()
+    return cos[:, None, :], sin[:, None, :]
+
+
+def _rotate_ref_(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool) -> None:
+    half = rotary_dim // 2
+    if is_neox:
+        x1, x2 = x[..., :half], x[..., half:rotary_dim]
+    else:
+        x1, x2 = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    a, b = x1.float(), x2.float()
+    new1, new2 = a * cos - b * sin, b * cos + a * sin
+    x1.copy_(new1.to(x.dtype))
+    x2.copy_(new2.to(x.dtype))
+
+
+def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                         inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+                         is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary_dim = _check(positions, q, k, inv_freq)
+    cos, sin = _cos_sin(positions, inv_freq, attention_scaling, q.dtype)
+    _rotate_ref_(q, cos, sin, rotary_dim, is_neox)
+    _rotate_ref_(k, cos, sin, rotary_dim, is_neox)
+    return q, k
+
+
+if tl is not None:
+    @kernel
+    def _rotary_kernel(pos_ptr, q_ptr, k_ptr, inv_freq_ptr, scaling,
+                       q_tok_stride, q_head_stride, k_tok_stride, k_head_stride,
+                       num_q_heads, num_k_heads, half,
+                       IS_NEOX: tl.constexpr, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr,
+                       HALF: tl.constexpr):
+        tok = tl.program_id(0).to(tl.int64)
+        i = tl.arange(0, HALF)
+        in_rot = i < half
+        pos = tl.load(pos_ptr + tok).to(tl.float32)
+        angle = pos * tl.load(inv_freq_ptr + i, mask=in_rot, other=0.0)
+        cos = (tl.cos(angle) * scaling).to(q_ptr.dtype.element_ty).to(tl.float32)
+        sin = (tl.sin(angle) * scaling).to(q_ptr.dtype.element_ty).to(tl.float32)
+        if IS_NEOX:
+            off1 = i
+            off2 = i + half
+        else:
+            off1 = 2 * i
+            off2 = 2 * i + 1
+
+        hq = tl.arange(0, Q_HEADS)
+        qmask = (hq[:, None] < num_q_heads) & in_rot[None, :]
+        qbase = q_ptr + tok * q_tok_stride + hq[:, None] * q_head_stride
+        q1 = tl.load(qbase + off1[None, :], mask=qmask, other=0.0).to(tl.float32)
+        q2 = tl.load(qbase + off2[None, :], mask=qmask, other=0.0).to(tl.float32)
+        tl.store(qbase + off1[None, :], (q1 * cos[None, :] - q2 * sin[None, :])
+                 .to(q_ptr.dtype.element_ty), mask=qmask)
+        tl.store(qbase + off2[None, :], (q2 * cos[None, :] + q1 * sin[None, :])
+                 .to(q_ptr.dtype.element_ty), mask=qmask)
+
+        hk = tl.arange(0, K_HEADS)
+        kmask = (hk[:, None] < num_k_heads) & in_rot[None, :]
+        kbase = k_ptr + tok * k_tok_stride + hk[:, None] * k_head_stride
+        k1 = tl.load(kbase + off1[None, :], mask=kmask, other=0.0).to(tl.float32)
+        k2 = tl.load(kbase + off2[None, :], mask=kmask, other=0.0).to(tl.float32)
+        tl.store(kbase + off1[None, :], (k1 * cos[None, :] - k2 * sin[None, :])
+                 .to(k_ptr.dtype.element_ty), mask=kmask)
+        tl.store(kbase + off2[None, :], (k2 * cos[None, :] + k1 * sin[None, :])
+                 .to(k_ptr.dtype.element_ty), mask=kmask)
+
+
+def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                            inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+                            is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary_dim = _check(positions, q, k, inv_freq)
+    if q.shape[0] == 0:
+        return q, k
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
+    half = rotary_dim // 2
+    _rotary_kernel[(q.shape[0],)](
+        positions, q, k, inv_freq, float(attention_scaling),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1], half,
+        IS_NEOX=is_neox, Q_HEADS=next_power_of_2(q.shape[1]),
+        K_HEADS=next_power_of_2(k.shape[1]), HALF=next_power_of_2(half), num_warps=4)
+    return q, k
+
+
+def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+                      is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotates q and k in place and returns them (Triton on CUDA, reference elsewhere)."""
+    if use_triton(q):
+        return rotary_embedding_triton(positions, q, k, inv_freq, attention_scaling, is_neox)
+    return rotary_embedding_ref(positions, q, k, inv_freq, attention_scaling, is_neox)
