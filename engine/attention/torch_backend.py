@@ -1,0 +1,128 @@
+"""Paged attention in plain torch: correct everywhere, fast enough on CPU.
+
+Decode tokens (query length 1) of all sequences are attended in one batched SDPA call
+over keys gathered from their block tables (padded to the longest, masked). Prefill
+chunks (query length > 1) run one SDPA call per sequence over its cached prefix and
+new tokens.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tamis.engine.attention.backends import AttentionBackend
+from tamis.engine.attention.metadata import AttentionMetadata
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Writes k/v [T, Hkv, D] into their slots; tokens with slot -1 are skipped."""
+    num_slots = kv_cache.shape[1] * kv_cache.shape[2]
+    key_cache = kv_cache[0].view(num_slots, *kv_cache.shape[3:])
+    value_cache = kv_cache[1].view(num_slots, *kv_cache.shape[3:])
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    if not bool(valid.all()):
+        slots, k, v = slots[valid], k[valid], v[valid]
+    key_cache.index_copy_(0, slots, k.to(kv_cache.dtype))
+    value_cache.index_copy_(0, slots, v.to(kv_cache.dtype))
+
+
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor,
+              num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of the first ``num_tokens`` positions of each block table row:
+    block_tables [B, nb] -> k, v [B, num_tokens, Hkv, D]."""
+    block_size = kv_cache.shape[2]
+    num_blocks = -(-num_tokens // block_size)
+    blocks = block_tables[:, :num_blocks].long()
+    batch = blocks.shape[0]
+    k = kv_cache[0][blocks].reshape(batch, num_blocks * block_size, *kv_cache.shape[3:])
+    v = kv_cache[1][blocks].reshape(batch, num_blocks * block_size, *kv_cache.shape[3:])
+    return k[:, :num_tokens], v[:, :num_tokens]
+
+
+def visible_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, seq_lens: torch.Tensor,
+                 sliding_window: int | None) -> torch.Tensor:
+    """bool [B, Q, K]: key j is visible to query i (causal, inside the window, < seq_len)."""
+    q = query_pos[:, :, None]
+    kpos = key_pos[None, None, :]
+    mask = (kpos <= q) & (kpos < seq_lens[:, None, None])
+    if sliding_window is not None:
+        mask &= kpos > q - sliding_window
+    return mask
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+          scale: float, is_causal: bool = False) -> torch.Tensor:
+    """q [B, Q, Hq, D], k/v [B, K, Hkv, D], mask [B, Q, K] -> [B, Q, Hq, D]."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=None if mask is None else mask[:, None], is_causal=is_causal, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor:
+        if kv_cache is None:
+            return self._forward_uncached(q, k, v, meta, scale, sliding_window)
+        store_kv(k, v, kv_cache, meta.slot_mapping)
+        query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
+        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        out = torch.empty_like(q)
+        decodes = [b for b, n in enumerate(query_lens) if n == 1]
+        if decodes:
+            self._decode(q, kv_cache, meta, decodes, seq_lens, scale, sliding_window, out)
+        start = 0
+        for b, (q_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
+            if q_len > 1:
+                k_all, v_all = gather_kv(kv_cache, meta.block_tables[b:b + 1], seq_len)
+                out[start:start + q_len] = self._attend_chunk(
+                    q[start:start + q_len], k_all[0], v_all[0], seq_len - q_len, scale,
+                    sliding_window)
+            start += q_len
+        return out
+
+    def _decode(self, q, kv_cache, meta, decodes: list[int], seq_lens: list[int], scale: float,
+                sliding_window: int | None, out: torch.Tensor) -> None:
+        """One batched SDPA over every sequence whose query is a single token."""
+        index = torch.tensor(decodes, device=q.device)
+        token_index = meta.query_start_loc[index].long()
+        lens = torch.tensor([seq_lens[b] for b in decodes], device=q.device)
+        max_len = max(seq_lens[b] for b in decodes)
+        k_all, v_all = gather_kv(kv_cache, meta.block_tables[index], max_len)
+        key_pos = torch.arange(max_len, device=q.device)
+        mask = visible_mask((lens - 1)[:, None], key_pos, lens, sliding_window)
+        out[token_index] = _sdpa(q[token_index][:, None], k_all, v_all, mask, scale)[:, 0]
+
+    def _attend_chunk(self, q, k_all, v_all, context_len: int, scale: float,
+                      sliding_window: int | None) -> torch.Tensor:
+        """q [Q, Hq, D] at positions context_len.. over k/v_all [S, Hkv, D] (S = context + Q)."""
+        seq_len = k_all.shape[0]
+        if context_len == 0 and (sliding_window is None or sliding_window >= seq_len):
+            return _sdpa(q[None], k_all[None], v_all[None], None, scale, is_causal=True)[0]
+        query_pos = torch.arange(context_len, seq_len, device=q.device)
+        key_pos = torch.arange(seq_len, device=q.device)
+        lens = torch.tensor([seq_len], device=q.device)
+        mask = visible_mask(query_pos[None], key_pos, lens, sliding_window)
+        return _sdpa(q[None], k_all[None], v_all[None], mask, scale)[0]
+
+    def _forward_uncached(self, q, k, v, meta, scale, sliding_window) -> torch.Tensor:
+        """No KV cache: each sequence attends over its new tokens only."""
+        if meta is None:
+            return self._attend_chunk(q, k, v, 0, scale, sliding_window)
+        query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
+        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        out = torch.empty_like(q)
+        start = 0
+        for q_len, seq_len in zip(query_lens, seq_lens):
+            if seq_len != q_len:
+                raise ValueError("attention without a KV cache cannot attend to a cached prefix")
+            end = start + q_len
+            out[start:end] = self._attend_chunk(q[start:end], k[start:end], v[start:end], 0,
+                                                scale, sliding_window)
+            start = end
+        return out

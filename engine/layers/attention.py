@@ -1,0 +1,37 @@
+"""The attention layer of a decoder block: reshapes heads and calls the backend.
+
+The KV cache of layer ``layer_idx`` is ``get_forward_context().kv_caches[layer_idx]``;
+the metadata is the context's ``attn_metadata``. With ``attn_metadata is None`` (a
+profiling pass or a plain forward) the T tokens are one sequence attended causally,
+with no cache.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tamis.engine.attention.backends import AttentionBackend
+from tamis.engine.attention.metadata import get_forward_context
+
+
+class Attention(nn.Module):
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, layer_idx: int,
+                 scale: float, backend: AttentionBackend, sliding_window: int | None = None):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
+                             f"num_key_value_heads ({num_kv_heads})")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.layer_idx = layer_idx
+        self.scale = scale
+        self.backend = backend
+        self.sliding_window = sliding_window
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
+        ctx = get_forward_context()
+        meta = ctx.attn_metadata
+        kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
+        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
+        return out.reshape(out.shape[0], self.num_heads * self.head_dim)

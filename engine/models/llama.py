@@ -1,0 +1,141 @@
+"""Llama and Mistral (the same decoder; Mistral adds a sliding window from its config).
+
+Qwen2 and Qwen3 reuse these blocks with two switches on the attention: q/k/v bias
+(``qkv_bias``) and per-head RMSNorm of q and k before rotary (``qk_norm``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tamis.engine.attention.backends import AttentionBackend
+from tamis.engine.attention.torch_backend import TorchAttentionBackend
+from tamis.engine.layers.activation import get_act_and_mul
+from tamis.engine.layers.attention import Attention
+from tamis.engine.layers.embedding import LMHead, VocabEmbedding
+from tamis.engine.layers.layernorm import RMSNorm
+from tamis.engine.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
+from tamis.engine.layers.quant_method import QuantizationConfig
+from tamis.engine.layers.rotary import get_rope
+from tamis.engine.models.base import CausalLMBase, head_dim_of, layer_sliding_windows
+
+
+class LlamaMLP(nn.Module):
+
+    def __init__(self, config, quant_config: QuantizationConfig | None, prefix: str):
+        super().__init__()
+        size, bias = config.intermediate_size, getattr(config, "mlp_bias", False)
+        self.gate_up_proj = MergedColumnLinear(config.hidden_size, [size, size], bias,
+                                               quant_config, f"{prefix}.gate_up_proj")
+        self.down_proj = RowLinear(size, config.hidden_size, bias, quant_config,
+                                   f"{prefix}.down_proj")
+        self.act_fn = get_act_and_mul(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+
+    def __init__(self, config, layer_idx: int, quant_config: QuantizationConfig | None,
+                 prefix: str, backend: AttentionBackend, qkv_bias: bool = False,
+                 o_bias: bool = False, qk_norm: bool = False):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = head_dim_of(config)
+        self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads,
+                                  self.num_kv_heads, qkv_bias, quant_config, f"{prefix}.qkv_proj")
+        self.o_proj = RowLinear(self.num_heads * self.head_dim, config.hidden_size, o_bias,
+                                quant_config, f"{prefix}.o_proj")
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = qk_norm
+        self.rotary_emb = get_rope(config, self.head_dim)
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, layer_idx,
+                              self.head_dim ** -0.5, backend,
+                              layer_sliding_windows(config)[layer_idx])
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        v = v.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class LlamaDecoderLayer(nn.Module):
+
+    def __init__(self, config, layer_idx: int, quant_config, prefix: str,
+                 backend: AttentionBackend, **attention_options):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, quant_config, f"{prefix}.self_attn",
+                                        backend, **attention_options)
+        self.mlp = LlamaMLP(config, quant_config, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+
+    def __init__(self, config, quant_config, backend: AttentionBackend, prefix: str = "model",
+                 **attention_options):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, quant_config, f"{prefix}.layers.{i}", backend,
+                              **attention_options)
+            for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(CausalLMBase):
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                              "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, config, quant_config: QuantizationConfig | None = None,
+                 attn_backend: AttentionBackend | None = None):
+        super().__init__()
+        self.config = config
+        if quant_config is not None:
+            # vLLM convention: the quant config resolves "ignored" lists of unfused names.
+            quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
+        backend = attn_backend or TorchAttentionBackend()
+        self.model = LlamaModel(config, quant_config, backend, **self.attention_options(config))
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        tie_to = self.model.embed_tokens if self.tie_word_embeddings else None
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to)
+
+    @staticmethod
+    def attention_options(config) -> dict:
+        bias = bool(getattr(config, "attention_bias", False))
+        return {"qkv_bias": bias, "o_bias": bias}
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Llama with a sliding window (read from ``config.sliding_window``) and no biases."""
+
+    @staticmethod
+    def attention_options(config) -> dict:
+        return {}
