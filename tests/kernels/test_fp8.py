@@ -1,0 +1,78 @@
+"""FP8 activation quantization and linear: Triton (interpreted on CPU) against the
+reference, the reference against the e4m3 definition, and the GPU W8A8 path on CUDA."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tamis.kernels import fp8
+
+
+def test_per_token_ref_scales_each_row_to_the_fp8_max():
+    x = torch.randn(6, 40, generator=torch.Generator().manual_seed(0)) * 3
+    x[2] = 0.0  # an all-zero row must stay finite
+    q, scale = fp8.per_token_quant_fp8_ref(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (6, 1)
+    assert torch.isfinite(scale).all() and torch.all(q[2].float() == 0)
+    row_max = q.float().abs().amax(dim=1)
+    nonzero = torch.tensor([i != 2 for i in range(6)])
+    assert torch.all(row_max[nonzero] == fp8.FP8_MAX)
+    # Dequantized values are within e4m3's relative step (2^-3) of the input.
+    err = (q.float() * scale - x).abs()
+    assert torch.all(err <= x.abs() * 2**-4 + scale * 2**-9)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("m,k", [(1, 16), (5, 100), (3, 300)])
+def test_per_token_triton_matches_reference(m, k):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 5
+    q_ref, s_ref = fp8.per_token_quant_fp8_ref(x)
+    q, s = fp8.per_token_quant_fp8_triton(x.to(device))
+    torch.testing.assert_close(s.cpu(), s_ref, rtol=1e-6, atol=0)
+    compare = torch.ones_like(x, dtype=torch.bool)
+    if device == "cpu":
+        # The interpreter's fp32 -> e4m3 cast does not carry a mantissa round-up into the
+        # exponent (126.2 becomes 64, not 128); the GPU run compares every element.
+        scaled = (x / s_ref).abs()
+        carries = (2.0 ** torch.ceil(torch.log2(scaled)) - scaled) < 2.0 ** (
+            torch.floor(torch.log2(scaled)) - 3)
+        compare = ~carries
+        assert compare.float().mean() > 0.8
+    assert torch.equal(q.float().cpu()[compare], q_ref.float()[compare])
+
+
+def _weight(n, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    scale = w.abs().amax(dim=1) / fp8.FP8_MAX
+    return fp8.quantize_fp8(w, scale.reshape(-1, 1)), scale
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_w8a16_close_to_emulated_w8a8(static):
+    weight, scale = _weight(32, 64)
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(3))
+    input_scale = (x.abs().max() / fp8.FP8_MAX) if static else None
+    w8a8 = fp8.fp8_linear_ref(x, weight, scale, input_scale)
+    w8a16 = fp8.fp8_linear(x, weight, scale, input_scale)  # CPU: the W8A16 path
+    exact = x @ (weight.float() * scale[:, None]).t()
+    torch.testing.assert_close(w8a16, exact)
+    assert (w8a8 - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not fp8.fp8_supported("cuda"),
+                    reason="needs an FP8 GPU (compute capability >= 8.9)")
+@pytest.mark.parametrize("static", [False, True])
+def test_scaled_mm_matches_emulation(static):
+    weight, scale = _weight(256, 512)
+    x = torch.randn(33, 512, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    input_scale = torch.tensor(float(x.float().abs().max()) / fp8.FP8_MAX) if static else None
+    ref = fp8.fp8_linear_ref(x.float(), weight, scale, input_scale)
+    got = fp8.fp8_linear(x.cuda(), weight.cuda(), scale.cuda(),
+                         None if input_scale is None else input_scale.cuda())
+    torch.testing.assert_close(got.float().cpu(), ref, rtol=2e-2, atol=2e-2)
