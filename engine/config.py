@@ -1,0 +1,194 @@
+"""Engine configuration: one dataclass, validated on construction.
+
+Names and meanings follow vLLM's engine arguments so users can carry their commands
+over (``--max-model-len``, ``--gpu-memory-utilization``, ``--num-gpu-blocks-override``...).
+Values that depend on the model or the device (``max_model_len``, ``dtype="auto"``,
+``max_num_batched_tokens``) stay as given here and are resolved by the engine once
+the checkpoint's config is read (``resolve_*`` helpers below).
+
+Every invalid value raises ``ValueError`` naming the CLI flag, so the message says
+what to change.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024**2   # a modest budget: never swallow the machine
+DEFAULT_CPU_BATCHED_TOKENS = 2048
+DEFAULT_GPU_BATCHED_TOKENS = 8192
+
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16")
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DEVICES = ("auto", "cpu", "cuda")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+_DTYPE_NAMES = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
+               "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+               "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def flag(name: str) -> str:
+    """The CLI spelling of a field: ``max_model_len`` -> ``--max-model-len``."""
+    return "--" + name.replace("_", "-")
+
+
+def parse_size(value: int | float | str, name: str = "kv_cache_memory_bytes") -> int:
+    """Bytes from ``1073741824``, ``"512MiB"``, ``"2GiB"``, ``"1.5GB"`` (case-insensitive)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{flag(name)} must be a size such as 2GiB, got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _SIZE_UNITS:
+        raise ValueError(f"{flag(name)} must be a size such as 512MiB or 2GiB, got {value!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None                 # None = the embedded SmolLM2
+    tokenizer: str | None = None             # None = the model's folder
+    dtype: str = "auto"                      # auto: float32 on CPU, checkpoint's bf16/fp16 on GPU
+    seed: int = 0
+    max_model_len: int | None = None        # None = the model's max_position_embeddings
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | str | None = None   # CPU budget (or a fixed GPU budget)
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    quantization: str | None = None
+    load_format: str = "auto"
+    device: str = "auto"
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
+    structured_outputs_backend: str = "tamis"
+    max_logprobs: int = 20
+    served_model_name: str | None = None
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    scheduling_policy: str = "fcfs"
+    skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_memory_bytes is not None:
+            self.kv_cache_memory_bytes = parse_size(self.kv_cache_memory_bytes)
+        self._check_choices()
+        self._check_numbers()
+
+    def _check_choices(self) -> None:
+        choices = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "device": DEVICES,
+                   "attention_backend": ATTENTION_BACKENDS, "kv_cache_dtype": KV_CACHE_DTYPES,
+                   "scheduling_policy": SCHEDULING_POLICIES}
+        for name, allowed in choices.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"{flag(name)} must be one of {', '.join(allowed)}; got {value!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but no CUDA device is available")
+
+    def _check_numbers(self) -> None:
+        _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size")
+        _positive_or_none(self, "max_model_len", "max_num_batched_tokens",
+                          "num_gpu_blocks_override", "kv_cache_memory_bytes")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"--block-size must be a power of two, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("--gpu-memory-utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
+        if self.max_logprobs < -1:
+            raise ValueError(f"--max-logprobs must be >= -1 (-1 = whole vocabulary), "
+                             f"got {self.max_logprobs}")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
+                             f">= --max-num-seqs ({self.max_num_seqs})")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("--tensor-parallel-size > 1 is not supported yet by this engine")
+        if not isinstance(self.seed, int):
+            raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+
+    # --- resolution once the device and the checkpoint are known -----------------------
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolved_max_num_batched_tokens(self, device: torch.device) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        default = DEFAULT_GPU_BATCHED_TOKENS if device.type == "cuda" else DEFAULT_CPU_BATCHED_TOKENS
+        return max(default, self.max_num_seqs)
+
+    @classmethod
+    def from_cli_args(cls, args: Any) -> "EngineConfig":
+        """Builds the config from an argparse namespace filled by ``add_engine_args``."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        """Like the constructor, but an unknown keyword names the valid ones."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s) {unknown}; valid ones: {sorted(names)}")
+        return cls(**kwargs)
+
+
+def resolve_dtype(dtype: str, device: torch.device, hf_config: Any = None) -> torch.dtype:
+    """The compute dtype: explicit names map directly; ``auto`` is float32 on CPU and the
+    checkpoint's float16/bfloat16 on GPU (bfloat16 for a float32 checkpoint)."""
+    if dtype != "auto":
+        return _DTYPE_NAMES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    stored = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(stored, str):
+        stored = _DTYPE_NAMES.get(stored)
+    return stored if stored in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
+    """The context length: the model's ``max_position_embeddings`` unless a smaller one is asked."""
+    derived = getattr(hf_config, "max_position_embeddings", None) or getattr(
+        hf_config, "max_sequence_length", None)
+    if requested is None:
+        if derived is None:
+            raise ValueError("the model config has no max_position_embeddings: pass --max-model-len")
+        return int(derived)
+    if derived is not None and requested > derived:
+        raise ValueError(f"--max-model-len {requested} exceeds the model's maximum context "
+                         f"length {derived} (max_position_embeddings)")
+    return requested
+
+
+def _positive(config: EngineConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{flag(name)} must be a positive integer, got {value!r}")
+
+
+def _positive_or_none(config: EngineConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) is not None:
+            _positive(config, name)
+
+
+__all__ = ["EngineConfig", "parse_size", "resolve_dtype", "resolve_max_model_len", "flag",
+           "DEFAULT_CPU_KV_CACHE_BYTES"]
