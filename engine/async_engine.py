@@ -129,9 +129,12 @@ class AsyncEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
-        """Stops a request; safe to call for unknown or finished ids."""
+        """Stops a request and frees its blocks at the next step; a no-op for unknown,
+        finished or already aborted ids."""
         stream = self._streams.pop(request_id, None)
-        if stream is not None and not stream.started:
+        if stream is None:
+            return  # finished, failed, or already aborted: the engine holds nothing
+        if not stream.started:
             self._num_not_started -= 1
         self._send(("abort", request_id))
 

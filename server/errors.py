@@ -19,6 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tamis.engine.async_engine import EngineDeadError, EngineOverloaded, RequestFailed
+
 logger = logging.getLogger("tamis.server")
 
 _TYPE_BY_STATUS = {
@@ -65,6 +67,9 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(RequestFailed, _on_engine_error)
+    app.add_exception_handler(EngineOverloaded, _on_engine_error)
+    app.add_exception_handler(EngineDeadError, _on_engine_error)
     app.add_exception_handler(Exception, _on_unexpected)
 
 
@@ -89,6 +94,19 @@ def validation_error(errors) -> APIError:
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more error(s))"
     return APIError(message, 400, param=param, code="invalid_value")
+
+
+def engine_error(exc: Exception) -> APIError:
+    """Engine exceptions: refused request 400, full queue 503 + Retry-After, dead 503."""
+    if isinstance(exc, RequestFailed):
+        return APIError(str(exc), 400)
+    if isinstance(exc, EngineOverloaded):
+        return APIError(str(exc), 503, code="overloaded", headers={"Retry-After": "1"})
+    return APIError(str(exc), 503, code="engine_unavailable")
+
+
+async def _on_engine_error(_request: Request, exc: Exception) -> JSONResponse:
+    return error_response(engine_error(exc))
 
 
 async def _on_http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -65,7 +65,6 @@ class SamplingFields(_Body):
     structured_outputs: dict[str, Any] | None = None
     priority: int = 0
     request_id: str | None = None
-    echo: bool = False
 
 
 class CompletionRequest(SamplingFields):
@@ -73,6 +72,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     logprobs: int | None = None
     suffix: str | None = None
+    echo: bool = False
     add_special_tokens: bool = True
 
 

@@ -1,0 +1,51 @@
+"""What every handler needs: the engine, its tokenizer and the served names."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from tamis.server.errors import APIError, invalid
+from tamis.server.logprobs import TokenText
+
+
+@dataclass
+class ServerContext:
+    engine: object                 # tamis.engine.async_engine.AsyncEngine
+    tokenizer: object
+    model_names: list[str]         # the first one is reported in responses
+    max_model_len: int
+    max_logprobs: int = 20
+    metrics: object = None         # tamis.server.metrics.ServerMetrics
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self):
+        self.token_text = TokenText(self.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, model: str | None) -> str:
+        """The name to report; 404 when the request names a model not served here."""
+        if model is None or model in self.model_names:
+            return model or self.model_name
+        raise APIError(f"The model `{model}` does not exist. Served models: "
+                       f"{', '.join(self.model_names)}", 404, param="model",
+                       code="model_not_found")
+
+    def check_logprobs(self, value: int | None, param: str) -> None:
+        if value is not None and not 0 <= value <= self.max_logprobs:
+            raise invalid(f"{param} must be between 0 and {self.max_logprobs} "
+                          f"(--max-logprobs), got {value}", param)
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise invalid(f"{param} holds token ids outside the vocabulary [0, {vocab}): "
+                          f"{bad[:5]}", param)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"

@@ -1,0 +1,101 @@
+"""`tamis serve [MODEL]`: the OpenAI-compatible HTTP server.
+
+No MODEL serves the embedded SmolLM2-135M-Instruct. Every engine flag of
+``tamis.engine.arg_utils.add_engine_args`` applies (``--max-model-len``, ``--dtype``,
+``--load-format dummy``, ...). The key comes from ``--api-key`` or ``TAMIS_API_KEY``.
+SIGTERM / SIGINT: uvicorn stops accepting connections, lets in-flight responses finish
+for up to ``--shutdown-timeout`` seconds, then the engine thread aborts whatever is left.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+DEFAULT_MAX_WAITING = 1024
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("serve", help="run the OpenAI-compatible server",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="HF model folder or .gguf file (default: embedded SmolLM2)")
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` on /v1/* "
+                             "(default: $TAMIS_API_KEY)")
+    server.add_argument("--log-level", default="info",
+                        choices=("critical", "error", "warning", "info", "debug"))
+    server.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
+                        help="requests admitted but not yet generating before new ones "
+                             "get 503 + Retry-After")
+    server.add_argument("--max-request-body-bytes", type=int, default=32 * 1024 * 1024,
+                        help="larger request bodies get 413")
+    server.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get to finish on SIGTERM")
+    from tamis.engine.arg_utils import add_engine_args
+
+    add_engine_args(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    _setup_logging(args.log_level)
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise SystemExit("tamis serve: give the model either as MODEL or --model, not both")
+        args.model = args.model_tag
+    api_key = args.api_key or os.environ.get("TAMIS_API_KEY") or None
+    app = build_server_app(args, api_key)
+    logging.getLogger("tamis.server").info(
+        "serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host, args.port,
+        " (API key required)" if api_key else "")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                access_log=False, timeout_graceful_shutdown=args.shutdown_timeout)
+    return 0
+
+
+def build_server_app(args: argparse.Namespace, api_key: str | None):
+    """Engine from the CLI flags, wrapped in an AsyncEngine and the FastAPI app."""
+    from tamis.engine.async_engine import AsyncEngine
+    from tamis.engine.config import EngineConfig
+    from tamis.engine.llm_engine import LLMEngine
+    from tamis.server.app import build_app
+    from tamis.server.context import ServerContext
+
+    config = EngineConfig.from_cli_args(args)
+    engine = LLMEngine(config)
+    async_engine = AsyncEngine(engine, max_waiting=args.max_waiting)
+    ctx = ServerContext(engine=async_engine, tokenizer=engine.tokenizer,
+                        model_names=served_model_names(args),
+                        max_model_len=_max_model_len(engine),
+                        max_logprobs=getattr(engine.config, "max_logprobs", 20))
+    return build_app(ctx, api_key=api_key, max_body_bytes=args.max_request_body_bytes)
+
+
+def served_model_names(args) -> list[str]:
+    if args.served_model_name:
+        return [name.strip() for name in str(args.served_model_name).split(",") if name.strip()]
+    if args.model:
+        return [str(args.model).rstrip("/")]
+    return ["SmolLM2-135M-Instruct"]
+
+
+def _max_model_len(engine) -> int:
+    value = getattr(engine.config, "max_model_len", None)
+    if value is None:
+        value = getattr(engine, "max_model_len", None)
+    if value is None:
+        value = getattr(engine.hf_config, "max_position_embeddings", 2048)
+    return int(value)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
