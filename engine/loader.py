@@ -1,0 +1,196 @@
+"""From a model name to a loaded model: path resolution, weights, KV cache shape.
+
+``load_model(config, device) -> (model, hf_config)`` reads ``config.model``,
+``config.dtype``, ``config.load_format``, ``config.quantization``, ``config.seed``
+(and ``config.attention_backend`` when present) from any object with those fields.
+
+Load formats:
+- ``auto``: a folder's ``*.safetensors`` (a ``.gguf`` path is converted first);
+- ``safetensors``: the same, but a folder without safetensors files is an error;
+- ``gguf``: ``config.model`` must be a ``.gguf`` file; it is dequantized once into a
+  cached safetensors folder (``tamis.engine.embedded.convert_gguf``) and loaded from there;
+- ``dummy``: random weights at the config's shapes (normal, std 0.02; norms at 1),
+  deterministic for a given ``config.seed``: for benchmarks, no checkpoint read.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from tamis.engine.attention.backends import get_attention_backend
+from tamis.engine.models.base import head_dim_of, layer_sliding_windows
+from tamis.engine.models.registry import get_model_class
+
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DUMMY_STD = 0.02
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of the paged KV cache: layer i uses a tensor
+    ``[2, num_blocks, block_size, num_kv_heads, head_dim]``; ``sliding_windows[i]`` is
+    layer i's window (None = full attention)."""
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_windows: tuple[int | None, ...]
+
+    def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
+        """Bytes one block takes across all layers (keys and values)."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
+
+
+def kv_cache_spec(hf_config) -> KVCacheSpec:
+    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    return KVCacheSpec(hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config),
+                       tuple(layer_sliding_windows(hf_config)))
+
+
+# ---------------------------------------------------------------- model paths
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    """None -> the embedded SmolLM2 folder; an HF folder -> itself; a ``.gguf`` file ->
+    its converted folder (converted once, cached). Raises FileNotFoundError naming a
+    missing path, ValueError for a file that is not GGUF."""
+    from tamis.engine.embedded import default_model_path
+
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(model)!r} does not exist "
+                                f"(expected a Hugging Face model folder or a .gguf file)")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
+        return path
+    if path.suffix.lower() != ".gguf":
+        raise ValueError(f"model path {str(path)!r} is a file but not a .gguf checkpoint")
+    return gguf_folder(path)
+
+
+def gguf_folder(gguf_path: Path) -> Path:
+    """The cached HF folder converted from ``gguf_path`` (keyed by path, size and mtime).
+    The embedded model's own GGUF maps to the embedded folder (converted once, not twice)."""
+    from tamis.engine.embedded import (_COMPLETE_MARKER, cache_root, convert_gguf,
+                                       default_model_path, embedded_gguf_path)
+
+    with contextlib.suppress(FileNotFoundError):
+        if gguf_path.resolve() == embedded_gguf_path().resolve():
+            return default_model_path()
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    target = cache_root() / "models" / f"gguf-{gguf_path.stem}-{digest}"
+    if (target / _COMPLETE_MARKER).exists():
+        return target
+    return convert_gguf(gguf_path, target)
+
+
+# ---------------------------------------------------------------- loading
+
+def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module, Any]:
+    """Builds the model ``config.model`` names on ``device`` and fills its weights.
+
+    Returns ``(model, hf_config)`` with the model in eval mode and ``model.dtype`` set to
+    the compute dtype. Errors name the problem: unknown architecture (ValueError listing
+    the supported ones), missing path (FileNotFoundError), missing or unexpected tensor
+    (ValueError naming the tensor).
+    """
+    from transformers import AutoConfig
+
+    device = torch.device(device)
+    load_format = getattr(config, "load_format", "auto") or "auto"
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
+    if load_format == "gguf" and not str(config.model or "").lower().endswith(".gguf"):
+        raise ValueError(f"load_format 'gguf' needs a .gguf file as the model, got {config.model!r}")
+    model_dir = resolve_model_path(config.model)
+    hf_config = AutoConfig.from_pretrained(model_dir)
+    model_cls = get_model_class(hf_config)
+    dtype = _compute_dtype(config, device, hf_config)
+    quant_config = _quant_config(model_dir, hf_config, getattr(config, "quantization", None))
+    backend = get_attention_backend(getattr(config, "attention_backend", "auto") or "auto", device)
+    with torch.device(device), _default_dtype(dtype):
+        model = model_cls(hf_config, quant_config, backend)
+    if load_format == "dummy":
+        init_dummy_weights(model, getattr(config, "seed", 0) or 0)
+    else:
+        loaded = model.load_weights(iter_safetensors(model_dir))
+        model.check_all_loaded(loaded)
+    model.process_weights_after_loading()
+    model.dtype = dtype
+    return model.eval(), hf_config
+
+
+def _compute_dtype(config: Any, device: torch.device, hf_config) -> torch.dtype:
+    dtype = getattr(config, "dtype", "auto") or "auto"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from tamis.engine.config import resolve_dtype
+    try:
+        return resolve_dtype(dtype, device, hf_config)
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _quant_config(model_dir: Path, hf_config, quantization: str | None):
+    """The checkpoint's / forced quantization; tamis.quant is imported only when needed."""
+    if not quantization and getattr(hf_config, "quantization_config", None) is None:
+        return None
+    from tamis.quant import get_quant_config
+    return get_quant_config(model_dir, hf_config, quantization)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The shards to read: those the index names, else every ``*.safetensors``."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {str(model_dir)!r} "
+                                f"(other checkpoint formats are not supported)")
+    return files
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Streams (name, tensor) shard by shard, so only one tensor is materialised at a time."""
+    from safetensors import safe_open
+
+    for file in safetensors_files(model_dir):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+    """Deterministic random weights: normal(0, 0.02) drawn on the CPU (same values on any
+    device), norm weights 1, integer (packed quantized) tensors 0."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    for name, param in model.named_parameters():
+        if not param.dtype.is_floating_point:
+            param.data.zero_()
+        elif name.endswith("norm.weight"):
+            param.data.fill_(1.0)
+        else:
+            values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            param.data.copy_(values * DUMMY_STD)
