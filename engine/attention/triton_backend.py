@@ -1,0 +1,55 @@
+"""Paged attention through the Triton kernels of ``tamis.kernels`` (the CUDA backend).
+
+One ``forward`` per layer and step:
+
+1. ``store_kv_cache``: the step's k/v into their slots (slot -1, padding, skipped);
+2. a decode-only batch (one query per sequence, as in a captured CUDA graph) goes to
+   the split-K decode kernel; any batch holding a prefill chunk goes to the varlen
+   prefill kernel, which also serves its decode rows.
+
+Nothing here synchronises with the device: grid sizes come from host ints in the
+metadata (``max_query_len``) or from shapes, so the decode path can be captured in a
+CUDA graph. Without a KV cache (the runner's profiling pass) the new tokens attend to
+each other through the torch backend.
+
+The kernels are called directly (not through the dispatchers), so on CPU tensors they
+run under the Triton interpreter: that is how the CPU tests exercise this backend.
+"""
+from __future__ import annotations
+
+import torch
+
+from tamis.engine.attention.backends import AttentionBackend
+from tamis.engine.attention.metadata import AttentionMetadata
+from tamis.kernels.attention_decode import paged_attention_decode_triton
+from tamis.kernels.attention_prefill import paged_attention_prefill_triton
+from tamis.kernels.cache import store_kv_cache_triton
+
+
+class TritonAttentionBackend(AttentionBackend):
+    name = "triton"
+
+    def __init__(self, decode_num_splits: int | None = None):
+        """``decode_num_splits`` fixes the decode kernel's split count (None: by batch size)."""
+        self.decode_num_splits = decode_num_splits
+        self._uncached = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kv_cache: torch.Tensor | None, meta: AttentionMetadata, scale: float,
+                sliding_window: int | None = None) -> torch.Tensor:
+        if kv_cache is None:
+            return self._forward_uncached(q, k, v, meta, scale, sliding_window)
+        store_kv_cache_triton(k, v, kv_cache, meta.slot_mapping)
+        if meta.is_decode_only and q.shape[0] == meta.num_seqs:
+            return paged_attention_decode_triton(q, kv_cache, meta.seq_lens, meta.block_tables,
+                                                 scale, sliding_window,
+                                                 num_splits=self.decode_num_splits)
+        return paged_attention_prefill_triton(q, kv_cache, meta.query_start_loc, meta.seq_lens,
+                                              meta.block_tables, scale, sliding_window,
+                                              max_query_len=meta.max_query_len)
+
+    def _forward_uncached(self, q, k, v, meta, scale, sliding_window) -> torch.Tensor:
+        if self._uncached is None:
+            from tamis.engine.attention.torch_backend import TorchAttentionBackend
+            self._uncached = TorchAttentionBackend()
+        return self._uncached.forward(q, k, v, None, meta, scale, sliding_window)
