@@ -6,6 +6,7 @@ in milliseconds. The real engine is exercised by ``test_openai_e2e.py``.
 """
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -39,6 +40,7 @@ class FakeEngine:
         self.aborted: list[str] = []
         self.fail_next_step: Exception | None = None
         self.thread_ids: set[int] = set()
+        self.fail_token: int | None = None  # prompts holding it fail in the engine
 
     # -- LLMEngine interface --
     def add_request(self, request_id, prompt, params, priority=0):
@@ -47,6 +49,9 @@ class FakeEngine:
             prompt = self.tokenizer.encode(prompt)
         if getattr(params, "extra_args", None) and params.extra_args.get("fail_on_add"):
             raise ValueError("fail_on_add was set")
+        if self.fail_token is not None and self.fail_token in prompt:
+            params = copy.copy(params)
+            params.extra_args = {"fail_in_engine": True}
         self.requests[request_id] = {"prompt": list(prompt), "params": params,
                                      "choices": [[] for _ in range(params.n)],
                                      "done": [None] * params.n, "arrival": time.time()}
