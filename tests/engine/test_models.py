@@ -1,0 +1,225 @@
+"""Our models' logits equal transformers' (fp32) through the paged KV cache.
+
+Every arch is checked as (a) one prefill, (b) a prefill chunked across KV blocks and
+(c) two sequences interleaved in mixed batches (prefill chunks beside single-token
+decodes). Plus rope scaling types, sliding windows and the fused-layer weight loaders.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from tamis.engine.attention.metadata import forward_context
+from tamis.engine.layers.linear import MergedColumnLinear, QKVLinear
+from tamis.engine.layers.quant_method import LinearMethodBase, set_weight_attrs
+from tamis.engine.layers.rotary import get_rope
+from tamis.engine.loader import kv_cache_spec, load_model
+from tests.engine.paged_harness import PagedBatcher
+
+torch.set_num_threads(2)
+ATOL = 1e-4
+TEXT = ("The quick brown fox jumps over the lazy dog. Paged attention stores keys and values "
+        "in fixed-size blocks, so sequences of any length share one pool of memory. ")
+
+
+def engine_config(model, **kw):
+    fields = dict(model=str(model), dtype="float32", load_format="auto", quantization=None,
+                  seed=0, attention_backend="torch")
+    return SimpleNamespace(**{**fields, **kw})
+
+
+def prompt_ids(path, length: int, offset: int = 0) -> list[int]:
+    from transformers import AutoTokenizer
+    ids = AutoTokenizer.from_pretrained(path)(TEXT * 8)["input_ids"]
+    assert len(ids) >= offset + length
+    return ids[offset:offset + length]
+
+
+@torch.no_grad()
+def reference_logits(path, ids: list[int]) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return ref(torch.tensor([ids])).logits[0].float()
+
+
+class Case:
+    """One checkpoint loaded in our engine, with transformers' logits for two prompts."""
+
+    def __init__(self, path, len_a: int = 50, len_b: int = 23, atol: float = ATOL):
+        self.path, self.atol = path, atol
+        self.model, self.hf_config = load_model(engine_config(path), "cpu")
+        self.ids_a, self.ids_b = prompt_ids(path, len_a), prompt_ids(path, len_b, offset=7)
+        self.ref_a, self.ref_b = reference_logits(path, self.ids_a), reference_logits(path, self.ids_b)
+
+    def batcher(self, block_size: int = 4) -> PagedBatcher:
+        return PagedBatcher(kv_cache_spec(self.hf_config), num_blocks=64, block_size=block_size)
+
+
+@pytest.fixture(scope="module", params=["llama", "mistral", "qwen2", "qwen3", "smollm2"])
+def case(request, tiny_checkpoint, smollm2_path):
+    if request.param == "smollm2":
+        # 30 layers, logits ~20: fp32 summation-order noise reaches ~1.5e-4 in chunked runs
+        return Case(smollm2_path, len_a=40, len_b=19, atol=5e-4)
+    return Case(tiny_checkpoint(request.param))
+
+
+def test_single_prefill_matches_transformers(case):
+    logits = case.batcher().run(case.model, [("a", case.ids_a)])["a"]
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, case.ref_a, atol=case.atol, rtol=0)
+
+
+def test_chunked_prefill_matches_transformers(case):
+    batcher, got, start = case.batcher(block_size=4), [], 0
+    for size in (5, 8, 3, 13, 1, 100):    # chunk edges fall inside and on block edges
+        chunk = case.ids_a[start:start + size]
+        if chunk:
+            got.append(batcher.run(case.model, [("a", chunk)])["a"])
+        start += size
+    torch.testing.assert_close(torch.cat(got), case.ref_a, atol=case.atol, rtol=0)
+
+
+def test_mixed_prefill_and_decode_batches_match_transformers(case):
+    """a: prefill 20, then one token per step; b joins in chunks beside a's decodes."""
+    batcher = case.batcher(block_size=4)
+    got_a = [batcher.run(case.model, [("a", case.ids_a[:20])])["a"]]
+    got_b, pos_a, pos_b = [], 20, 0
+    b_chunks = [6, 9]                      # b's prefill chunks, then single tokens
+    while pos_a < len(case.ids_a) or pos_b < len(case.ids_b):
+        chunks = []
+        if pos_b < len(case.ids_b):
+            size = b_chunks.pop(0) if b_chunks else 1
+            chunks.append(("b", case.ids_b[pos_b:pos_b + size]))
+            pos_b += len(chunks[-1][1])
+        if pos_a < len(case.ids_a):
+            chunks.append(("a", case.ids_a[pos_a:pos_a + 1]))
+            pos_a += 1
+        out = batcher.run(case.model, chunks)
+        got_a += [out["a"]] if "a" in out else []
+        got_b += [out["b"]] if "b" in out else []
+    torch.testing.assert_close(torch.cat(got_a), case.ref_a, atol=case.atol, rtol=0)
+    torch.testing.assert_close(torch.cat(got_b), case.ref_b, atol=case.atol, rtol=0)
+
+
+def test_plain_forward_without_metadata_matches(case):
+    """attn_metadata=None (a profiling pass): one causal sequence, no cache."""
+    ids = torch.tensor(case.ids_a)
+    with torch.no_grad(), forward_context(None, []):
+        logits = case.model.compute_logits(case.model(ids, torch.arange(len(ids))))
+    torch.testing.assert_close(logits, case.ref_a, atol=case.atol, rtol=0)
+
+
+# ----------------------------------------------------------------- variants
+
+ROPE_VARIANTS = {
+    "linear": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32,
+               "rope_theta": 500000.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
+             "rope_theta": 10000.0},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(ROPE_VARIANTS))
+def test_rope_scaling_matches_transformers(tiny_checkpoint, variant):
+    path = tiny_checkpoint("llama", rope_parameters=ROPE_VARIANTS[variant])
+    case = Case(path, len_a=70, len_b=3)
+    batcher, got = case.batcher(), []
+    got.append(batcher.run(case.model, [("a", case.ids_a[:40])])["a"])
+    for token in case.ids_a[40:]:
+        got.append(batcher.run(case.model, [("a", [token])])["a"])
+    torch.testing.assert_close(torch.cat(got), case.ref_a, atol=ATOL, rtol=0)
+
+
+def test_old_style_rope_scaling_config_is_read():
+    """transformers < 5 configs: rope_scaling (key "type") + rope_theta."""
+    old = SimpleNamespace(rope_scaling={"type": "linear", "factor": 4.0}, rope_theta=1000.0,
+                          max_position_embeddings=64)
+    new = SimpleNamespace(rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                           "rope_theta": 1000.0}, max_position_embeddings=64)
+    torch.testing.assert_close(get_rope(old, 16).inv_freq, get_rope(new, 16).inv_freq)
+    plain = SimpleNamespace(rope_theta=1000.0, max_position_embeddings=64)
+    torch.testing.assert_close(get_rope(old, 16).inv_freq * 4, get_rope(plain, 16).inv_freq)
+
+
+def test_unsupported_rope_type_names_it():
+    config = SimpleNamespace(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4},
+                             max_position_embeddings=64)
+    with pytest.raises(ValueError, match="longrope"):
+        get_rope(config, 16)
+
+
+def test_sliding_window_decode_matches_transformers(tiny_checkpoint):
+    """Window 8 over a 40-token prompt: decodes and chunks far past the window."""
+    case = Case(tiny_checkpoint("mistral", sliding_window=8), len_a=40, len_b=3)
+    assert kv_cache_spec(case.hf_config).sliding_windows == (8, 8)
+    batcher, got = case.batcher(block_size=4), []
+    got.append(batcher.run(case.model, [("a", case.ids_a[:13])])["a"])
+    got.append(batcher.run(case.model, [("a", case.ids_a[13:22])])["a"])
+    for token in case.ids_a[22:]:
+        got.append(batcher.run(case.model, [("a", [token])])["a"])
+    torch.testing.assert_close(torch.cat(got), case.ref_a, atol=ATOL, rtol=0)
+
+
+def test_qwen2_sliding_layers_follow_max_window_layers(tiny_checkpoint):
+    path = tiny_checkpoint("qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    case = Case(path, len_a=30, len_b=3)
+    assert kv_cache_spec(case.hf_config).sliding_windows == (None, 6)
+    logits = case.batcher().run(case.model, [("a", case.ids_a)])["a"]
+    torch.testing.assert_close(logits, case.ref_a, atol=ATOL, rtol=0)
+
+
+# ----------------------------------------------------------------- fused loaders
+
+class PackedTestMethod(LinearMethodBase):
+    """A fake quant method using every attribute of the contract: int32 ``qweight`` packing
+    2 values along N, per-shard scalar ``weight_scale``, shard-independent ``g_idx``."""
+
+    def create_weights(self, layer, input_size, output_partition_sizes, params_dtype):
+        n = sum(output_partition_sizes)
+        qweight = nn.Parameter(torch.zeros(input_size, n // 2, dtype=torch.int32),
+                               requires_grad=False)
+        set_weight_attrs(qweight, {"input_dim": 0, "output_dim": 1, "packed_dim": 1,
+                                   "packed_factor": 2})
+        scale = nn.Parameter(torch.zeros(len(output_partition_sizes)), requires_grad=False)
+        set_weight_attrs(scale, {"is_per_shard_scalar": True})
+        g_idx = nn.Parameter(torch.zeros(input_size, dtype=torch.int32), requires_grad=False)
+        set_weight_attrs(g_idx, {"input_dim": 0, "ignore_shard": True})
+        for name, param in (("qweight", qweight), ("weight_scale", scale), ("g_idx", g_idx)):
+            layer.register_parameter(name, param)
+
+    def apply(self, layer, x, bias=None):
+        raise NotImplementedError
+
+
+def test_fused_weight_loaders_place_every_shard():
+    quant = SimpleNamespace(get_linear_method=lambda prefix: PackedTestMethod())
+    qkv = QKVLinear(hidden_size=8, head_dim=4, num_heads=2, num_kv_heads=1, bias=True,
+                    quant_config=quant, prefix="qkv")
+    sizes = {"q": 8, "k": 4, "v": 4}
+    for index, (shard, n) in enumerate(sizes.items()):
+        qkv.qweight.weight_loader(qkv.qweight, torch.full((8, n // 2), index + 1, dtype=torch.int32), shard)
+        qkv.weight_scale.weight_loader(qkv.weight_scale, torch.tensor(0.5 * (index + 1)), shard)
+        qkv.g_idx.weight_loader(qkv.g_idx, torch.arange(8, dtype=torch.int32), shard)
+        qkv.bias.weight_loader(qkv.bias, torch.full((n,), float(index)), shard)
+    assert qkv.qweight[0].tolist() == [1, 1, 1, 1, 2, 2, 3, 3]
+    assert qkv.weight_scale.tolist() == [0.5, 1.0, 1.5]
+    assert qkv.g_idx.tolist() == list(range(8))
+    assert qkv.bias.tolist() == [0.0] * 8 + [1.0] * 4 + [2.0] * 4
+    with pytest.raises(ValueError, match="shape"):
+        qkv.qweight.weight_loader(qkv.qweight, torch.zeros(8, 3, dtype=torch.int32), "k")
+    with pytest.raises(ValueError, match="shard 'x'"):
+        qkv.bias.weight_loader(qkv.bias, torch.zeros(4), "x")
+
+
+def test_merged_column_loader_and_forward():
+    gate_up = MergedColumnLinear(6, [5, 3], prefix="mlp.gate_up_proj")
+    gate, up = torch.randn(5, 6), torch.randn(3, 6)
+    gate_up.weight.weight_loader(gate_up.weight, gate, 0)
+    gate_up.weight.weight_loader(gate_up.weight, up, 1)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(gate_up(x), torch.cat([x @ gate.T, x @ up.T], dim=-1))
