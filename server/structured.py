@@ -71,19 +71,15 @@ def _from_response_format(response_format) -> dict | None:
 
 
 def build_params(spec: dict, param: str):
-    """``StructuredOutputsParams(**spec)`` validated; every failure is a 400."""
+    """``StructuredOutputsParams`` from the body's dict, validated; every failure is a 400
+    carrying the constraint layer's message."""
     from tamis.constrain import StructuredOutputsParams
 
+    make = getattr(StructuredOutputsParams, "from_dict", None) or (
+        lambda data: StructuredOutputsParams(**data))
     try:
-        params = StructuredOutputsParams(**spec)
-    except TypeError as exc:
+        params = make(spec)
+        params.validate()
+    except (TypeError, ValueError) as exc:
         raise invalid(f"{param}: {exc}", param) from exc
-    except ValueError as exc:
-        raise invalid(f"{param}: {exc}", param) from exc
-    validate = getattr(params, "validate", None)
-    if callable(validate):
-        try:
-            validate()
-        except (ValueError, TypeError) as exc:
-            raise invalid(f"{param}: {exc}", param) from exc
     return params
