@@ -1,0 +1,288 @@
+"""The GPU model runner: static step buffers, pinned async copies, CUDA graphs for decode.
+
+What it adds to ``ModelRunner`` (``engine/runner.py``), which already sizes the KV cache
+from ``gpu_memory_utilization`` after a profiling pass and samples on the device:
+
+- **Step buffers.** The batch layout (token ids, positions, slots, query starts, sequence
+  lengths, block tables, sampled rows) is built on the host into pinned tensors and
+  copied with ``non_blocking=True`` into device tensors allocated once; the step's
+  ``AttentionMetadata`` views those. The only host sync of a step is the sampler
+  reading the sampled ids.
+- **CUDA graphs for decode.** A decode-only step (one new token per request, all
+  sampling, no prompt logprobs) of B requests is padded to the smallest captured size
+  G >= B and replays the graph captured for G. Padding rows have token 0, position 0,
+  slot -1 (nothing stored) and sequence length 0 (the decode kernel writes zeros)::
+
+      captured sizes   1 2 4 8 16 24 32 ... max_num_seqs
+      B = 13  ->  G = 16: rows 0..12 real, rows 13..15 padding
+
+  Graphs need the Triton attention backend (the torch backend reads lengths on the
+  host); ``enforce_eager`` or another backend runs every step eagerly.
+
+The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
+``build_host_batch``) take plain Python values and are tested on CPU.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tamis.engine.attention.metadata import AttentionMetadata, forward_context
+from tamis.engine.config import EngineConfig
+from tamis.engine.runner import ModelInputs, ModelRunner
+from tamis.engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURE_SIZE = 512
+
+
+# --- pure parts ------------------------------------------------------------------------------
+
+def capture_sizes(max_num_seqs: int, limit: int = MAX_CAPTURE_SIZE) -> list[int]:
+    """Batch sizes to capture: 1, 2, 4, then every multiple of 8, up to max_num_seqs
+    (itself included), at most ``limit``. A step of B sequences pads to the next one."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    top = min(max_num_seqs, limit)
+    sizes = {s for s in (1, 2, 4) if s <= top} | set(range(8, top + 1, 8)) | {top}
+    return sorted(sizes)
+
+
+def padded_size(num_seqs: int, sizes: list[int]) -> int | None:
+    """The smallest captured size >= num_seqs, or None when it exceeds them all."""
+    i = bisect.bisect_left(sizes, num_seqs)
+    return sizes[i] if i < len(sizes) else None
+
+
+def is_graph_step(batch: SchedulerOutput) -> bool:
+    """True for a pure decode step: one new token per request, each sampling, no prompt logprobs."""
+    return bool(batch.scheduled) and all(
+        item.num_new_tokens == 1 and item.samples and not item.num_prompt_logprob_rows
+        for item in batch.scheduled)
+
+
+@dataclass
+class HostBatch:
+    """One step's layout on the host (numpy), padded to ``num_seqs_padded`` sequences.
+
+    ``num_tokens``/``num_seqs`` count the real rows; padding rows follow them."""
+    input_ids: np.ndarray        # int64 [T_padded]
+    positions: np.ndarray        # int64 [T_padded]
+    slot_mapping: np.ndarray     # int64 [T_padded], -1 for padding
+    query_start_loc: np.ndarray  # int32 [B_padded + 1]
+    seq_lens: np.ndarray         # int32 [B_padded], 0 for padding
+    block_tables: np.ndarray     # int32 [B_padded, width], rows padded with 0
+    logits_indices: np.ndarray   # int64 [S]
+    query_lens: list[int]        # real sequences only
+    seq_lens_list: list[int]
+    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
+    num_tokens: int = 0
+    num_seqs: int = 0
+
+
+def build_host_batch(batch: SchedulerOutput, block_size: int,
+                     pad_to: int | None = None) -> HostBatch:
+    """Flattens the scheduled chunks (layout in ``attention/metadata.py``).
+
+    ``pad_to`` (decode graphs) appends padding sequences of one token each until there
+    are ``pad_to`` sequences; it must be >= the number scheduled."""
+    items = batch.scheduled
+    num_seqs = len(items)
+    total_seqs = num_seqs if pad_to is None else pad_to
+    if total_seqs < num_seqs:
+        raise ValueError(f"pad_to={pad_to} is smaller than the {num_seqs} scheduled requests")
+    query_lens = [item.num_new_tokens for item in items]
+    num_tokens = sum(query_lens)
+    total_tokens = num_tokens + (total_seqs - num_seqs)
+    input_ids = np.zeros(total_tokens, dtype=np.int64)
+    positions = np.zeros(total_tokens, dtype=np.int64)
+    slots = np.full(total_tokens, -1, dtype=np.int64)
+    width = max([len(item.block_ids) for item in items] + [1])
+    tables = np.zeros((total_seqs, width), dtype=np.int32)
+    seq_lens = np.zeros(total_seqs, dtype=np.int32)
+    logits_indices, prompt_rows = [], []
+    row = 0
+    for index, item in enumerate(items):
+        n, start = item.num_new_tokens, item.start
+        block_ids = item.block_ids
+        tables[index, :len(block_ids)] = block_ids
+        input_ids[row:row + n] = item.token_ids
+        pos = np.arange(start, start + n, dtype=np.int64)
+        positions[row:row + n] = pos
+        slots[row:row + n] = tables[index, pos // block_size].astype(np.int64) * block_size \
+            + pos % block_size
+        seq_lens[index] = start + n
+        if item.num_prompt_logprob_rows:
+            prompt_rows.append((index, row, item.num_prompt_logprob_rows))
+        row += n
+        if item.samples:
+            logits_indices.append(row - 1)
+    query_start_loc = np.zeros(total_seqs + 1, dtype=np.int32)
+    query_start_loc[1:num_seqs + 1] = np.cumsum(query_lens, dtype=np.int64)
+    query_start_loc[num_seqs + 1:] = num_tokens + np.arange(1, total_seqs - num_seqs + 1)
+    return HostBatch(input_ids, positions, slots, query_start_loc, seq_lens, tables,
+                     np.asarray(logits_indices, dtype=np.int64), query_lens,
+                     seq_lens[:num_seqs].tolist(), prompt_rows, num_tokens, num_seqs)
+
+
+# --- device side ------------------------------------------------------------------------------
+
+class StepBuffers:
+    """Device tensors allocated once (CUDA graphs read fixed addresses) and pinned host
+    mirrors for asynchronous copies."""
+
+    _SPECS = {"input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64,
+              "query_start_loc": torch.int32, "seq_lens": torch.int32,
+              "logits_indices": torch.int64}
+
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
+                 device: torch.device):
+        sizes = {"input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
+                 "query_start_loc": max_seqs + 1, "seq_lens": max_seqs,
+                 "logits_indices": max_tokens}
+        self.device = {name: torch.zeros(sizes[name], dtype=dtype, device=device)
+                       for name, dtype in self._SPECS.items()}
+        self.host = {name: torch.zeros(sizes[name], dtype=dtype, pin_memory=True)
+                     for name, dtype in self._SPECS.items()}
+        self.device["block_tables"] = torch.zeros(max_seqs, max_blocks_per_seq,
+                                                  dtype=torch.int32, device=device)
+        self.host["block_tables"] = torch.zeros(max_seqs, max_blocks_per_seq,
+                                                dtype=torch.int32, pin_memory=True)
+        self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks_per_seq
+        self._copied = None   # event: the last copies out of the pinned buffers are done
+
+    def upload(self, hb: HostBatch) -> dict[str, torch.Tensor]:
+        """Copies ``hb`` into the device buffers (async); returns device views of this step."""
+        if len(hb.input_ids) > self.max_tokens or len(hb.seq_lens) > self.max_seqs:
+            raise ValueError(f"step of {len(hb.input_ids)} tokens / {len(hb.seq_lens)} "
+                             f"sequences exceeds the buffers ({self.max_tokens} / {self.max_seqs})")
+        if hb.block_tables.shape[1] > self.max_blocks:
+            raise ValueError(f"a block table of {hb.block_tables.shape[1]} blocks exceeds "
+                             f"max_model_len's {self.max_blocks}")
+        if self._copied is not None:
+            self._copied.synchronize()   # the pinned memory is about to be rewritten
+        views = {}
+        for name in self._SPECS:
+            values = getattr(hb, name)
+            n = len(values)
+            self.host[name][:n].numpy()[:] = values
+            self.device[name][:n].copy_(self.host[name][:n], non_blocking=True)
+            views[name] = self.device[name][:n]
+        rows, width = hb.block_tables.shape
+        self.host["block_tables"][:rows, :width].numpy()[:] = hb.block_tables
+        self.device["block_tables"][:rows, :width].copy_(self.host["block_tables"][:rows, :width],
+                                                         non_blocking=True)
+        views["block_tables"] = self.device["block_tables"][:rows]
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return views
+
+
+@dataclass
+class GPUModelInputs(ModelInputs):
+    graph_size: int | None = None     # captured batch size to replay, None = eager
+    num_tokens: int = 0               # real tokens (padding rows follow them)
+
+
+class GPUModelRunner(ModelRunner):
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        super().__init__(config, device)
+        backend = self._attention_backend_name()
+        self.use_cuda_graphs = not config.enforce_eager and backend == "triton"
+        if not config.enforce_eager and not self.use_cuda_graphs:
+            logger.info("CUDA graphs off: the %r attention backend cannot be captured", backend)
+        self.graph_sizes = capture_sizes(config.max_num_seqs) if self.use_cuda_graphs else []
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.buffers: StepBuffers | None = None
+
+    def _attention_backend_name(self) -> str | None:
+        from tamis.engine.layers.attention import Attention
+        for module in self.model.modules():
+            if isinstance(module, Attention):
+                return module.backend.name
+        return None
+
+    def initialize_kv_cache(self, max_model_len: int, max_num_seqs: int,
+                            max_num_batched_tokens: int) -> int:
+        num_blocks = super().initialize_kv_cache(max_model_len, max_num_seqs,
+                                                 max_num_batched_tokens)
+        top = max(self.graph_sizes, default=0)
+        self.buffers = StepBuffers(max(max_num_batched_tokens, top), max(max_num_seqs, top),
+                                   -(-max_model_len // self.block_size), self.device)
+        if self.use_cuda_graphs:
+            self.capture_graphs()
+        return num_blocks
+
+    # --- a step ----------------------------------------------------------------------------
+
+    def prepare_inputs(self, batch: SchedulerOutput) -> GPUModelInputs:
+        if self.buffers is None:
+            raise RuntimeError("initialize_kv_cache must run before the first step")
+        graph_size = None
+        if self.graphs and is_graph_step(batch):
+            graph_size = padded_size(len(batch.scheduled), self.graph_sizes)
+        hb = build_host_batch(batch, self.block_size, pad_to=graph_size)
+        views = self.buffers.upload(hb)
+        meta = AttentionMetadata(
+            query_start_loc=views["query_start_loc"], seq_lens=views["seq_lens"],
+            block_tables=views["block_tables"], slot_mapping=views["slot_mapping"],
+            max_query_len=max(hb.query_lens), max_seq_len=max(hb.seq_lens_list),
+            block_size=self.block_size, query_lens_cpu=hb.query_lens,
+            seq_lens_cpu=hb.seq_lens_list)
+        return GPUModelInputs(views["input_ids"], views["positions"], meta,
+                              views["logits_indices"], hb.prompt_rows, graph_size, hb.num_tokens)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        size = getattr(inputs, "graph_size", None)
+        if size is None:
+            return super().forward(inputs)
+        graph, hidden = self.graphs[size]
+        graph.replay()
+        return hidden[:inputs.num_tokens]
+
+    # --- capture ---------------------------------------------------------------------------
+
+    def _graph_metadata(self, size: int) -> AttentionMetadata:
+        """Decode metadata over the static buffers' first ``size`` rows, all padding."""
+        dev = self.buffers.device
+        dev["input_ids"][:size].zero_()
+        dev["positions"][:size].zero_()
+        dev["slot_mapping"][:size].fill_(-1)
+        dev["seq_lens"][:size].zero_()
+        dev["query_start_loc"][:size + 1].copy_(torch.arange(size + 1, dtype=torch.int32))
+        return AttentionMetadata(
+            query_start_loc=dev["query_start_loc"][:size + 1], seq_lens=dev["seq_lens"][:size],
+            block_tables=self.buffers.device["block_tables"][:size],
+            slot_mapping=dev["slot_mapping"][:size], max_query_len=1, max_seq_len=1,
+            block_size=self.block_size, query_lens_cpu=[1] * size, seq_lens_cpu=[0] * size)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """Captures the model's forward for every decode size, largest first, one pool."""
+        pool = None
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        for size in sorted(self.graph_sizes, reverse=True):
+            meta = self._graph_metadata(size)
+            ids = self.buffers.device["input_ids"][:size]
+            positions = self.buffers.device["positions"][:size]
+            with forward_context(meta, self.kv_caches):
+                self.model(ids, positions)        # warm-up: Triton compiles outside capture
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    hidden = self.model(ids, positions)
+            pool = graph.pool() if pool is None else pool
+            self.graphs[size] = (graph, hidden)
+        torch.cuda.synchronize(self.device)
+        used = free_before - torch.cuda.mem_get_info(self.device)[0]
+        logger.info("captured %d decode CUDA graphs (sizes %s..%s), %.0f MiB",
+                    len(self.graphs), self.graph_sizes[0], self.graph_sizes[-1], used / 2**20)
+
+
+__all__ = ["GPUModelRunner", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
+           "HostBatch", "StepBuffers"]

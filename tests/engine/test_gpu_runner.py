@@ -1,0 +1,115 @@
+"""GPUModelRunner: the pure parts on CPU (bucketing, padding, batch layout); the runner
+itself (pinned copies, CUDA graphs against eager) on a CUDA device."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from tamis.engine.gpu_runner import (build_host_batch, capture_sizes, is_graph_step,
+                                     padded_size)
+from tamis.engine.runner import ModelRunner
+from tamis.engine.scheduler import ScheduledRequest, SchedulerOutput
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _item(num_tokens: int, start: int, n: int, block_size: int = 4, prompt_len: int | None = None,
+          prompt_logprobs: bool = False) -> ScheduledRequest:
+    """A request with ``num_tokens`` tokens, scheduled for tokens start..start+n-1."""
+    blocks = list(np.random.permutation(100)[:-(-(start + n) // block_size)] + 1)
+    request = SimpleNamespace(
+        all_token_ids=list(np.random.randint(0, 1000, num_tokens)), block_ids=[int(b) for b in blocks],
+        num_tokens=num_tokens, num_prompt_tokens=prompt_len or num_tokens,
+        wants_prompt_logprobs=prompt_logprobs)
+    return ScheduledRequest(request, n, start)
+
+
+def test_capture_sizes():
+    assert capture_sizes(256) == [1, 2, 4] + list(range(8, 257, 8))
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(2000)[-1] == 512
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        capture_sizes(0)
+
+
+@pytest.mark.parametrize("n,want", [(1, 1), (3, 4), (5, 8), (13, 16), (256, 256), (257, None)])
+def test_padded_size(n, want):
+    assert padded_size(n, capture_sizes(256)) == want
+
+
+def test_is_graph_step():
+    decode = [_item(10, 9, 1), _item(3, 2, 1)]
+    assert is_graph_step(SchedulerOutput(decode))
+    assert not is_graph_step(SchedulerOutput(decode + [_item(10, 0, 10)]))   # a prefill chunk
+    assert not is_graph_step(SchedulerOutput([_item(10, 4, 1)]))             # does not sample
+    assert not is_graph_step(SchedulerOutput([_item(10, 9, 1, prompt_len=11,
+                                                    prompt_logprobs=True)]))
+    assert not is_graph_step(SchedulerOutput([]))
+
+
+def _base_layout(batch, block_size):
+    """The plain runner's prepare_inputs on CPU: the layout the GPU runner must reproduce."""
+    runner = object.__new__(ModelRunner)
+    runner.block_size, runner.device = block_size, torch.device("cpu")
+    return ModelRunner.prepare_inputs(runner, batch)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_host_batch_matches_plain_runner(block_size):
+    batch = SchedulerOutput([_item(37, 0, 20, block_size), _item(40, 39, 1, block_size),
+                             _item(50, 17, 33, block_size, prompt_len=50, prompt_logprobs=True),
+                             _item(9, 8, 1, block_size)])
+    hb = build_host_batch(batch, block_size)
+    want = _base_layout(batch, block_size)
+    meta = want.attn_metadata
+    assert hb.input_ids.tolist() == want.input_ids.tolist()
+    assert hb.positions.tolist() == want.positions.tolist()
+    assert hb.slot_mapping.tolist() == meta.slot_mapping.tolist()
+    assert hb.query_start_loc.tolist() == meta.query_start_loc.tolist()
+    assert hb.seq_lens.tolist() == meta.seq_lens.tolist()
+    assert hb.block_tables.tolist() == meta.block_tables.tolist()
+    assert hb.logits_indices.tolist() == want.logits_indices.tolist()
+    assert hb.prompt_rows == want.prompt_rows
+    assert (hb.query_lens, hb.seq_lens_list) == (meta.query_lens_cpu, meta.seq_lens_cpu)
+    assert hb.num_tokens == 55 and hb.num_seqs == 4
+
+
+def test_decode_padding_rows():
+    batch = SchedulerOutput([_item(10, 9, 1), _item(30, 29, 1), _item(5, 4, 1)])
+    hb = build_host_batch(batch, 4, pad_to=8)
+    assert hb.input_ids.shape == (8,) and hb.num_tokens == 3 and hb.num_seqs == 3
+    assert hb.slot_mapping[3:].tolist() == [-1] * 5, "padding stores nothing"
+    assert hb.seq_lens.tolist()[3:] == [0] * 5, "padding attends to nothing"
+    assert hb.seq_lens.tolist()[:3] == [10, 30, 5]
+    assert hb.query_start_loc.tolist() == list(range(9)), "one token per row"
+    assert hb.positions[:3].tolist() == [9, 29, 4] and hb.positions[3:].tolist() == [0] * 5
+    assert hb.logits_indices.tolist() == [0, 1, 2]
+    assert hb.block_tables.shape[0] == 8 and not hb.block_tables[3:].any()
+    first = batch.scheduled[0]
+    assert hb.slot_mapping[0] == first.block_ids[9 // 4] * 4 + 9 % 4
+    with pytest.raises(ValueError, match="pad_to"):
+        build_host_batch(batch, 4, pad_to=2)
+
+
+@needs_cuda
+def test_cuda_graphs_match_eager(tiny_checkpoint):
+    """Greedy tokens with decode graphs equal those of the eager runner on a tiny model."""
+    from tamis.engine.llm import LLM
+    from tamis.engine.sampling_params import SamplingParams
+    path = str(tiny_checkpoint("llama"))
+    prompts = [[1, 5, 9, 200 + i] * (i + 1) for i in range(11)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outs = {}
+    for eager in (True, False):
+        llm = LLM(model=path, dtype="float32", enforce_eager=eager, max_num_seqs=16,
+                  gpu_memory_utilization=0.3)
+        if not eager:
+            assert llm.llm_engine.runner.graphs, "graphs were captured"
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params)]
+        del llm
+    assert outs[True] == outs[False]
