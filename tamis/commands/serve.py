@@ -65,7 +65,7 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
     """Engine from the CLI flags, wrapped in an AsyncEngine and the FastAPI app."""
     from tamis.engine.async_engine import AsyncEngine
     from tamis.engine.config import EngineConfig
-    from tamis.engine.llm_engine import LLMEngine
+    from tamis.engine.engine import LLMEngine
     from tamis.server.app import build_app
     from tamis.server.context import ServerContext
 
@@ -88,9 +88,9 @@ def served_model_names(args) -> list[str]:
 
 
 def _max_model_len(engine) -> int:
-    value = getattr(engine.config, "max_model_len", None)
+    value = getattr(engine, "max_model_len", None)  # resolved from the checkpoint and KV size
     if value is None:
-        value = getattr(engine, "max_model_len", None)
+        value = getattr(engine.config, "max_model_len", None)
     if value is None:
         value = getattr(engine.hf_config, "max_position_embeddings", 2048)
     return int(value)
