@@ -1,0 +1,439 @@
+"""LLMEngine: the step loop shared by the offline ``LLM`` and the server's ``AsyncEngine``.
+
+One step::
+
+    grammars  -> WAITING_FOR_GRAMMAR requests whose grammar compiled become WAITING
+                 (a failed compile finishes that request alone with finish_reason "error")
+    schedule  -> SchedulerOutput (which tokens of which requests, preemptions)
+    run       -> logits of the rows that sample (+ prompt-logprob rows)
+    sample    -> one token per sampling row (constraint bitmask from structured outputs)
+    update    -> append tokens, stop checks, incremental detokenization
+    outputs   -> RequestOutput per request that advanced or finished
+
+A request with ``n > 1`` becomes n sequences (``Request``) under one id; they share the
+prompt's KV blocks through the prefix cache and report together in one ``RequestOutput``.
+Bad input raises ``ValueError`` from ``add_request`` and never disturbs other requests.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tamis.engine.config import EngineConfig, resolve_max_model_len
+from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
+from tamis.engine.kv_cache import KVCacheManager
+from tamis.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from tamis.engine.request import Request, RequestStatus
+from tamis.engine.runner import RunnerOutput, make_runner
+from tamis.engine.sampler import SamplingMetadata, TopLogprobs, gather_logprobs
+from tamis.engine.sampling_params import RequestOutputKind, SamplingParams
+from tamis.engine.scheduler import Scheduler, SchedulerOutput
+from tamis.engine.stats import EngineStats
+from tamis.engine.tokenizer import TokenDecoder, eos_token_ids, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Group:
+    """The n sequences of one user request and what was already reported (DELTA mode)."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+    output_kind: RequestOutputKind
+    sent_tokens: list[int] = field(default_factory=list)
+    sent_chars: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(child.is_finished for child in self.children)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, **engine_args: Any) -> None:
+        self.config = config if config is not None else EngineConfig.from_kwargs(**engine_args)
+        torch.manual_seed(self.config.seed)
+        self.device = self.config.resolved_device()
+        self.runner = make_runner(self.config, self.device)
+        self.hf_config = self.runner.hf_config
+        self.vocab_size = self.runner.vocab_size
+        self.model_dir = _model_dir(self.config.model)
+        self.tokenizer = None
+        if not self.config.skip_tokenizer_init:
+            self.tokenizer = load_tokenizer(self.config.tokenizer or self.model_dir,
+                                            self.config.trust_remote_code)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.hf_config, self.model_dir)
+        self._token_decoder = TokenDecoder(self.tokenizer) if self.tokenizer is not None else None
+        self._init_cache_and_scheduler()
+        self._groups: dict[str, _Group] = {}
+        self._dirty: set[str] = set()         # groups with something new to report
+        self._structured = None
+        self._counters = {"prompt": 0, "generation": 0, "finished": 0}
+
+    def _init_cache_and_scheduler(self) -> None:
+        config = self.config
+        self.max_model_len = resolve_max_model_len(config.max_model_len, self.hf_config)
+        budget = config.resolved_max_num_batched_tokens(self.device)
+        num_blocks = self.runner.initialize_kv_cache(self.max_model_len, config.max_num_seqs, budget)
+        capacity = num_blocks * config.block_size
+        if capacity < self.max_model_len:
+            if config.max_model_len is not None:
+                raise ValueError(f"--max-model-len {self.max_model_len} does not fit in the KV cache "
+                                 f"({num_blocks} blocks x {config.block_size} = {capacity} tokens): "
+                                 f"lower --max-model-len or raise the KV cache size")
+            logger.warning("KV cache holds %d tokens: max_model_len lowered from %d", capacity,
+                           self.max_model_len)
+            self.max_model_len = capacity
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, budget, config.scheduling_policy)
+
+    # --- requests ------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int] | dict,
+                    params: SamplingParams | None = None, priority: int = 0,
+                    arrival_time: float | None = None) -> None:
+        """Queues a request. Raises ValueError naming the problem (empty or too long
+        prompt, token id outside the vocabulary, parameter the model cannot honour,
+        duplicate id); nothing is queued then."""
+        request_id = str(request_id)
+        if request_id in self._groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        text, token_ids = self._tokenize(prompt, params)
+        self._check_params(params)
+        params = params.clone()
+        if not params.ignore_eos:
+            params.all_stop_token_ids |= self.eos_token_ids
+        children = [self._make_child(request_id, text, token_ids, params, priority, arrival_time, i)
+                    for i in range(params.n)]
+        for child in children:
+            if child.sampling_params.structured_outputs is not None:
+                self._structured_manager().add_request(child)
+                child.status = RequestStatus.WAITING_FOR_GRAMMAR
+        group = _Group(request_id, text, token_ids, children, params.output_kind,
+                       [0] * params.n, [0] * params.n)
+        self._groups[request_id] = group
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def _tokenize(self, prompt: Any, params: SamplingParams) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("a dict prompt needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (the engine runs with skip_tokenizer_init)")
+            text, token_ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)):
+            text, token_ids = None, list(prompt)
+            bad = [t for t in token_ids if isinstance(t, bool) or not isinstance(t, int)
+                   or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]!r} is out of vocabulary "
+                                 f"(valid ids: 0..{self.vocab_size - 1})")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if params.truncate_prompt_tokens is not None:
+            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        if not token_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"the prompt ({len(token_ids)} tokens) is longer than the maximum "
+                             f"model length of {self.max_model_len} tokens")
+        return text, token_ids
+
+    def _check_params(self, params: SamplingParams) -> None:
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and limit != -1 and (value == -1 or value > limit):
+                raise ValueError(f"{name}={value} exceeds the engine's max_logprobs={limit} "
+                                 f"(raise --max-logprobs)")
+        for name, ids in (("logit_bias", list(params.logit_bias or ())),
+                          ("allowed_token_ids", params.allowed_token_ids or [])):
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token id {bad[0]} outside the vocabulary "
+                                 f"(valid ids: 0..{self.vocab_size - 1})")
+        if self.tokenizer is None and (params.stop or params.structured_outputs is not None):
+            raise ValueError("stop strings and structured_outputs need a tokenizer")
+        spec = params.structured_outputs
+        if spec is not None and hasattr(spec, "validate"):
+            spec.validate()
+
+    def _make_child(self, request_id: str, text: str | None, token_ids: list[int],
+                    params: SamplingParams, priority: int, arrival_time: float | None,
+                    index: int) -> Request:
+        child_params = params
+        if params.n > 1:
+            child_params = params.clone()
+            if params.seed is not None:
+                child_params.seed = params.seed + index   # vLLM's parallel-sampling seeds
+        child_id = request_id if params.n == 1 else f"{index}_{request_id}"
+        child = Request(child_id, token_ids, child_params, prompt=text, priority=priority,
+                        arrival_time=arrival_time, parent_id=request_id, index=index)
+        if index > 0:
+            child.prompt_logprobs = None   # computed once, by sequence 0
+        if child_params.seed is not None:
+            child.generator = torch.Generator(device=self.device).manual_seed(child_params.seed)
+        if self.tokenizer is not None and child_params.detokenize:
+            child.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, child_params)
+        return child
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        """Ends requests now and frees their blocks; no further output is reported."""
+        for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
+            group = self._groups.pop(str(request_id), None)
+            if group is None:
+                continue
+            self._dirty.discard(group.request_id)
+            for child in group.children:
+                if not child.is_finished:
+                    self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._groups)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._groups)
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        self._promote_ready_grammars()
+        batch = self.scheduler.schedule()
+        if not batch.is_empty:
+            self._record_schedule(batch)
+            result = self.runner.execute_model(batch)
+            self.scheduler.update_after_step(batch)
+            self._process_prompt_logprobs(batch, result)
+            self._sample_and_append(batch, result)
+        elif self._groups and not self._dirty and not self._has_compiling_grammar():
+            raise RuntimeError("scheduler made no progress with requests pending "
+                               f"(waiting={len(self.scheduler.waiting)}): KV cache too small?")
+        return self._collect_outputs()
+
+    def _record_schedule(self, batch: SchedulerOutput) -> None:
+        now = time.time()
+        for item in batch.scheduled:
+            request = item.request
+            if request.metrics.first_scheduled_time is None:
+                request.metrics.first_scheduled_time = now
+            end = min(item.start + item.num_new_tokens, request.num_prompt_tokens)
+            self._counters["prompt"] += max(0, end - item.start)
+
+    def _sample_and_append(self, batch: SchedulerOutput, result: RunnerOutput) -> None:
+        requests = [item.request for item in batch.scheduled if item.samples]
+        if not requests:
+            return
+        meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
+        bitmask, rows = self._fill_bitmask(requests)
+        out = self.runner.sample(result.sample_logits, meta, bitmask, rows)
+        entries = self._logprob_entries(out.logprobs) if out.logprobs is not None else None
+        for row, (request, token_id) in enumerate(zip(requests, out.token_ids)):
+            wants = request.output_logprobs is not None
+            self._append_token(request, token_id, entries[row] if wants else None)
+
+    def _append_token(self, request: Request, token_id: int,
+                      logprob: tuple[dict[int, Logprob], float] | None) -> None:
+        forced = self._accept_structured(request, token_id)
+        for i, token in enumerate([token_id] + forced):
+            if i > 0:
+                logprob = ({token: Logprob(0.0, 1, self._decode_token(token))}, 0.0) \
+                    if request.output_logprobs is not None else None   # forced by the grammar
+            if self._append_one(request, token, logprob):
+                return
+
+    def _append_one(self, request: Request, token_id: int,
+                    logprob: tuple[dict[int, Logprob], float] | None) -> bool:
+        """Appends one token and applies every stop rule; True when the request finished."""
+        request.append_output_token(token_id)
+        self._counters["generation"] += 1
+        now = time.time()
+        request.metrics.first_token_time = request.metrics.first_token_time or now
+        request.metrics.last_token_time = now
+        if logprob is not None:
+            request.output_logprobs.append(logprob[0])
+            request.cumulative_logprob += logprob[1]
+        status = check_token_stop(request, self.max_model_len)
+        if request.detokenizer is not None:
+            stop_terminated = (status == RequestStatus.FINISHED_STOPPED
+                               and token_id in request.sampling_params.all_stop_token_ids)
+            stop_string = request.detokenizer.update([token_id], stop_terminated)
+            if stop_string is not None:
+                status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop_string
+        self._dirty.add(request.parent_id)
+        if status is not None:
+            self._finish(request, status)
+            return True
+        return False
+
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+        request.error = error
+        request.metrics.finished_time = time.time()
+        self.scheduler.finish_request(request, status)
+        self._counters["finished"] += 1
+        self._dirty.add(request.parent_id)
+
+    # --- logprobs ------------------------------------------------------------------------------
+
+    def _decode_token(self, token_id: int) -> str | None:
+        return self._token_decoder(token_id) if self._token_decoder is not None else None
+
+    def _logprob_entries(self, top: TopLogprobs) -> list[tuple[dict[int, Logprob], float]]:
+        """Per row: {chosen token and top-k -> Logprob}, and the chosen token's logprob."""
+        entries = []
+        for ids, lps, rank in zip(top.token_ids.tolist(), top.logprobs.tolist(), top.ranks.tolist()):
+            entry = {ids[0]: Logprob(lps[0], rank, self._decode_token(ids[0]))}
+            for k, (token, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+                entry.setdefault(token, Logprob(lp, k, self._decode_token(token)))
+            entries.append((entry, lps[0]))
+        return entries
+
+    def _process_prompt_logprobs(self, batch: SchedulerOutput, result: RunnerOutput) -> None:
+        for index, logits in result.prompt_logits.items():
+            item = batch.scheduled[index]
+            request = item.request
+            params = request.sampling_params
+            k = self.vocab_size if params.prompt_logprobs == -1 else params.prompt_logprobs
+            targets = request.all_token_ids[item.start + 1:item.start + 1 + logits.shape[0]]
+            top = gather_logprobs(torch.log_softmax(logits, dim=-1),
+                                  torch.tensor(targets, device=logits.device), min(k, self.vocab_size))
+            for position, (entry, _) in enumerate(self._logprob_entries(top), start=item.start + 1):
+                if position == len(request.prompt_logprobs):   # recomputed rows are skipped
+                    request.prompt_logprobs.append(entry)
+
+    # --- structured outputs (tamis.engine.structured_output, owned by constrain) ---------------
+
+    def _structured_manager(self):
+        if self._structured is None:
+            try:
+                from tamis.engine.structured_output import StructuredOutputManager
+            except ImportError as exc:
+                raise ValueError(f"structured outputs are unavailable: {exc}") from exc
+            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.config)
+        return self._structured
+
+    def _has_compiling_grammar(self) -> bool:
+        return any(r.status == RequestStatus.WAITING_FOR_GRAMMAR for r in self.scheduler.waiting)
+
+    def _promote_ready_grammars(self) -> None:
+        for request in list(self.scheduler.waiting):
+            if request.status != RequestStatus.WAITING_FOR_GRAMMAR:
+                continue
+            try:
+                ready = self._structured.is_ready(request)
+            except Exception as exc:   # a failed compile fails this request alone
+                self._finish(request, RequestStatus.FINISHED_ERROR, str(exc) or type(exc).__name__)
+                continue
+            if ready:
+                request.status = RequestStatus.WAITING
+
+    def _fill_bitmask(self, requests: list[Request]) -> tuple[torch.Tensor | None, list[int] | None]:
+        rows = [i for i, r in enumerate(requests) if r.sampling_params.structured_outputs is not None]
+        if not rows:
+            return None, None
+        constrained = [requests[i] for i in rows]
+        bitmask = self._structured.fill_bitmask(constrained)
+        if bitmask is None:
+            return None, None
+        self._forbid_early_eos(constrained, bitmask)
+        return bitmask, rows
+
+    def _forbid_early_eos(self, requests: list[Request], bitmask: torch.Tensor) -> None:
+        """EOS may end a constrained output only once its grammar is complete."""
+        for row, request in enumerate(requests):
+            if request.sampling_params.ignore_eos or self._structured.is_terminated(request):
+                continue
+            for eos in self.eos_token_ids:
+                word, bit = divmod(eos, 32)
+                if word < bitmask.shape[1]:   # clear the bit; int32 holds bit 31 as the sign
+                    bitmask[row, word] &= ~(1 << bit) if bit < 31 else 0x7FFFFFFF
+
+    def _accept_structured(self, request: Request, token_id: int) -> list[int]:
+        """Advances the request's matcher; returns tokens the grammar forces next."""
+        if request.sampling_params.structured_outputs is None:
+            return []
+        manager = self._structured
+        if token_id in request.sampling_params.all_stop_token_ids:
+            return []
+        if not manager.accept_token(request, token_id):
+            logger.warning("request %s: token %d rejected by its grammar", request.request_id, token_id)
+            return []
+        forced = list(manager.jump_forward_tokens(request) or [])
+        accepted = []
+        for token in forced:
+            if not manager.accept_token(request, token):
+                break
+            accepted.append(token)
+        return accepted
+
+    # --- outputs --------------------------------------------------------------------------------
+
+    def _collect_outputs(self) -> list[RequestOutput]:
+        outputs = []
+        for request_id in sorted(self._dirty, key=lambda rid: self._groups[rid].children[0].arrival_order):
+            group = self._groups[request_id]
+            if group.output_kind != RequestOutputKind.FINAL_ONLY or group.finished:
+                outputs.append(self._make_output(group))
+            if group.finished:
+                del self._groups[request_id]
+        self._dirty.clear()
+        return outputs
+
+    def _make_output(self, group: _Group) -> RequestOutput:
+        delta = group.output_kind == RequestOutputKind.DELTA
+        completions = []
+        for i, child in enumerate(group.children):
+            text = child.detokenizer.get_output_text(child.is_finished) if child.detokenizer else ""
+            tokens, logprobs = list(child.output_token_ids), child.output_logprobs
+            if delta:
+                text, tokens = text[group.sent_chars[i]:], tokens[group.sent_tokens[i]:]
+                logprobs = logprobs[group.sent_tokens[i]:] if logprobs is not None else None
+                group.sent_chars[i] += len(text)
+                group.sent_tokens[i] += len(tokens)
+            elif logprobs is not None:
+                logprobs = list(logprobs)
+            completions.append(CompletionOutput(child.index, text, tokens, child.cumulative_logprob,
+                                                logprobs, child.finish_reason, child.stop_reason))
+        leader = group.children[0]
+        errors = [c.error for c in group.children if c.error]
+        return RequestOutput(
+            request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
+            prompt_logprobs=list(leader.prompt_logprobs) if leader.prompt_logprobs is not None else None,
+            outputs=completions, finished=group.finished, metrics=leader.metrics,
+            error=errors[0] if errors else None, num_cached_tokens=leader.num_cached_tokens)
+
+    # --- stats ------------------------------------------------------------------------------------
+
+    def get_stats(self) -> EngineStats:
+        kv = self.kv_cache
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=kv.usage, num_free_blocks=kv.num_free_blocks, num_total_blocks=kv.num_blocks,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prompt_tokens=self._counters["prompt"], num_generation_tokens=self._counters["generation"],
+            num_finished_requests=self._counters["finished"])
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache.reset_prefix_cache()
+
+
+def _model_dir(model: str | None):
+    from tamis.engine.loader import resolve_model_path
+    return resolve_model_path(model)
+
+
+__all__ = ["LLMEngine"]

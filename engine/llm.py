@@ -1,0 +1,132 @@
+"""The offline Python API: ``LLM(model=None, **engine_args)``.
+
+    from tamis import LLM, SamplingParams
+    llm = LLM()                                   # the embedded SmolLM2-135M-Instruct
+    outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
+    print(outputs[0].outputs[0].text)
+
+``generate`` takes one prompt or a list: strings, token-id lists, or vLLM's dict prompts
+(``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``), and one ``SamplingParams`` for all
+or one per prompt. Outputs come back in input order, finished. Engine arguments keep
+vLLM's names (``max_model_len``, ``dtype``, ``seed``, ``enable_prefix_caching``...).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+from tamis.engine.config import EngineConfig
+from tamis.engine.engine import LLMEngine
+from tamis.engine.outputs import RequestOutput
+from tamis.engine.sampling_params import RequestOutputKind, SamplingParams
+
+Prompt = str | list[int] | dict
+Message = dict[str, Any]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: list[int] | None = None) -> list[RequestOutput]:
+        """Generates for every prompt; returns finished ``RequestOutput``s in input order.
+        Raises ValueError for a bad prompt or parameter before anything runs."""
+        prompts = _as_prompt_list(prompts)
+        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
+        priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
+        return self._run(prompts, params, priorities, use_tqdm)
+
+    def chat(self, messages: list[Message] | list[list[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template: str | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
+        """Applies the tokenizer's chat template to one conversation (a list of messages)
+        or several, then generates. Returns one output per conversation."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self._render_chat(c, add_generation_prompt, continue_final_message, chat_template,
+                                     chat_template_kwargs or {}, tools) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _render_chat(self, conversation: list[Message], add_generation_prompt: bool,
+                     continue_final_message: bool, chat_template: str | None,
+                     kwargs: dict[str, Any], tools: list[dict] | None) -> dict:
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs a tokenizer (the engine runs with skip_tokenizer_init)")
+        if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+            raise ValueError("a conversation must be a list of {'role': ..., 'content': ...} dicts")
+        text = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, chat_template=chat_template,
+            tools=tools, **kwargs)
+        # The template already holds the special tokens (BOS, role markers).
+        return {"prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+    def _run(self, prompts: list[Prompt], params: list[SamplingParams | None],
+             priorities: list[int], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        ids = []
+        try:
+            for prompt, sp, priority in zip(prompts, params, priorities):
+                sp = (sp or SamplingParams()).clone()
+                sp.output_kind = RequestOutputKind.FINAL_ONLY   # only the end result is kept
+                request_id = str(next(self._ids))
+                engine.add_request(request_id, prompt, sp, priority=priority)
+                ids.append(request_id)
+        except Exception:
+            engine.abort_request(ids)   # all or nothing: a bad prompt queues none
+            raise
+        return self._drain(ids, use_tqdm)
+
+    def _drain(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = _progress_bar(len(ids)) if use_tqdm else None
+        try:
+            while len(results) < len(ids):
+                for output in self.llm_engine.step():
+                    if output.finished:
+                        results[output.request_id] = output
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in ids]
+
+
+def _as_prompt_list(prompts: Any) -> list[Prompt]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) and not isinstance(p, bool) for p in prompts):
+        return [prompts]   # one prompt given as token ids
+    if not prompts:
+        raise ValueError("prompts is empty: give at least one prompt")
+    return prompts
+
+
+def _per_prompt(value: Any, count: int, name: str) -> list:
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise ValueError(f"{name} has {len(value)} entries for {count} prompts")
+        return list(value)
+    return [value] * count
+
+
+def _progress_bar(total: int):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+__all__ = ["LLM"]

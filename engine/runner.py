@@ -1,0 +1,207 @@
+"""The model runner: owns the model and the KV tensors, turns a scheduled step into logits.
+
+It knows nothing of requests' history: each ``ScheduledRequest`` says which tokens to
+compute (``token_ids`` at positions ``start..``), where their KV goes (``block_ids``),
+whether the step samples it, and how many prompt-logprob rows it wants. One step::
+
+    prepare_inputs(batch)   -> ModelInputs (flat token ids, positions, AttentionMetadata,
+                               rows of the hidden states whose logits are needed)
+    forward(inputs)         -> hidden [T, H]   (under forward_context)
+    compute_logits          -> sampling rows [S, V] + prompt-logprob rows per request
+    sample(logits, ...)     -> token ids (engine/sampler.py)
+
+Subclasses (the GPU runner with CUDA graphs) override ``prepare_inputs``, ``forward``
+or ``sample``; ``make_runner`` picks ``tamis.engine.gpu_runner.GPUModelRunner`` on CUDA
+when that module exists.
+
+KV cache sizing: ``num_gpu_blocks_override`` when given; else ``kv_cache_memory_bytes``
+(CPU default 512 MiB); else, on GPU, what ``gpu_memory_utilization`` leaves after a
+profiling forward pass of a full token budget. Never more blocks than
+``max_num_seqs`` full-length sequences could use.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from tamis.engine.attention.metadata import AttentionMetadata, forward_context
+from tamis.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig, resolve_dtype
+from tamis.engine.sampler import Sampler, SamplerOutput, SamplingMetadata
+from tamis.engine.scheduler import SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor           # int64 [T]
+    positions: torch.Tensor           # int64 [T]
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor      # int64 [S]: rows of hidden whose logits sample
+    prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
+    # (index in batch.scheduled, first row in hidden, number of rows) for prompt logprobs
+
+
+@dataclass
+class RunnerOutput:
+    sample_logits: torch.Tensor                 # float32 [S, V], in batch order of samplers
+    prompt_logits: dict[int, torch.Tensor]      # batch index -> float32 [rows, V]
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        from tamis.engine.loader import kv_cache_spec, load_model
+
+        self.config = config
+        self.device = device
+        self.model, self.hf_config = load_model(config, device)
+        self.dtype = getattr(self.model, "dtype", None) or resolve_dtype(config.dtype, device, self.hf_config)
+        self.kv_spec = kv_cache_spec(self.hf_config)
+        self.block_size = config.block_size
+        self.vocab_size = int(self.hf_config.vocab_size)
+        self.kv_cache_dtype = (self.dtype if config.kv_cache_dtype == "auto"
+                               else resolve_dtype(config.kv_cache_dtype, device))
+        self.kv_caches: list[torch.Tensor] = []
+        self.sampler = Sampler()
+
+    # --- KV cache -------------------------------------------------------------------------
+
+    def initialize_kv_cache(self, max_model_len: int, max_num_seqs: int,
+                            max_num_batched_tokens: int) -> int:
+        """Sizes and allocates the per-layer KV tensors; returns the number of blocks."""
+        num_blocks = self.determine_num_blocks(max_model_len, max_num_seqs, max_num_batched_tokens)
+        shape = (2, num_blocks, self.block_size, self.kv_spec.num_kv_heads, self.kv_spec.head_dim)
+        # Zeros, not garbage: padded rows of a block table read block contents that the
+        # attention masks out, and masked NaNs would still poison the weighted sum.
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                          for _ in range(self.kv_spec.num_layers)]
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
+                    num_blocks * self.block_bytes / 2**20)
+        return num_blocks
+
+    @property
+    def block_bytes(self) -> int:
+        return self.kv_spec.block_bytes(self.block_size, self.kv_cache_dtype)
+
+    def determine_num_blocks(self, max_model_len: int, max_num_seqs: int,
+                             max_num_batched_tokens: int) -> int:
+        if self.config.num_gpu_blocks_override is not None:
+            return self.config.num_gpu_blocks_override
+        budget = self.config.kv_cache_memory_bytes
+        if budget is None:
+            budget = (self.profile_kv_budget(max_num_batched_tokens) if self.device.type == "cuda"
+                      else DEFAULT_CPU_KV_CACHE_BYTES)
+        useful = max_num_seqs * -(-max_model_len // self.block_size)
+        num_blocks = min(budget // self.block_bytes, useful)
+        if num_blocks < 1:
+            raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of "
+                             f"{self.block_bytes} bytes: raise --kv-cache-memory or "
+                             f"--gpu-memory-utilization")
+        return int(num_blocks)
+
+    @torch.inference_mode()
+    def profile_kv_budget(self, max_num_batched_tokens: int) -> int:
+        """GPU bytes left for the KV cache after a forward pass over a full token budget."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        ids = torch.zeros(max_num_batched_tokens, dtype=torch.int64, device=self.device)
+        positions = torch.arange(max_num_batched_tokens, device=self.device)
+        with forward_context(None, []):
+            hidden = self.model(ids, positions)
+        self.model.compute_logits(hidden[-min(len(hidden), self.config.max_num_seqs):])
+        torch.cuda.synchronize(self.device)
+        activation_peak = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        budget = int(total * self.config.gpu_memory_utilization - (total - free) - activation_peak)
+        if budget <= 0:
+            raise ValueError(f"no GPU memory left for the KV cache at --gpu-memory-utilization "
+                             f"{self.config.gpu_memory_utilization}: raise it or lower "
+                             f"--max-num-batched-tokens")
+        return budget
+
+    # --- one step ---------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def execute_model(self, batch: SchedulerOutput) -> RunnerOutput:
+        inputs = self.prepare_inputs(batch)
+        hidden = self.forward(inputs)
+        return self.compute_logits(hidden, inputs)
+
+    def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
+        """Flattens the scheduled chunks, request after request (layout in attention/metadata.py)."""
+        bs = self.block_size
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens, seq_lens, sample_rows = [], [], []
+        prompt_rows: list[tuple[int, int, int]] = []
+        for index, item in enumerate(batch.scheduled):
+            first_row = len(token_ids)
+            block_ids = item.block_ids
+            span = range(item.start, item.start + item.num_new_tokens)
+            token_ids.extend(item.token_ids)
+            positions.extend(span)
+            slots.extend(block_ids[p // bs] * bs + p % bs for p in span)
+            query_lens.append(item.num_new_tokens)
+            seq_lens.append(item.start + item.num_new_tokens)
+            if item.num_prompt_logprob_rows:
+                prompt_rows.append((index, first_row, item.num_prompt_logprob_rows))
+            if item.samples:
+                sample_rows.append(len(token_ids) - 1)
+        max_blocks = max(len(item.block_ids) for item in batch.scheduled)
+        tables = [item.block_ids + [0] * (max_blocks - len(item.block_ids)) for item in batch.scheduled]
+        meta = self._attention_metadata(query_lens, seq_lens, tables, slots)
+        as_long = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
+        return ModelInputs(as_long(token_ids), as_long(positions), meta, as_long(sample_rows), prompt_rows)
+
+    def _attention_metadata(self, query_lens: list[int], seq_lens: list[int],
+                            tables: list[list[int]], slots: list[int]) -> AttentionMetadata:
+        as_i32 = lambda values: torch.tensor(values, dtype=torch.int32, device=self.device)  # noqa: E731
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        return AttentionMetadata(
+            query_start_loc=as_i32(starts), seq_lens=as_i32(seq_lens), block_tables=as_i32(tables),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=self.block_size,
+            query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
+
+    def forward(self, inputs: ModelInputs) -> torch.Tensor:
+        with forward_context(inputs.attn_metadata, self.kv_caches):
+            return self.model(inputs.input_ids, inputs.positions)
+
+    def compute_logits(self, hidden: torch.Tensor, inputs: ModelInputs) -> RunnerOutput:
+        """Logits only for the rows that need them: one lm_head call over all of them."""
+        pieces = [inputs.logits_indices]
+        for _, first, count in inputs.prompt_rows:
+            pieces.append(torch.arange(first, first + count, device=hidden.device))
+        rows = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+        logits = self.model.compute_logits(hidden[rows]).float()
+        num_sample = inputs.logits_indices.numel()
+        prompt_logits, offset = {}, num_sample
+        for index, _, count in inputs.prompt_rows:
+            prompt_logits[index] = logits[offset:offset + count]
+            offset += count
+        return RunnerOutput(logits[:num_sample], prompt_logits)
+
+    def sample(self, logits: torch.Tensor, meta: SamplingMetadata,
+               bitmask: torch.Tensor | None = None,
+               bitmask_rows: list[int] | None = None) -> SamplerOutput:
+        return self.sampler(logits, meta, bitmask, bitmask_rows)
+
+
+def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:
+    """``GPUModelRunner`` (CUDA graphs) on CUDA when available, else the plain runner."""
+    if device.type == "cuda":
+        try:
+            from tamis.engine.gpu_runner import GPUModelRunner
+        except ImportError as exc:
+            logger.info("GPU runner unavailable (%s); using the eager runner", exc)
+        else:
+            return GPUModelRunner(config, device)
+    return ModelRunner(config, device)
+
+
+__all__ = ["ModelRunner", "ModelInputs", "RunnerOutput", "make_runner"]
