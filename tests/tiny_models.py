@@ -59,9 +59,11 @@ def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0,
                          **config_overrides) -> Path:
     """Builds a random tiny ``arch`` model (fixed ``seed``) and saves it as an HF folder."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from tamis.engine.embedded import default_model_path
 
+    hf_logging.disable_progress_bar()   # one bar per saved tiny model drowns test output
     path = Path(path)
     config = tiny_config(arch, **config_overrides)
     _, model_cls = _classes(arch)
