@@ -1,0 +1,3 @@
+"""The quantizers behind `tamis quantize`: round-to-nearest, GPTQ and AWQ for integer
+weights, per-tensor FP8; ``pipeline.quantize_checkpoint`` runs one over a model and
+``writer`` saves the result in the published layouts that ``tamis.quant`` loads."""

@@ -1,0 +1,105 @@
+"""Calibration data and the layer-by-layer replay that GPTQ and AWQ need.
+
+Calibration runs the model's own transformers implementation (a quantization tool, not
+the serving path): the inputs of decoder layer 0 are captured once, then each layer is
+replayed on them with the keyword arguments transformers passed it (rotary embeddings,
+mask), so a layer's quantization sees the outputs of the already-quantized layers.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+import torch
+from torch import nn
+
+# Default calibration text: docstrings of standard-library modules (ships with Python and
+# is not pydoc_data.topics, the text the perplexity benchmark measures on).
+_DOC_MODULES = ("argparse", "asyncio", "collections", "csv", "datetime", "decimal", "email",
+                "functools", "heapq", "http.client", "inspect", "itertools", "json", "logging",
+                "os", "pathlib", "pickle", "random", "re", "shutil", "socket", "sqlite3",
+                "statistics", "string", "subprocess", "tarfile", "threading", "typing",
+                "unittest", "urllib.parse", "uuid", "zipfile")
+
+
+def default_calibration_text() -> str:
+    parts = []
+    for name in _DOC_MODULES:
+        module = importlib.import_module(name)
+        parts.append(module.__doc__ or "")
+        for attr in sorted(vars(module)):
+            doc = getattr(getattr(module, attr), "__doc__", None)
+            if isinstance(doc, str) and len(doc) > 200 and not attr.startswith("_"):
+                parts.append(doc)
+    return "\n\n".join(parts)
+
+
+def calibration_samples(tokenizer, text: str, num_samples: int, seq_len: int) -> list[torch.Tensor]:
+    """Consecutive ``seq_len``-token windows of ``text`` (fewer if the text is short)."""
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][0]
+    count = min(num_samples, ids.numel() // seq_len)
+    if count == 0:
+        raise ValueError(f"calibration text has {ids.numel()} tokens; need at least "
+                         f"seq_len={seq_len}")
+    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(count)]
+
+
+class _Captured(Exception):
+    pass
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(model).__name__}: no model.layers; tamis quantize supports "
+                         f"decoder-only models laid out like Llama")
+    return layers
+
+
+@torch.no_grad()
+def capture_layer_inputs(model: nn.Module, samples: list[torch.Tensor]
+                         ) -> tuple[list[torch.Tensor], dict]:
+    """The hidden states entering layer 0 for each sample, and the other kwargs it got."""
+    inputs: list[torch.Tensor] = []
+    kwargs_seen: dict = {}
+
+    def hook(_module, args, kwargs):
+        inputs.append(args[0] if args else kwargs["hidden_states"])
+        kwargs_seen.update({k: v for k, v in kwargs.items() if k != "hidden_states"})
+        raise _Captured
+
+    handle = decoder_layers(model)[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for sample in samples:
+            try:
+                model(sample[None], use_cache=False)
+            except _Captured:
+                pass
+    finally:
+        handle.remove()
+    return inputs, kwargs_seen
+
+
+@torch.no_grad()
+def run_layer(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict) -> list[torch.Tensor]:
+    outputs = []
+    for hidden in inputs:
+        out = layer(hidden, **kwargs)
+        outputs.append(out[0] if isinstance(out, tuple) else out)
+    return outputs
+
+
+@torch.no_grad()
+def collect_linear_inputs(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict,
+                          on_input: Callable[[str, torch.Tensor], None]) -> None:
+    """Replays ``layer``, calling ``on_input(linear_name, x [T, K])`` for every linear."""
+    handles = []
+    for name, module in layer.named_modules():
+        if isinstance(module, nn.Linear):
+            handles.append(module.register_forward_hook(
+                lambda _m, args, _out, name=name: on_input(name, args[0].reshape(-1, args[0].shape[-1]))))
+    try:
+        run_layer(layer, inputs, kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()

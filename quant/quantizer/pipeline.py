@@ -1,0 +1,238 @@
+"""`tamis quantize`: one model folder in, one quantized checkpoint folder out.
+
+```
+load (transformers, fp32) -> calibration windows -> layer 0 inputs
+for each decoder layer:                                  (a progress bar step per layer)
+    replay -> inputs of every linear (GPTQ: Hessians; AWQ: activations)
+    quantize its linears (GPTQ solve | AWQ scale search + fold + RTN | RTN | FP8)
+    put the dequantized weights back, replay -> inputs of the next layer
+write safetensors + config.json quantization_config (quant/quantizer/writer.py)
+```
+``quantize_checkpoint`` returns a ``QuantizeResult`` holding each quantized linear and
+the model with its dequantized weights in place: the reference the round-trip tests and
+the perplexity benchmark compare against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tamis.quant.quantizer import awq as awq_search
+from tamis.quant.quantizer import calibration, writer
+from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
+from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
+
+METHODS = ("awq", "gptq", "fp8")
+BITS = {"awq": (4,), "gptq": (4, 8), "fp8": (8,)}
+GROUP_SIZES = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "fp8": (-1,)}
+AWQ_ROWS = 4096  # calibration rows the AWQ loss is measured on
+
+
+@dataclass
+class QuantizeOptions:
+    method: str
+    bits: int | None = None
+    group_size: int = 128
+    desc_act: bool = False
+    sym: bool | None = None
+    rtn: bool = False
+    calibration_text: str | None = None
+    num_samples: int = 16
+    seq_len: int = 512
+    damp: float = 0.01
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"--method {self.method!r}: choose one of {METHODS}")
+        if self.bits is None:
+            self.bits = 8 if self.method == "fp8" else 4
+        if self.bits not in BITS[self.method]:
+            raise ValueError(f"--bits {self.bits} is not supported for {self.method}: "
+                             f"choose one of {BITS[self.method]}")
+        if self.method == "fp8":
+            self.group_size = -1
+        elif self.group_size not in GROUP_SIZES[self.method]:
+            raise ValueError(f"--group-size {self.group_size} is not supported for "
+                             f"{self.method}: choose one of {GROUP_SIZES[self.method]}")
+        if self.sym is None:
+            self.sym = self.method != "awq"
+        if self.method == "awq" and self.sym:
+            raise ValueError("--sym: AWQ's GEMM format stores zero points (asymmetric); "
+                             "use --no-sym or --method gptq")
+        if self.desc_act and (self.method != "gptq" or self.rtn):
+            raise ValueError("--desc-act needs --method gptq without --rtn")
+
+
+@dataclass
+class Fp8Weight:
+    weight: torch.Tensor  # float8 [N, K]
+    scale: torch.Tensor   # float32 scalar
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight.float() * self.scale
+
+
+@dataclass
+class QuantizeResult:
+    weights: dict[str, QuantizedWeight | Fp8Weight] = field(default_factory=dict)
+    reference_model: nn.Module | None = None  # transformers model, dequantized weights
+
+
+def quantize_checkpoint(model_path: str | Path, output: str | Path, options: QuantizeOptions,
+                        progress: bool = True) -> QuantizeResult:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_path, output = Path(model_path), Path(output)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    layers = calibration.decoder_layers(model)
+    _check_shapes(layers, options)
+    result = QuantizeResult(reference_model=model)
+    bar = _progress(len(layers), f"{options.method} {options.bits}-bit", progress)
+    if options.method == "fp8" or options.rtn:
+        for index, layer in enumerate(layers):
+            _quantize_layer_rtn(layer, f"model.layers.{index}", options, result)
+            bar.update(1)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        text = options.calibration_text or calibration.default_calibration_text()
+        samples = calibration.calibration_samples(tokenizer, text, options.num_samples,
+                                                  options.seq_len)
+        inputs, kwargs = calibration.capture_layer_inputs(model, samples)
+        for index, layer in enumerate(layers):
+            quantize = _quantize_layer_gptq if options.method == "gptq" else _quantize_layer_awq
+            quantize(layer, f"model.layers.{index}", inputs, kwargs, options, result)
+            inputs = calibration.run_layer(layer, inputs, kwargs)
+            bar.update(1)
+    bar.close()
+    state = _checkpoint_state(model, result, options)
+    quant_config = writer.quantization_config(options.method, options.bits, options.group_size,
+                                              options.desc_act, options.sym)
+    writer.write_checkpoint(model_path, output, state, quant_config)
+    return result
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=f"quantize ({desc})", unit="layer", disable=not enabled)
+
+
+def _linears(layer: nn.Module) -> dict[str, nn.Linear]:
+    return {name: m for name, m in layer.named_modules() if isinstance(m, nn.Linear)}
+
+
+def _check_shapes(layers: nn.ModuleList, options: QuantizeOptions) -> None:
+    """Rejects shapes the chosen format cannot store, naming the layer."""
+    pack = 32 // options.bits if options.method != "fp8" else 1
+    for index, layer in enumerate(layers):
+        for name, linear in _linears(layer).items():
+            n, k = linear.weight.shape
+            where = f"model.layers.{index}.{name}"
+            if options.method == "awq" and (k % options.group_size or n % 8):
+                raise ValueError(f"{where}: AWQ needs K divisible by the group size and N by 8 "
+                                 f"(K={k}, N={n}, group {options.group_size})")
+            if options.method == "gptq" and (k % pack or n % pack):
+                raise ValueError(f"{where}: GPTQ {options.bits}-bit needs K and N divisible "
+                                 f"by {pack} (K={k}, N={n})")
+
+
+def _store(linear: nn.Linear, name: str, quantized, result: QuantizeResult) -> None:
+    result.weights[name] = quantized
+    linear.weight.data = quantized.dequantize().to(linear.weight.dtype)
+
+
+def _quantize_layer_rtn(layer: nn.Module, prefix: str, options: QuantizeOptions,
+                        result: QuantizeResult) -> None:
+    from tamis.quant.fp8 import quantize_weight_per_tensor
+
+    for name, linear in _linears(layer).items():
+        if options.method == "fp8":
+            quantized = Fp8Weight(*quantize_weight_per_tensor(linear.weight.data))
+        else:
+            quantized = rtn_quantize(linear.weight.data, options.bits, options.group_size,
+                                     options.sym, min_zero=_min_zero(options))
+        _store(linear, f"{prefix}.{name}", quantized, result)
+
+
+def _min_zero(options: QuantizeOptions) -> int:
+    # GPTQ v1 stores zero - 1, so an asymmetric zero point must be at least 1.
+    return 1 if options.method == "gptq" and not options.sym else 0
+
+
+def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
+                         options: QuantizeOptions, result: QuantizeResult) -> None:
+    linears = _linears(layer)
+    hessians = {name: HessianAccumulator(m.in_features) for name, m in linears.items()}
+    calibration.collect_linear_inputs(layer, inputs, kwargs,
+                                      lambda name, x: hessians[name].add(x))
+    for name, linear in linears.items():
+        quantized = gptq_quantize(linear.weight.data, hessians[name].hessian, options.bits,
+                                  options.group_size, options.sym, options.desc_act,
+                                  damp=options.damp, min_zero=_min_zero(options))
+        _store(linear, f"{prefix}.{name}", quantized, result)
+
+
+def _quantize_layer_awq(layer: nn.Module, prefix: str, inputs, kwargs,
+                        options: QuantizeOptions, result: QuantizeResult) -> None:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    if attn is None or mlp is None or not all(
+            hasattr(attn, n) or hasattr(mlp, n) for n in needed):
+        raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
+                         f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+    seen: dict[str, list[torch.Tensor]] = {}
+    calibration.collect_linear_inputs(layer, inputs, kwargs,
+                                      lambda name, x: seen.setdefault(name, []).append(x))
+    x = {name: _subsample(torch.cat(chunks)) for name, chunks in seen.items()}
+    bits, group = options.bits, options.group_size
+    with torch.no_grad():
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        s = awq_search.search_scales(x["self_attn.q_proj"], [m.weight for m in qkv], bits, group)
+        _fold(layer.input_layernorm.weight, s, qkv)
+        if attn.v_proj.out_features == attn.o_proj.in_features:  # no GQA: v rows feed o
+            s = awq_search.search_scales(x["self_attn.o_proj"], [attn.o_proj.weight], bits, group)
+            _fold_linear(attn.v_proj, s, attn.o_proj)
+        gate_up = [mlp.gate_proj, mlp.up_proj]
+        s = awq_search.search_scales(x["mlp.gate_proj"], [m.weight for m in gate_up], bits, group)
+        _fold(layer.post_attention_layernorm.weight, s, gate_up)
+        s = awq_search.search_scales(x["mlp.down_proj"], [mlp.down_proj.weight], bits, group)
+        _fold_linear(mlp.up_proj, s, mlp.down_proj)
+    for name, linear in _linears(layer).items():
+        quantized = rtn_quantize(linear.weight.data, bits, group, sym=False)
+        _store(linear, f"{prefix}.{name}", quantized, result)
+
+
+def _subsample(x: torch.Tensor) -> torch.Tensor:
+    if x.shape[0] <= AWQ_ROWS:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, AWQ_ROWS).long()]
+
+
+def _fold(norm_weight: torch.Tensor, s: torch.Tensor, linears: list[nn.Linear]) -> None:
+    norm_weight.div_(s)
+    for linear in linears:
+        linear.weight.mul_(s[None, :])
+
+
+def _fold_linear(previous: nn.Linear, s: torch.Tensor, linear: nn.Linear) -> None:
+    previous.weight.div_(s[:, None])
+    if previous.bias is not None:
+        previous.bias.div_(s)
+    linear.weight.mul_(s[None, :])
+
+
+def _checkpoint_state(model: nn.Module, result: QuantizeResult,
+                      options: QuantizeOptions) -> dict[str, torch.Tensor]:
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    pack = {"awq": writer.awq_tensors, "gptq": writer.gptq_tensors}.get(options.method)
+    for name, quantized in result.weights.items():
+        del state[f"{name}.weight"]
+        if options.method == "fp8":
+            state.update(writer.fp8_tensors(name, quantized.weight, quantized.scale))
+        else:
+            state.update(pack(name, quantized))
+    return state

@@ -1,0 +1,72 @@
+"""`tamis quantize [MODEL] --method awq|gptq|fp8 --output DIR`: write a quantized checkpoint.
+
+No MODEL quantizes the embedded SmolLM2-135M-Instruct. GPTQ and AWQ calibrate on
+``--calibration-text`` (a text file; default: standard-library docstrings); ``--rtn``
+skips calibration (round to nearest); FP8 is per-tensor round to nearest with dynamic
+activations. The output loads in tamis (and in vLLM / transformers): AWQ GEMM, GPTQ v1
+and FP8 layouts, ``config.json`` with ``quantization_config``.
+
+Examples:
+  tamis quantize --method gptq --bits 4 --group-size 128 --desc-act --output smol-gptq
+  tamis quantize path/to/model --method awq --output model-awq
+  tamis quantize --method fp8 --output smol-fp8 && tamis serve smol-fp8
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser("quantize", help="quantize a model (AWQ, GPTQ, FP8)",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="HF model folder (default: embedded SmolLM2)")
+    parser.add_argument("--method", required=True, choices=("awq", "gptq", "fp8"))
+    parser.add_argument("--output", required=True, help="folder to write the checkpoint into")
+    parser.add_argument("--bits", type=int, default=None, help="4 (awq, gptq), 8 (gptq, fp8)")
+    parser.add_argument("--group-size", type=int, default=128,
+                        help="input columns per scale: 32, 64, 128, or -1 for one per row (gptq)")
+    parser.add_argument("--desc-act", action="store_true",
+                        help="GPTQ act-order: quantize columns by decreasing activation energy")
+    parser.add_argument("--sym", dest="sym", action="store_true", default=None,
+                        help="symmetric grid (GPTQ default)")
+    parser.add_argument("--no-sym", dest="sym", action="store_false",
+                        help="asymmetric grid with zero points (AWQ always)")
+    parser.add_argument("--rtn", action="store_true", help="round to nearest, no calibration")
+    parser.add_argument("--calibration-text", default=None, metavar="FILE",
+                        help="UTF-8 text file to calibrate on")
+    parser.add_argument("--num-samples", type=int, default=16,
+                        help="calibration windows (default 16)")
+    parser.add_argument("--seq-len", type=int, default=512,
+                        help="tokens per calibration window (default 512)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from tamis.engine.embedded import default_model_path
+    from tamis.quant.quantizer.pipeline import QuantizeOptions, quantize_checkpoint
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        text = Path(args.calibration_text).read_text() if args.calibration_text else None
+        options = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
+                                  desc_act=args.desc_act, sym=args.sym, rtn=args.rtn,
+                                  calibration_text=text, num_samples=args.num_samples,
+                                  seq_len=args.seq_len)
+        model = Path(args.model_tag) if args.model_tag else default_model_path()
+        if not (model / "config.json").is_file():
+            raise ValueError(f"{model} is not a Hugging Face model folder (no config.json)")
+        quantize_checkpoint(model, args.output, options)
+    except (ValueError, OSError) as exc:
+        print(f"tamis quantize: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}")
+    return 0
