@@ -1,0 +1,330 @@
+"""Regex AST -> byte-level NFA (Thompson) -> DFA built lazily, one row at a time.
+
+A DFA state is the set of "important" NFA states (those with a byte edge, or the accept
+state) reachable without reading input. ``LazyDFA.trans`` is a dense int32 table
+``[states, 256]``: ``-1`` = dead, ``UNCOMPUTED`` = row not built yet; ``row(s)`` builds a
+row on first use, so compiling costs only the NFA and the start state, and the
+work is spread over the states generation actually visits.
+
+The NFA is trimmed to states that can still reach the accept state, so every live DFA
+state can be completed: a live state is never a dead end.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import regex_ast as ra
+from . import deadline
+from .errors import ConstraintError
+from .utf8 import utf8_sequences
+
+DEAD = -1
+UNCOMPUTED = -2
+MAX_NFA_STATES = 400_000
+
+
+class NFA:
+    """States are ints; ``edges[q]`` = list of (byte_lo, byte_hi, target); ``eps[q]`` = targets."""
+
+    def __init__(self):
+        self.edges: list[list[tuple[int, int, int]]] = []
+        self.eps: list[list[int]] = []
+
+    def new_state(self) -> int:
+        if len(self.edges) >= MAX_NFA_STATES:
+            raise ConstraintError(
+                f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
+                "(reduce repetition counts such as maxLength/maxItems or {m,n})")
+        if len(self.edges) & 1023 == 0:
+            deadline.check()
+        self.edges.append([])
+        self.eps.append([])
+        return len(self.edges) - 1
+
+
+def build_nfa(node) -> tuple[NFA, int, int]:
+    nfa = NFA()
+    start = nfa.new_state()
+    accept = _build(nfa, node, start)
+    _trim(nfa, accept)
+    return nfa, start, accept
+
+
+def _build(nfa: NFA, node, start: int) -> int:
+    kind = node[0]
+    if kind == "chars":
+        end = nfa.new_state()
+        for lo, hi in node[1]:
+            for byte_ranges in utf8_sequences(lo, hi):
+                state = start
+                for i, (blo, bhi) in enumerate(byte_ranges):
+                    nxt = end if i == len(byte_ranges) - 1 else nfa.new_state()
+                    nfa.edges[state].append((blo, bhi, nxt))
+                    state = nxt
+        return end
+    if kind == "seq":
+        state = start
+        for child in node[1]:
+            state = _build(nfa, child, state)
+        return state
+    if kind == "alt":
+        end = nfa.new_state()
+        for child in node[1]:
+            branch = nfa.new_state()
+            nfa.eps[start].append(branch)
+            nfa.eps[_build(nfa, child, branch)].append(end)
+        return end
+    if kind == "rep":
+        return _build_rep(nfa, node[1], node[2], node[3], start)
+    if kind == "and":
+        return _build_product(nfa, node[1], node[2], start)
+    if kind == "props":
+        return _build_props(nfa, node, start)
+    raise ConstraintError(f"rule reference {node[1]!r} cannot be compiled into a regular automaton")
+
+
+def _build_rep(nfa: NFA, child, lo: int, hi: int | None, start: int) -> int:
+    state = start
+    for _ in range(lo):
+        state = _build(nfa, child, state)
+    end = nfa.new_state()
+    if hi is None:
+        loop = nfa.new_state()
+        nfa.eps[state].append(loop)
+        nfa.eps[loop].append(end)
+        nfa.eps[_build(nfa, child, loop)].append(loop)
+        return end
+    for _ in range(hi - lo):
+        nfa.eps[state].append(end)
+        state = _build(nfa, child, state)
+    nfa.eps[state].append(end)
+    return end
+
+
+def _build_props(nfa: NFA, node, start: int) -> int:
+    """Object members in a fixed order, optional ones skippable, separators only between
+    present members: ("props", ((member, required), ...), sep, tail_if_none, tail_if_some).
+    Two tracks of states (nothing emitted yet / something emitted) keep it linear in size."""
+    _, members, sep, tail_none, tail_some = node
+    none_track, some_track = start, None
+    for member, required in members:
+        nxt_some = nfa.new_state()
+        if none_track is not None:
+            nfa.eps[_build(nfa, member, none_track)].append(nxt_some)
+        if some_track is not None:
+            nfa.eps[_build(nfa, ra.seq(sep, member), some_track)].append(nxt_some)
+            if not required:
+                nfa.eps[some_track].append(nxt_some)
+        nxt_none = None
+        if none_track is not None and not required:
+            nxt_none = nfa.new_state()
+            nfa.eps[none_track].append(nxt_none)
+        none_track, some_track = nxt_none, nxt_some
+    end = nfa.new_state()
+    if none_track is not None:
+        nfa.eps[_build(nfa, tail_none, none_track)].append(end)
+    if some_track is not None:
+        nfa.eps[_build(nfa, tail_some, some_track)].append(end)
+    return end
+
+
+MAX_PRODUCT_STATES = 20_000
+
+
+def _build_product(nfa: NFA, a, b, start: int) -> int:
+    """Intersection of two regular languages, embedded as an explicit product automaton."""
+    left, right = LazyDFA(a), LazyDFA(b)
+    end = nfa.new_state()
+    first = nfa.new_state()
+    nfa.eps[start].append(first)
+    ids = {(left.start, right.start): first}
+    queue = [(left.start, right.start)]
+    while queue:
+        pair = queue.pop()
+        here = ids[pair]
+        if left.is_accepting(pair[0]) and right.is_accepting(pair[1]):
+            nfa.eps[here].append(end)
+        row_l, row_r = left.row(pair[0]), right.row(pair[1])
+        live = np.flatnonzero((row_l >= 0) & (row_r >= 0))
+        for byte in live.tolist():
+            target = (int(row_l[byte]), int(row_r[byte]))
+            if target not in ids:
+                if len(ids) >= MAX_PRODUCT_STATES:
+                    raise ConstraintError("constraint too large: the intersection of two "
+                                          "sub-expressions (e.g. pattern and maxLength) is too big")
+                ids[target] = nfa.new_state()
+                queue.append(target)
+            nfa.edges[here].append((byte, byte, ids[target]))
+    return end
+
+
+def languages_intersect(a, b, budget: int = 20_000) -> bool | None:
+    """True if some string matches both ``a`` and ``b``; None if the search exceeds ``budget``."""
+    left, right = LazyDFA(a), LazyDFA(b)
+    seen = {(left.start, right.start)}
+    queue = [(left.start, right.start)]
+    while queue:
+        sa, sb = queue.pop()
+        if left.is_accepting(sa) and right.is_accepting(sb):
+            return True
+        row_l, row_r = left.row(sa), right.row(sb)
+        for byte in np.flatnonzero((row_l >= 0) & (row_r >= 0)).tolist():
+            target = (int(row_l[byte]), int(row_r[byte]))
+            if target not in seen:
+                if len(seen) >= budget:
+                    return None
+                seen.add(target)
+                queue.append(target)
+    return False
+
+
+def _trim(nfa: NFA, accept: int) -> None:
+    """Drops edges into states that cannot reach ``accept`` (so no live DFA state is a dead end)."""
+    reverse: list[list[int]] = [[] for _ in nfa.edges]
+    for q, edges in enumerate(nfa.edges):
+        for _, _, t in edges:
+            reverse[t].append(q)
+        for t in nfa.eps[q]:
+            reverse[t].append(q)
+    alive = bytearray(len(nfa.edges))
+    alive[accept] = 1
+    stack = [accept]
+    while stack:
+        for p in reverse[stack.pop()]:
+            if not alive[p]:
+                alive[p] = 1
+                stack.append(p)
+    for q in range(len(nfa.edges)):
+        nfa.edges[q] = [e for e in nfa.edges[q] if alive[e[2]]]
+        nfa.eps[q] = [t for t in nfa.eps[q] if alive[t]]
+
+
+class LazyDFA:
+    """Subset construction on demand. Thread-safe: rows are built under a lock."""
+
+    def __init__(self, node):
+        self.nfa, nfa_start, self.nfa_accept = build_nfa(node)
+        self._byte_class, self._class_edges = _byte_classes(self.nfa)
+        self._num_classes = int(self._byte_class.max()) + 1
+        self._closures: dict[int, frozenset] = {}
+        self._lock = threading.RLock()
+        self.sets: list[frozenset] = []
+        self._index: dict[frozenset, int] = {}
+        self.accepting: list[bool] = []
+        self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
+        self.start = self._state_of(self._closure((nfa_start,)))
+        if self.start == DEAD:
+            raise ConstraintError("the constraint matches no string at all")
+
+    # ---- public --------------------------------------------------------------------------
+    @property
+    def num_states(self) -> int:
+        return len(self.sets)
+
+    def row(self, state: int) -> np.ndarray:
+        trans = self.trans
+        if trans[state, 0] == UNCOMPUTED:
+            with self._lock:
+                if self.trans[state, 0] == UNCOMPUTED:
+                    self._build_row(state)
+            trans = self.trans
+        return trans[state]
+
+    def ensure_rows(self, states: np.ndarray) -> np.ndarray:
+        """Builds rows for every state in ``states``; returns the (possibly regrown) table."""
+        missing = states[self.trans[states, 0] == UNCOMPUTED]
+        for s in np.unique(missing).tolist():
+            self.row(s)
+        return self.trans
+
+    def walk(self, state: int, data: bytes) -> int:
+        """State after reading ``data`` from ``state``; DEAD if the bytes leave the language."""
+        for b in data:
+            state = int(self.row(state)[b])
+            if state < 0:
+                return DEAD
+        return state
+
+    def is_accepting(self, state: int) -> bool:
+        return self.accepting[state]
+
+    def can_continue(self, state: int) -> bool:
+        return bool((self.row(state) >= 0).any())
+
+    def forced_byte(self, state: int) -> int | None:
+        """The only byte that can follow ``state``, or None if zero or several can."""
+        live = np.flatnonzero(self.row(state) >= 0)
+        return int(live[0]) if len(live) == 1 else None
+
+    # ---- construction --------------------------------------------------------------------
+    def _closure(self, states) -> frozenset:
+        out: set[int] = set()
+        for q in states:
+            cached = self._closures.get(q)
+            if cached is None:
+                cached = self._closure_of(q)
+                self._closures[q] = cached
+            out |= cached
+        return frozenset(out)
+
+    def _closure_of(self, q: int) -> frozenset:
+        seen, stack, important = {q}, [q], set()
+        while stack:
+            p = stack.pop()
+            if self.nfa.edges[p] or p == self.nfa_accept:
+                important.add(p)
+            for t in self.nfa.eps[p]:
+                if t not in seen:
+                    seen.add(t)
+                    stack.append(t)
+        return frozenset(important)
+
+    def _state_of(self, nfa_set: frozenset) -> int:
+        if not nfa_set:
+            return DEAD
+        found = self._index.get(nfa_set)
+        if found is not None:
+            return found
+        sid = len(self.sets)
+        self.sets.append(nfa_set)
+        self._index[nfa_set] = sid
+        self.accepting.append(self.nfa_accept in nfa_set)
+        if sid >= len(self.trans):
+            grown = np.full((len(self.trans) * 2, 256), UNCOMPUTED, dtype=np.int32)
+            grown[:len(self.trans)] = self.trans
+            self.trans = grown
+        return sid
+
+    def _build_row(self, state: int) -> None:
+        buckets: dict[int, set[int]] = {}
+        for q in self.sets[state]:
+            for clo, chi, t in self._class_edges[q]:
+                for c in range(clo, chi + 1):
+                    buckets.setdefault(c, set()).add(t)
+        by_class = np.full(self._num_classes, DEAD, dtype=np.int32)
+        memo: dict[frozenset, int] = {}
+        for c, targets in buckets.items():
+            key = frozenset(targets)
+            if key not in memo:
+                memo[key] = self._state_of(self._closure(key))
+            by_class[c] = memo[key]
+        self.trans[state] = by_class[self._byte_class]
+
+
+def _byte_classes(nfa: NFA):
+    """Partitions 0..255 into classes no edge splits; returns (byte -> class, per-state class edges)."""
+    cuts = {0, 256}
+    for edges in nfa.edges:
+        for lo, hi, _ in edges:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = sorted(cuts)
+    byte_class = np.zeros(256, dtype=np.int64)
+    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        byte_class[a:b] = c
+    class_edges = [[(int(byte_class[lo]), int(byte_class[hi]), t) for lo, hi, t in edges]
+                   for edges in nfa.edges]
+    return byte_class, class_edges
+

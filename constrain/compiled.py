@@ -1,0 +1,43 @@
+"""Compiled constraints: immutable after construction except for lazily filled caches, shared
+by every request with the same (kind, spec, tokenizer)."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .automaton import LazyDFA
+from .matcher import RegexMatcher
+from .token_masks import allowed_tokens, pack_bits
+
+
+class CompiledRegex:
+    """A regular constraint: one lazy DFA; mask rows cached per DFA state (EOS bits included
+    for accepting states)."""
+
+    kind = "regex"
+
+    def __init__(self, node, info, description: str = ""):
+        self.dfa = LazyDFA(node)
+        self.info = info
+        self.description = description
+        self._rows: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+        self.empty_row = np.zeros(info.num_words, dtype=np.int32)
+        eos = np.zeros(info.vocab_size, dtype=bool)
+        eos[list(info.eos_token_ids)] = True
+        self._eos_row = pack_bits(eos, info.num_words)
+
+    def matcher(self) -> RegexMatcher:
+        return RegexMatcher(self)
+
+    def mask_row(self, state: int) -> np.ndarray:
+        row = self._rows.get(state)
+        if row is None:
+            allowed = allowed_tokens(self.info.trie, self.dfa, state)
+            row = pack_bits(allowed, self.info.num_words)
+            if self.dfa.is_accepting(state):
+                row = row | self._eos_row
+            with self._lock:
+                self._rows[state] = row
+        return row

@@ -1,0 +1,142 @@
+"""Constraint compilation: ``StructuredOutputsParams`` -> compiled constraint, cached.
+
+``compile_constraint(params, info)`` dispatches on the kind:
+
+    choice       -> alternation of the exact strings           -> CompiledRegex
+    regex        -> regex_parser                                -> CompiledRegex
+    json         -> json_schema (regex, or rules if recursive)  -> CompiledRegex | CompiledGrammar
+    json_object  -> the "any JSON object" rules                 -> CompiledGrammar
+    grammar      -> gbnf (a ``::=`` line) or lark               -> CompiledRegex | CompiledGrammar
+
+``ConstraintCompiler`` adds the cache keyed by (kind, spec, tokenizer), the thread pool and
+the time limit; compile errors are ``ConstraintError`` (a ``ValueError``) with the message.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from . import deadline
+from . import regex_ast as ra
+from .compiled import CompiledRegex
+from .errors import ConstraintError, GrammarError
+from .gbnf import is_gbnf, parse_gbnf
+from .grammar import build_grammar
+from .grammar_matcher import CompiledGrammar
+from .json_schema import DEFAULT_WHITESPACE, compile_json_schema
+from .lark_grammar import parse_lark
+from .params import StructuredOutputsParams
+from .regex_parser import parse_regex
+
+DEFAULT_TIME_LIMIT_S = 10.0
+
+
+def compile_constraint(params: StructuredOutputsParams, info):
+    """Compiles one constraint now, in this thread (no cache, no time limit of its own)."""
+    params.validate()
+    kind = params.kind
+    if kind == "choice":
+        node = ra.alt(*(ra.literal(c) for c in params.choice))
+        if node == ra.NOTHING or any(c == "" for c in params.choice) and len(params.choice) == 1:
+            raise ConstraintError("structured_outputs.choice must contain a non-empty string")
+        return CompiledRegex(node, info, "choice")
+    if kind == "regex":
+        return CompiledRegex(parse_regex(params.regex), info, "regex")
+    if kind in ("json", "json_object"):
+        schema = {"type": "object"} if kind == "json_object" else params.json
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        node, rules = compile_json_schema(schema, _whitespace(params),
+                                          not params.disable_additional_properties)
+        return _from_rules(node, rules, info, kind)
+    if kind == "grammar":
+        return _compile_grammar(params.grammar, info)
+    raise ConstraintError(f"structured_outputs.{kind} is not supported yet by tamis")
+
+
+def _whitespace(params: StructuredOutputsParams) -> str | None:
+    if params.disable_any_whitespace:
+        return None
+    if params.whitespace_pattern is not None:
+        parse_regex(params.whitespace_pattern)   # fail early with a regex error
+        return params.whitespace_pattern
+    return DEFAULT_WHITESPACE
+
+
+def _from_rules(node, rules: dict, info, description: str):
+    if not rules:
+        return CompiledRegex(node, info, description)
+    rules = dict(rules)
+    rules["$root"] = node
+    built = build_grammar(rules, "$root")
+    if isinstance(built, tuple):
+        return CompiledRegex(built, info, description)
+    return CompiledGrammar(built, info, description)
+
+
+def _compile_grammar(text: str, info):
+    try:
+        if is_gbnf(text):
+            rules, root = parse_gbnf(text)
+            ignore = []
+        else:
+            rules, root, ignore = parse_lark(text)
+        built = build_grammar(rules, root, ignore)
+    except GrammarError as exc:
+        message = str(exc)
+        if not message.startswith("Failed to convert the grammar"):
+            message = f"Failed to convert the grammar: {message}"
+        raise GrammarError(message) from None
+    if isinstance(built, tuple):
+        return CompiledRegex(built, info, "grammar")
+    return CompiledGrammar(built, info, "grammar")
+
+
+class ConstraintCompiler:
+    """Thread pool + LRU cache + time limit around ``compile_constraint``.
+
+    ``submit(params, info) -> Future`` resolves to a compiled constraint or raises its
+    ``ConstraintError``; identical specs share one future (and one compilation)."""
+
+    def __init__(self, max_workers: int = 2, cache_size: int = 256,
+                 time_limit_s: float = DEFAULT_TIME_LIMIT_S):
+        self.time_limit_s = time_limit_s
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tamis-compile")
+        self._cache: OrderedDict = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def submit(self, params: StructuredOutputsParams, info) -> Future:
+        key = (params.spec_key(), info.cache_key)
+        with self._lock:
+            future = self._cache.get(key)
+            if future is not None:
+                self._cache.move_to_end(key)
+                return future
+            future = self._pool.submit(self._compile, params, info)
+            self._cache[key] = future
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        future.add_done_callback(lambda f, k=key: self._forget_failure(k, f))
+        return future
+
+    def compile(self, params: StructuredOutputsParams, info):
+        """Blocking compile through the cache (raises the compile error)."""
+        return self.submit(params, info).result()
+
+    def _compile(self, params, info):
+        with deadline.deadline(self.time_limit_s):
+            return compile_constraint(params, info)
+
+    def _forget_failure(self, key, future: Future) -> None:
+        # timeouts are not cached: a later request may get a less busy machine
+        from .errors import CompileTimeout
+        if isinstance(future.exception(), CompileTimeout):
+            with self._lock:
+                if self._cache.get(key) is future:
+                    del self._cache[key]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

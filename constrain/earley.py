@@ -1,0 +1,110 @@
+"""An incremental Earley recognizer over terminal ids, for grammars whose terminals are regexes.
+
+Symbols: nonterminals are ``0 .. num_nonterminals-1``; terminal ``t`` is encoded as
+``num_nonterminals + t``. ``EarleySet`` objects are immutable once built and each one knows the
+chain of sets before it, so a parse state is just its last set: branching (several lexings
+in flight) and rollback cost nothing. ``scan(terminal)`` results are memoised on the set, so
+every request and every mask computation at the same position shares the work.
+
+Nullable nonterminals are handled as Aycock & Horspool do: predicting a nullable symbol also
+advances over it.
+"""
+from __future__ import annotations
+
+
+class EarleyGrammar:
+    def __init__(self, num_nonterminals: int, productions: list[tuple[int, tuple]], start: int,
+                 num_terminals: int):
+        self.num_nonterminals = num_nonterminals
+        self.num_terminals = num_terminals
+        self.productions = productions
+        self.start = start
+        self.by_lhs: list[list[int]] = [[] for _ in range(num_nonterminals)]
+        for index, (lhs, _) in enumerate(productions):
+            self.by_lhs[lhs].append(index)
+        self.nullable = self._nullable()
+
+    def _nullable(self) -> set[int]:
+        nullable: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for lhs, rhs in self.productions:
+                if lhs not in nullable and all(s in nullable for s in rhs):
+                    nullable.add(lhs)
+                    changed = True
+        return nullable
+
+    def is_terminal(self, symbol: int) -> bool:
+        return symbol >= self.num_nonterminals
+
+    def initial_set(self) -> "EarleySet":
+        kernel = {(p, 0, 0) for p in self.by_lhs[self.start]}
+        return EarleySet(self, None, kernel)
+
+
+class EarleySet:
+    __slots__ = ("grammar", "position", "chart", "items", "waiting", "expected", "accepting",
+                 "_scans", "mask_cache")
+
+    def __init__(self, grammar: EarleyGrammar, previous: "EarleySet | None", kernel: set):
+        self.grammar = grammar
+        self.position = 0 if previous is None else previous.position + 1
+        self.chart = (previous.chart if previous is not None else ()) + (self,)
+        self.waiting: dict[int, list] = {}        # symbol after the dot -> items
+        self.items = self._closure(kernel)
+        nt = grammar.num_nonterminals
+        self.expected = frozenset(s - nt for s in self.waiting if s >= nt)
+        self.accepting = any(
+            grammar.productions[p][0] == grammar.start and o == 0
+            and d == len(grammar.productions[p][1]) for p, d, o in self.items)
+        self._scans: dict[int, EarleySet | None] = {}
+        self.mask_cache: dict = {}
+
+    def _closure(self, kernel: set) -> set:
+        g = self.grammar
+        items = set(kernel)
+        todo = list(kernel)
+        position = self.position
+        while todo:
+            item = todo.pop()
+            p, dot, origin = item
+            rhs = g.productions[p][1]
+            if dot < len(rhs):
+                symbol = rhs[dot]
+                self.waiting.setdefault(symbol, []).append(item)
+                if symbol < g.num_nonterminals:
+                    for q in g.by_lhs[symbol]:
+                        new = (q, 0, position)
+                        if new not in items:
+                            items.add(new)
+                            todo.append(new)
+                    if symbol in g.nullable:
+                        new = (p, dot + 1, origin)
+                        if new not in items:
+                            items.add(new)
+                            todo.append(new)
+                    else:
+                        # a completed item for `symbol` found earlier in this set advances us too
+                        pass
+                continue
+            lhs = g.productions[p][0]
+            source = self.waiting if origin == position else self.chart[origin].waiting
+            for wp, wd, wo in list(source.get(lhs, ())):
+                new = (wp, wd + 1, wo)
+                if new not in items:
+                    items.add(new)
+                    todo.append(new)
+        return items
+
+    def scan(self, terminal: int) -> "EarleySet | None":
+        """The set after reading ``terminal``, or None if it is not expected here."""
+        if terminal in self._scans:
+            return self._scans[terminal]
+        result = None
+        if terminal in self.expected:
+            symbol = terminal + self.grammar.num_nonterminals
+            kernel = {(p, d + 1, o) for p, d, o in self.waiting[symbol]}
+            result = EarleySet(self.grammar, self, kernel)
+        self._scans[terminal] = result
+        return result

@@ -1,0 +1,219 @@
+"""Grammar rules (regex ASTs that may reference each other) -> terminals + Earley grammar.
+
+``build_grammar(rules, root, ignore=())`` returns either a regex AST (the grammar turned out
+regular after inlining) or a ``GrammarSpec``:
+
+1. rules that are not recursive are inlined where they are used, so regular structure
+   (strings, numbers, keywords with their whitespace) ends up inside few, large terminals;
+2. inside each remaining rule, every maximal sub-expression without rule references
+   becomes one terminal (a regex, compiled to a lazy DFA); the rest becomes BNF productions;
+3. terminals that match the empty string become optional symbols over their non-empty
+   part (a lexeme always has at least one byte).
+
+Tokens are then lexed nondeterministically (every split into terminals is tried), so the
+accepted language is exactly the grammar's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import deadline
+from . import regex_ast as ra
+from .earley import EarleyGrammar
+from .errors import GrammarError
+
+
+@dataclass
+class GrammarSpec:
+    terminals: list                      # regex AST per terminal id
+    earley: EarleyGrammar
+    ignore: tuple = ()                   # terminal ids that may appear between any two lexemes
+    names: dict = field(default_factory=dict)
+
+
+def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
+    if root not in rules:
+        raise GrammarError(f"the grammar has no start rule {root!r}")
+    for name, node in rules.items():
+        for ref in ra.rule_refs(node, set()):
+            if ref not in rules:
+                raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
+    recursive = _recursive_rules(rules)
+    inlined: dict[str, tuple] = {}
+    bodies = {name: _inline(rules[name], rules, recursive, inlined) for name in rules
+              if name in recursive or name == root}
+    if not ra.has_rules(bodies[root]) and not ignore:
+        return bodies[root]
+    return _Builder(bodies, root, ignore).build()
+
+
+def _recursive_rules(rules: dict) -> set:
+    refs = {name: ra.rule_refs(node, set()) for name, node in rules.items()}
+    recursive = set()
+    for name in rules:
+        seen, stack = set(), list(refs[name])
+        while stack:
+            ref = stack.pop()
+            if ref == name:
+                recursive.add(name)
+                break
+            if ref not in seen:
+                seen.add(ref)
+                stack.extend(refs[ref])
+    return recursive
+
+
+def _inline(node, rules, recursive, memo) -> tuple:
+    kind = node[0]
+    if kind == "rule":
+        name = node[1]
+        if name in recursive:
+            return node
+        if name not in memo:
+            memo[name] = None   # guards against cycles (cannot happen: not recursive)
+            memo[name] = _inline(rules[name], rules, recursive, memo)
+        return memo[name]
+    if kind in ("seq", "alt"):
+        parts = [_inline(child, rules, recursive, memo) for child in node[1]]
+        return ra.seq(*parts) if kind == "seq" else ra.alt(*parts)
+    if kind == "rep":
+        return ra.rep(_inline(node[1], rules, recursive, memo), node[2], node[3])
+    if kind == "props":
+        if any(ra.has_rules(c) for c in ra.children(node)):
+            return _inline(ra.expand_props(node), rules, recursive, memo)
+        return node
+    if kind == "and" and ra.has_rules(node):
+        raise GrammarError("an intersection cannot contain grammar rules")
+    return node
+
+
+class _Builder:
+    def __init__(self, bodies: dict, root: str, ignore):
+        self.bodies = bodies
+        self.nonterminals: dict[str, int] = {}
+        self.productions: list[tuple[int, tuple]] = []
+        self.terminals: list[tuple] = []
+        self.terminal_ids: dict[tuple, int] = {}
+        self.optional_of: dict[int, int] = {}
+        self.root = root
+        self.ignore = tuple(self._terminal_id(node) - _T for node in ignore)
+
+    def build(self) -> GrammarSpec:
+        for name in self.bodies:
+            self._nonterminal(name)
+        for name, body in self.bodies.items():
+            lhs = self.nonterminals[name]
+            for alternative in self._alternatives(body):
+                self.productions.append((lhs, alternative))
+        count = len(self.nonterminals)
+        nt = count
+        # encode terminals after nonterminals
+        encoded = [(lhs, tuple(s if s < _T else s - _T + nt for s in rhs))
+                   for lhs, rhs in self.productions]
+        encoded = _productive_only(encoded, nt, self.nonterminals[self.root])
+        earley = EarleyGrammar(nt, encoded, self.nonterminals[self.root], len(self.terminals))
+        return GrammarSpec(self.terminals, earley, self.ignore,
+                           {v: k for k, v in self.nonterminals.items()})
+
+    def _nonterminal(self, name: str) -> int:
+        if name not in self.nonterminals:
+            self.nonterminals[name] = len(self.nonterminals)
+        return self.nonterminals[name]
+
+    def _fresh(self) -> int:
+        return self._nonterminal(f"#{len(self.nonterminals)}")
+
+    def _alternatives(self, node) -> list[tuple]:
+        """Productions (symbol tuples) whose union is ``node``."""
+        deadline.check()
+        if node[0] == "alt" and ra.has_rules(node):
+            out = []
+            for child in node[1]:
+                out.extend(self._alternatives(child))
+            return out
+        return [tuple(self._sequence(node))]
+
+    def _sequence(self, node) -> list[int]:
+        if not ra.has_rules(node):
+            return self._terminal_symbols(node)
+        kind = node[0]
+        if kind == "rule":
+            return [self.nonterminals[node[1]]]
+        if kind == "seq":
+            out, run = [], []
+            for child in node[1]:
+                if ra.has_rules(child):
+                    if run:
+                        out += self._terminal_symbols(ra.seq(*run))
+                        run = []
+                    out += self._sequence(child)
+                else:
+                    run.append(child)
+            if run:
+                out += self._terminal_symbols(ra.seq(*run))
+            return out
+        helper = self._fresh()
+        if kind == "alt":
+            for alternative in self._alternatives(node):
+                self.productions.append((helper, alternative))
+        elif kind == "rep":
+            self._repetition(helper, node[1], node[2], node[3])
+        else:
+            raise GrammarError(f"cannot use {kind!r} around grammar rules")
+        return [helper]
+
+    def _repetition(self, helper: int, child, lo: int, hi) -> None:
+        item = self._sequence(child)
+        if hi is None:
+            star = self._fresh()
+            self.productions.append((star, ()))
+            self.productions.append((star, tuple(item) + (star,)))
+            self.productions.append((helper, tuple(item) * lo + (star,)))
+            return
+        tail: tuple = ()
+        for _ in range(hi - lo):
+            optional = self._fresh()
+            self.productions.append((optional, ()))
+            self.productions.append((optional, tuple(item) + tail))
+            tail = (optional,)
+        self.productions.append((helper, tuple(item) * lo + tail))
+
+    def _terminal_symbols(self, node) -> list[int]:
+        if node == ra.EMPTY:
+            return []
+        if node == ra.NOTHING:
+            return [self._fresh()]      # a nonterminal without productions: pruned later
+        tid = self._terminal_id(node)
+        if not ra.matches_empty(node):
+            return [tid]
+        if tid not in self.optional_of:
+            optional = self._fresh()
+            self.productions.append((optional, ()))
+            self.productions.append((optional, (tid,)))
+            self.optional_of[tid] = optional
+        return [self.optional_of[tid]]
+
+    def _terminal_id(self, node) -> int:
+        if node not in self.terminal_ids:
+            self.terminal_ids[node] = len(self.terminals) + _T
+            self.terminals.append(node)
+        return self.terminal_ids[node]
+
+
+_T = 1 << 30    # terminal marker while building (nonterminal count is unknown until the end)
+
+
+def _productive_only(productions, nt: int, start: int):
+    productive: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for lhs, rhs in productions:
+            if lhs not in productive and all(s >= nt or s in productive for s in rhs):
+                productive.add(lhs)
+                changed = True
+    if start not in productive:
+        raise GrammarError("the grammar's start rule cannot derive any finite string "
+                           "(infinite recursion without a base case)")
+    return [(lhs, rhs) for lhs, rhs in productions
+            if lhs in productive and all(s >= nt or s in productive for s in rhs)]

@@ -1,0 +1,291 @@
+"""Compiled grammars and their matchers: an Earley parser over regex terminals, with
+nondeterministic lexing and token masks built from precomputed per-terminal masks.
+
+A parse *hypothesis* is ``(earley_set, lexeme, nonempty)``: the Earley set after the last
+completed lexeme, and the live (terminal, dfa_state) pairs of the lexeme in progress. A
+matcher holds the set of hypotheses consistent with the bytes so far (usually one or two).
+
+Masks (``CompiledGrammar.hypothesis_mask``), all cached, so a step is a union of rows:
+- *inside* the lexeme: ``rows[t][s]``, the tokens that keep terminal t alive from state s;
+- *starting* the next lexeme (the current one may end here): the union of ``rows[t'][start]``
+  over the terminals X the parser expects after t (cached per X);
+- *crossing* one lexeme boundary inside a token: ``cross(t, s, X)``, tokens whose bytes end t
+  somewhere and continue as a live prefix of some t' in X, found by one trie walk (cached).
+Tokens that cross two or more boundaries are left out of the mask (``accept`` still handles
+them): the mask is exact for the others and never allows a token ``accept`` would refuse.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .automaton import DEAD, LazyDFA
+from .grammar import GrammarSpec
+from .matcher import Matcher, write_row
+from .token_masks import pack_bits
+
+
+class CompiledGrammar:
+    kind = "grammar"
+
+    def __init__(self, spec: GrammarSpec, info, description: str = ""):
+        self.spec = spec
+        self.info = info
+        self.description = description
+        self.dfas = [LazyDFA(node) for node in spec.terminals]
+        self.ignore = frozenset(spec.ignore)
+        self._rows: dict = {}
+        self._fresh_rows: dict = {}
+        self._cross_rows: dict = {}
+        self._end_nodes: dict = {}
+        self._lock = threading.Lock()
+        self.empty_row = np.zeros(info.num_words, dtype=np.int32)
+        eos = np.zeros(info.vocab_size, dtype=bool)
+        eos[list(info.eos_token_ids)] = True
+        self.eos_row = pack_bits(eos, info.num_words)
+        self.initial = self.fresh_hypothesis(spec.earley.initial_set())
+
+    def matcher(self) -> "GrammarMatcher":
+        return GrammarMatcher(self)
+
+    # ---- hypotheses ------------------------------------------------------------------------
+    def expected(self, earley_set) -> frozenset:
+        return earley_set.expected | self.ignore
+
+    def fresh_hypothesis(self, earley_set) -> tuple:
+        lexeme = tuple((t, self.dfas[t].start) for t in sorted(self.expected(earley_set)))
+        return (earley_set, lexeme, False)
+
+    def after_lexeme(self, earley_set, terminal: int):
+        """The Earley set once ``terminal`` is complete (ignored terminals do not advance it)."""
+        if terminal in self.ignore and terminal not in earley_set.expected:
+            return earley_set
+        return earley_set.scan(terminal)
+
+    def advance(self, hypotheses, byte: int) -> list:
+        out = {}
+        for hyp in hypotheses:
+            earley_set, lexeme, nonempty = hyp
+            moved = tuple((t, int(self.dfas[t].row(s)[byte])) for t, s in lexeme)
+            moved = tuple(pair for pair in moved if pair[1] != DEAD)
+            if moved:
+                out[(earley_set, moved, True)] = None
+            if not nonempty:
+                continue
+            for t, s in lexeme:
+                if not self.dfas[t].is_accepting(s):
+                    continue
+                after = self.after_lexeme(earley_set, t)
+                if after is None:
+                    continue
+                _, fresh, _ = self.fresh_hypothesis(after)
+                moved = tuple((u, int(self.dfas[u].row(q)[byte])) for u, q in fresh)
+                moved = tuple(pair for pair in moved if pair[1] != DEAD)
+                if moved:
+                    out[(after, moved, True)] = None
+        return list(out)
+
+    def is_complete(self, hyp) -> bool:
+        earley_set, lexeme, nonempty = hyp
+        if not nonempty:
+            return earley_set.accepting
+        for t, s in lexeme:
+            if self.dfas[t].is_accepting(s):
+                after = self.after_lexeme(earley_set, t)
+                if after is not None and after.accepting:
+                    return True
+        return False
+
+    # ---- masks -----------------------------------------------------------------------------
+    def hypothesis_mask(self, hyp) -> np.ndarray:
+        earley_set, lexeme, nonempty = hyp
+        key = (lexeme, nonempty)
+        cached = earley_set.mask_cache.get(key)
+        if cached is not None:
+            return cached
+        row = self.empty_row.copy()
+        for t, s in lexeme:
+            row |= self.state_row(t, s)
+            if not self._can_end_inside(t, s):
+                continue
+            after = self.after_lexeme(earley_set, t)
+            if after is None:
+                continue
+            expected = self.expected(after)
+            if nonempty and self.dfas[t].is_accepting(s):
+                row |= self.fresh_row(expected)
+            row |= self.cross_row(t, s, expected)
+        if self.is_complete(hyp):
+            row |= self.eos_row
+        earley_set.mask_cache[key] = row
+        return row
+
+    def state_row(self, t: int, s: int) -> np.ndarray:
+        key = (t, s)
+        row = self._rows.get(key)
+        if row is None:
+            alive, ends = self._walk(t, s)
+            row = pack_bits(alive[self.info.trie.token_node], self.info.num_words)
+            self._rows[key] = row
+            self._end_nodes[key] = ends
+        return row
+
+    def fresh_row(self, expected: frozenset) -> np.ndarray:
+        row = self._fresh_rows.get(expected)
+        if row is None:
+            row = self.empty_row.copy()
+            for t in expected:
+                row |= self.state_row(t, self.dfas[t].start)
+            self._fresh_rows[expected] = row
+        return row
+
+    def cross_row(self, t: int, s: int, expected: frozenset) -> np.ndarray:
+        key = (t, s, expected)
+        row = self._cross_rows.get(key)
+        if row is None:
+            self.state_row(t, s)
+            ends = self._end_nodes[(t, s)]
+            trie = self.info.trie
+            alive = np.zeros(trie.num_nodes + 1, dtype=bool)
+            if len(ends):
+                starts, _ = trie.children(ends)
+                for u in expected:
+                    self._walk_from(u, starts, alive)
+            row = pack_bits(alive[trie.token_node], self.info.num_words)
+            self._cross_rows[key] = row
+        return row
+
+    def _can_end_inside(self, t: int, s: int) -> bool:
+        self.state_row(t, s)
+        return self.dfas[t].is_accepting(s) or len(self._end_nodes[(t, s)]) > 0
+
+    def _walk(self, t: int, s: int):
+        """Trie walk of terminal t from state s: (alive nodes, nodes where t can end)."""
+        trie, dfa = self.info.trie, self.dfas[t]
+        alive = np.zeros(trie.num_nodes + 1, dtype=bool)
+        ends = []
+        nodes = trie.root_children
+        states = np.full(len(nodes), s, dtype=np.int64)
+        accepting = None
+        while len(nodes):
+            trans = dfa.ensure_rows(np.unique(states))
+            nxt = trans[states, trie.node_byte[nodes]]
+            keep = nxt >= 0
+            nodes, nxt = nodes[keep], nxt[keep]
+            alive[nodes] = True
+            if accepting is None or len(accepting) < dfa.num_states:
+                accepting = np.asarray(dfa.accepting, dtype=bool)
+            at_end = accepting[nxt]
+            if at_end.any():
+                ends.append(nodes[at_end])
+            nodes, owner = trie.children(nodes)
+            states = nxt[owner].astype(np.int64)
+        ends = np.concatenate(ends) if ends else np.empty(0, np.int64)
+        return alive, ends
+
+    def _walk_from(self, t: int, nodes: np.ndarray, alive: np.ndarray) -> None:
+        trie, dfa = self.info.trie, self.dfas[t]
+        states = np.full(len(nodes), dfa.start, dtype=np.int64)
+        while len(nodes):
+            trans = dfa.ensure_rows(np.unique(states))
+            nxt = trans[states, trie.node_byte[nodes]]
+            keep = nxt >= 0
+            nodes, nxt = nodes[keep], nxt[keep]
+            alive[nodes] = True
+            nodes, owner = trie.children(nodes)
+            states = nxt[owner].astype(np.int64)
+
+
+class GrammarMatcher(Matcher):
+    def __init__(self, compiled: CompiledGrammar):
+        self.compiled = compiled
+        self.info = compiled.info
+        self.hypotheses = [compiled.initial]
+        self.history: list = []
+        self.finished = False
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        if self.finished:
+            write_row(bitmask, row, self.compiled.empty_row)
+            return
+        if len(self.hypotheses) == 1:
+            words = self.compiled.hypothesis_mask(self.hypotheses[0])
+        else:
+            words = self.compiled.empty_row.copy()
+            for hyp in self.hypotheses:
+                words |= self.compiled.hypothesis_mask(hyp)
+        write_row(bitmask, row, words)
+
+    def accept(self, token_id: int) -> bool:
+        if self.finished:
+            return False
+        if token_id in self.info.eos_token_ids:
+            if not self.is_complete():
+                return False
+            self.history.append(self.hypotheses)
+            self.finished = True
+            return True
+        data = self.info.token_bytes[token_id] if 0 <= token_id < self.info.vocab_size else None
+        return bool(data) and self.accept_bytes(data)
+
+    def accept_bytes(self, data: bytes) -> bool:
+        hypotheses = self.hypotheses
+        for byte in data:
+            hypotheses = self.compiled.advance(hypotheses, byte)
+            if not hypotheses:
+                return False
+        self.history.append(self.hypotheses)
+        self.hypotheses = hypotheses
+        return True
+
+    def rollback(self, n: int) -> None:
+        if n > len(self.history):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self.history)} accepted")
+        for _ in range(n):
+            self.hypotheses = self.history.pop()
+            self.finished = False
+
+    def is_complete(self) -> bool:
+        return any(self.compiled.is_complete(h) for h in self.hypotheses)
+
+    def is_terminated(self) -> bool:
+        if self.finished:
+            return True
+        if not self.is_complete():
+            return False
+        return not self._can_continue()
+
+    def _can_continue(self) -> bool:
+        for earley_set, lexeme, nonempty in self.hypotheses:
+            for t, s in lexeme:
+                if self.compiled.dfas[t].can_continue(s):
+                    return True
+                if self.compiled.dfas[t].is_accepting(s):
+                    after = self.compiled.after_lexeme(earley_set, t)
+                    if after is not None and self.compiled.expected(after):
+                        return True
+        return False
+
+    def forced_bytes(self, limit: int = 256) -> bytes:
+        out = bytearray()
+        hypotheses = self.hypotheses
+        while len(out) < limit and not any(self.compiled.is_complete(h) for h in hypotheses):
+            candidates = set()
+            for _, lexeme, _ in hypotheses:
+                for t, s in lexeme:
+                    candidates.update(np.flatnonzero(self.compiled.dfas[t].row(s) >= 0).tolist())
+            live = [b for b in sorted(candidates) if self.compiled.advance(hypotheses, b)]
+            if len(live) != 1 or not self._only_byte(hypotheses, live[0]):
+                break
+            out.append(live[0])
+            hypotheses = self.compiled.advance(hypotheses, live[0])
+        return bytes(out)
+
+    def _only_byte(self, hypotheses, byte: int) -> bool:
+        """True if no other byte could follow (including ones that start a new lexeme)."""
+        for hyp in hypotheses:
+            earley_set, lexeme, nonempty = hyp
+            if nonempty and any(self.compiled.dfas[t].is_accepting(s) for t, s in lexeme):
+                return False
+        return True

@@ -1,0 +1,84 @@
+"""Regexes for JSON-schema ``format`` values, as string *content* (without the quotes).
+
+Formats are enforced (assertion semantics). They never produce characters that need a JSON
+escape. Known limits (documented policy): leap seconds (``:60``) are rejected; e-mail local
+parts are dot-atoms (no quoted local parts); ``hostname`` checks label syntax and lengths but
+not IDNA/punycode rules. Any other format is a compile error naming it.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .regex_parser import parse_regex
+
+_YEAR = r"[0-9]{4}"
+_MONTH_DAY = (r"((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+              r"|02-(0[1-9]|1[0-9]|2[0-8]))")
+_LEAP_DAY = r"([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)-02-29"
+DATE = rf"({_YEAR}-{_MONTH_DAY}|{_LEAP_DAY})"
+TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+DATE_TIME = rf"{DATE}[Tt]{TIME}"
+UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{OCTET}(\.{OCTET}){{3}}"
+LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+HOSTNAME = rf"{LABEL}(\.{LABEL})*"
+DURATION = (r"P(([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)(T([0-9]+H([0-9]+M([0-9]+S)?)?"
+            r"|[0-9]+M([0-9]+S)?|[0-9]+S))?|T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"
+            r"|[0-9]+W)")
+
+
+def _ipv6() -> str:
+    h16 = "[0-9a-fA-F]{1,4}"
+    ls32 = f"({h16}:{h16}|{IPV4})"
+    forms = [f"({h16}:){{6}}{ls32}", f"::({h16}:){{5}}{ls32}"]
+    for before, after in ((0, 4), (1, 3), (2, 2), (3, 1), (4, 0)):
+        head = f"({h16}(:{h16}){{0,{before}}})?" if before else f"({h16})?"
+        tail = f"({h16}:){{{after}}}" if after else ""
+        forms.append(f"{head}::{tail}{ls32}")
+    forms.append(f"({h16}(:{h16}){{0,5}})?::{h16}")
+    forms.append(f"({h16}(:{h16}){{0,6}})?::")
+    return "(" + "|".join(forms) + ")"
+
+
+IPV6 = _ipv6()
+_UNRESERVED = r"A-Za-z0-9\-._~"
+_SUB_DELIMS = r"!$&'()*+,;="
+_PCT = r"%[0-9a-fA-F]{2}"
+_PCHAR = rf"([{_UNRESERVED}{_SUB_DELIMS}:@]|{_PCT})"
+_SEGMENT = rf"{_PCHAR}*"
+_SEGMENT_NZ = rf"{_PCHAR}+"
+_SEGMENT_NZ_NC = rf"([{_UNRESERVED}{_SUB_DELIMS}@]|{_PCT})+"
+_USERINFO = rf"([{_UNRESERVED}{_SUB_DELIMS}:]|{_PCT})*"
+_REG_NAME = rf"([{_UNRESERVED}{_SUB_DELIMS}]|{_PCT})*"
+_HOST = rf"(\[({IPV6}|v[0-9a-fA-F]+\.[{_UNRESERVED}{_SUB_DELIMS}:]+)\]|{IPV4}|{_REG_NAME})"
+_AUTHORITY = rf"({_USERINFO}@)?{_HOST}(:[0-9]*)?"
+_PATH_ABEMPTY = rf"(/{_SEGMENT})*"
+_PATH_ABSOLUTE = rf"/({_SEGMENT_NZ}(/{_SEGMENT})*)?"
+_QUERY = rf"({_PCHAR}|[/?])*"
+_HIER = rf"(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ}(/{_SEGMENT})*)?"
+URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_HIER}(\?{_QUERY})?(#{_QUERY})?"
+_RELATIVE = rf"(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ_NC}(/{_SEGMENT})*)?"
+URI_REFERENCE = rf"({URI}|{_RELATIVE}(\?{_QUERY})?(#{_QUERY})?)"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-]+"
+EMAIL = rf"{_ATOM}(\.{_ATOM})*@({HOSTNAME}|\[{IPV4}\]|\[IPv6:{IPV6}\])"
+JSON_POINTER = r"(/([^/~\"\\\x00-\x1f]|~[01])*)*"
+RELATIVE_JSON_POINTER = rf"(0|[1-9][0-9]*)(#|{JSON_POINTER})"
+
+FORMATS = {
+    "date-time": DATE_TIME, "date": DATE, "time": TIME, "duration": DURATION,
+    "email": EMAIL, "uuid": UUID, "ipv4": IPV4, "ipv6": IPV6, "hostname": HOSTNAME,
+    "uri": URI, "uri-reference": URI_REFERENCE, "json-pointer": JSON_POINTER,
+    "relative-json-pointer": RELATIVE_JSON_POINTER,
+}
+# Formats with a length limit on the whole value (applied as an intersection).
+FORMAT_MAX_LENGTH = {"hostname": 253}
+
+
+@lru_cache(maxsize=None)
+def format_node(name: str, universe) -> tuple | None:
+    """The content AST for a known format, or None if tamis does not know the format."""
+    regex = FORMATS.get(name)
+    if regex is None:
+        return None
+    return parse_regex(regex, universe=universe)

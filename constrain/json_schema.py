@@ -1,0 +1,756 @@
+"""JSON schema -> regex AST (plus grammar rules where the schema is recursive).
+
+``compile_json_schema(schema, ...) -> (root_node, rules)``. ``rules`` maps names to AST nodes
+that may reference each other through ("rule", name) nodes; it is empty when the schema is
+regular, and then ``root_node`` is a plain regex compiled to one DFA. Rules appear for
+``$ref`` cycles and for values of any shape (``{}``, ``true``, additional properties
+without a schema), whose nesting is unbounded.
+
+Policies (each tested in tests/constrain/test_json_policies.py):
+- **property order**: declared properties appear in schema order; optional ones may be
+  skipped; additional properties (when allowed) come after the declared ones;
+- **additionalProperties** absent = allowed (the JSON-schema default), unless the request
+  sets ``disable_additional_properties``;
+- **whitespace**: between tokens at most one newline followed by up to 20 spaces/tabs
+  (``DEFAULT_WHITESPACE``); none with ``disable_any_whitespace``; ``whitespace_pattern``
+  replaces it; never before the value or after it;
+- **numbers**: see ``json_numbers``; **strings** constrained by ``pattern`` or ``format``
+  are written without escape sequences; **formats**: see ``json_formats``;
+- **oneOf** is enforced only when its branches are provably disjoint (else compile error).
+
+Keywords that constrain values but cannot be enforced (``not``, ``if``/``then``/``else``,
+``uniqueItems: true``, ``contains``, ``patternProperties``, ``propertyNames``,
+``dependent*``, ``unevaluated*``, ``multipleOf`` other than integer steps of 1, remote
+``$ref``...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
+annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords) are ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+from urllib.parse import urldefrag, urljoin
+
+from . import deadline
+from . import regex_ast as ra
+from .automaton import languages_intersect
+from .errors import ConstraintError, SchemaError
+from .json_formats import FORMAT_MAX_LENGTH, format_node
+from .json_numbers import ANY_NUMBER, int_range, number_range
+from .regex_parser import parse_regex
+
+DEFAULT_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
+# String content characters that need no escape: everything but '"', '\' and controls.
+SAFE_CHARS = ra.normalize_ranges(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)))
+SAFE_CHAR = ("chars", SAFE_CHARS)
+ESCAPE = parse_regex(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+STRING_UNIT = ra.alt(SAFE_CHAR, ESCAPE)
+QUOTE = ra.char('"')
+ANY_STRING = ra.seq(QUOTE, ra.rep(STRING_UNIT, 0, None), QUOTE)
+SCALARS = ra.alt(ra.literal("null"), ra.literal("true"), ra.literal("false"), ANY_NUMBER, ANY_STRING)
+MAX_DEPTH = 60
+MAX_ENUM = 5_000
+ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
+
+ANNOTATIONS = {
+    "title", "description", "default", "examples", "example", "$comment", "$schema", "$id", "id",
+    "$anchor", "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "$vocabulary",
+    "contentMediaType", "contentEncoding", "contentSchema", "discriminator", "xml",
+    "externalDocs", "$dynamicAnchor", "$recursiveAnchor",
+}
+HANDLED = {
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+    "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
+    "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+    "_patterns",
+}
+UNSUPPORTED = {
+    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "propertyNames", "patternProperties", "$dynamicRef", "$recursiveRef",
+}
+TYPE_KEYWORDS = {
+    "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+}
+
+
+def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
+                        allow_additional_properties: bool = True):
+    """Returns (root_node, rules). ``whitespace=None`` means no whitespace at all."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise SchemaError(f"the JSON schema is not valid JSON: {exc}") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
+    compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
+    try:
+        node = compiler.value(schema, "#", 0)
+    except RecursionError:
+        raise SchemaError("schema nesting is too deep to compile") from None
+    if node == ra.NOTHING:
+        raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
+    return node, compiler.rules
+
+
+class _SchemaCompiler:
+    def __init__(self, root, whitespace, allow_additional):
+        self.root = root
+        self.ws = ra.EMPTY if whitespace is None else parse_regex(whitespace)
+        self.allow_additional = allow_additional
+        self.rules: dict[str, tuple] = {}
+        self._active: set[str] = set()
+        self._recursive: set[str] = set()
+        self._ref_cache: dict[str, tuple] = {}
+        self._ids: dict[str, object] = {}
+        self._anchors: dict[str, object] = {}
+        self._base_of: dict[int, str] = {}
+        root_base = root.get("$id", "") if isinstance(root, dict) else ""
+        self._index(root, root_base)
+        self._validator = None
+
+    # ---- document index for $ref ---------------------------------------------------------
+    def _index(self, schema, base: str) -> None:
+        if isinstance(schema, dict):
+            if isinstance(schema.get("$id"), str):
+                base = urljoin(base, schema["$id"])
+                self._ids[urldefrag(base)[0]] = schema
+            if isinstance(schema.get("$anchor"), str):
+                self._anchors[urldefrag(base)[0] + "#" + schema["$anchor"]] = schema
+            self._base_of[id(schema)] = base
+            for key, sub in schema.items():
+                if key not in ("enum", "const", "default", "examples"):
+                    self._index(sub, base)
+        elif isinstance(schema, list):
+            for sub in schema:
+                self._index(sub, base)
+
+    def _resolve(self, ref: str, schema, path: str):
+        if not isinstance(ref, str):
+            raise SchemaError("$ref must be a string", path)
+        base = self._base_of.get(id(schema), "")
+        target_uri = urljoin(base, ref) if base else ref
+        doc_uri, fragment = urldefrag(target_uri)
+        if doc_uri and doc_uri != urldefrag(base)[0] and doc_uri not in self._ids:
+            raise SchemaError(f"remote $ref {ref!r} is not supported (only references inside "
+                              "the schema document)", path)
+        doc = self._ids.get(doc_uri, self.root) if doc_uri else self._document_of(base)
+        if not fragment:
+            return doc, target_uri
+        if fragment.startswith("/"):
+            return self._pointer(doc, fragment, ref, path), doc_uri + "#" + fragment
+        anchor = self._anchors.get(doc_uri + "#" + fragment)
+        if anchor is None:
+            raise SchemaError(f"$ref {ref!r}: anchor not found", path)
+        return anchor, doc_uri + "#" + fragment
+
+    def _document_of(self, base: str):
+        return self._ids.get(urldefrag(base)[0], self.root)
+
+    def _pointer(self, doc, fragment: str, ref: str, path: str):
+        node = doc
+        for raw in fragment.split("/")[1:]:
+            part = raw.replace("%25", "%").replace("%22", '"').replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                raise SchemaError(f"$ref {ref!r} does not resolve inside the schema", path)
+        return node
+
+    # ---- dispatch --------------------------------------------------------------------------
+    def value(self, schema, path: str, depth: int) -> tuple:
+        deadline.check()
+        if depth > MAX_DEPTH:
+            raise SchemaError(f"schema nesting deeper than {MAX_DEPTH} levels", path)
+        if schema is True:
+            return self._any()
+        if schema is False:
+            return ra.NOTHING
+        if not isinstance(schema, dict):
+            raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}", path)
+        self._check_keywords(schema, path)
+        if "$ref" in schema:
+            return self._ref(schema, path, depth)
+        if "allOf" in schema:
+            return self.value(self._merge_all_of(schema, path, depth), path, depth + 1)
+        if "anyOf" in schema or "oneOf" in schema:
+            return self._alternatives(schema, path, depth)
+        if "enum" in schema or "const" in schema:
+            return self._enum(schema, path)
+        node = self._typed(schema, path, depth)
+        if schema.get("nullable") is True:
+            node = ra.alt(node, ra.literal("null"))
+        return node
+
+    def _check_keywords(self, schema: dict, path: str) -> None:
+        for key in schema:
+            if key in UNSUPPORTED:
+                value = schema[key]
+                if key == "dependencies" and not value:
+                    continue
+                raise SchemaError(f"JSON-schema keyword {key!r} is not supported by tamis "
+                                  "(it cannot be enforced while generating)", f"{path}/{key}")
+        if schema.get("uniqueItems") is True:
+            raise SchemaError("JSON-schema keyword 'uniqueItems' is not supported by tamis "
+                              "(it cannot be enforced while generating)", f"{path}/uniqueItems")
+
+    # ---- $ref ------------------------------------------------------------------------------
+    def _ref(self, schema: dict, path: str, depth: int) -> tuple:
+        target, key = self._resolve(schema["$ref"], schema, path)
+        siblings = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
+        if siblings:
+            if not isinstance(target, dict):
+                target = {} if target is True else {"not": {}}
+            merged = self._merge({k: v for k, v in target.items()}, siblings, path)
+            return self.value(merged, path, depth + 1)
+        if key in self.rules or key in self._recursive and key in self._active:
+            return ("rule", key)
+        if key in self._active:
+            self._recursive.add(key)
+            return ("rule", key)
+        if key in self._ref_cache:
+            return self._ref_cache[key]
+        self._active.add(key)
+        try:
+            node = self.value(target, key, depth + 1)
+        finally:
+            self._active.discard(key)
+        if key in self._recursive:
+            self.rules[key] = node
+            node = ("rule", key)
+        self._ref_cache[key] = node
+        return node
+
+    # ---- allOf / anyOf / oneOf -------------------------------------------------------------
+    def _merge_all_of(self, schema: dict, path: str, depth: int) -> dict:
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        parts = schema["allOf"]
+        if not isinstance(parts, list) or not parts:
+            raise SchemaError("allOf must be a non-empty array", f"{path}/allOf")
+        for i, part in enumerate(parts):
+            part = self._deref(part, f"{path}/allOf/{i}", depth)
+            if part is False:
+                return False
+            if part is True:
+                continue
+            merged = self._merge(merged, part, f"{path}/allOf/{i}")
+            if merged is False:
+                return False
+        return merged
+
+    def _deref(self, schema, path: str, depth: int):
+        """The schema with a top-level $ref (and nested allOf) replaced by its content."""
+        for _ in range(MAX_DEPTH):
+            if isinstance(schema, dict) and "$ref" in schema:
+                target, key = self._resolve(schema["$ref"], schema, path)
+                if key in self._active:
+                    raise SchemaError("recursive $ref inside allOf is not supported", path)
+                rest = {k: v for k, v in schema.items() if k != "$ref"}
+                if target is False:
+                    return False
+                schema = self._merge(dict(target) if isinstance(target, dict) else {}, rest, path)
+                if schema is False:
+                    return False
+                continue
+            if isinstance(schema, dict) and "allOf" in schema:
+                schema = self._merge_all_of(schema, path, depth + 1)
+                continue
+            return schema
+        raise SchemaError("$ref chain too long", path)
+
+    def _merge(self, a: dict, b: dict, path: str):
+        out = dict(a)
+        for key, value in b.items():
+            if key in ANNOTATIONS or key not in out:
+                out.setdefault(key, value)
+                continue
+            merged = _merge_keyword(key, out[key], value, a, b, path)
+            if merged is _UNSAT:
+                return False
+            out[key] = merged
+        _apply_additional(out, a, b)
+        _apply_additional(out, b, a)
+        return out
+
+    def _alternatives(self, schema: dict, path: str, depth: int) -> tuple:
+        keyword = "oneOf" if "oneOf" in schema else "anyOf"
+        if "oneOf" in schema and "anyOf" in schema:
+            rest = {k: v for k, v in schema.items() if k != "oneOf"}
+            return self.value({"allOf": [rest, {"oneOf": schema["oneOf"]}]}, path, depth + 1)
+        branches = schema[keyword]
+        if not isinstance(branches, list) or not branches:
+            raise SchemaError(f"{keyword} must be a non-empty array", f"{path}/{keyword}")
+        base = {k: v for k, v in schema.items() if k != keyword}
+        has_base = any(k not in ANNOTATIONS for k in base)
+        nodes = []
+        for i, branch in enumerate(branches):
+            where = f"{path}/{keyword}/{i}"
+            if has_base:
+                branch = self._deref(branch, where, depth)
+                if branch is False:
+                    nodes.append(ra.NOTHING)
+                    continue
+                merged = self._merge(dict(base), branch if isinstance(branch, dict) else {}, where)
+                nodes.append(ra.NOTHING if merged is False else self.value(merged, where, depth + 1))
+            else:
+                nodes.append(self.value(branch, where, depth + 1))
+        if keyword == "oneOf":
+            self._check_disjoint(nodes, path)
+        return ra.alt(*nodes)
+
+    def _check_disjoint(self, nodes: list, path: str) -> None:
+        live = [n for n in nodes if n != ra.NOTHING]
+        for i in range(len(live)):
+            for j in range(i + 1, len(live)):
+                if ra.has_rules(live[i]) or ra.has_rules(live[j]):
+                    if _first_kind(live[i]) & _first_kind(live[j]):
+                        raise SchemaError("oneOf over recursive branches that may overlap is not "
+                                          "supported (use anyOf if overlap is fine)", f"{path}/oneOf")
+                    continue
+                overlap = languages_intersect(live[i], live[j])
+                if overlap is not False:
+                    raise SchemaError(f"oneOf branches {i} and {j} are not disjoint (or too large "
+                                      "to check); tamis enforces oneOf only for disjoint branches: "
+                                      "use anyOf if overlap is fine", f"{path}/oneOf")
+
+    # ---- enum / const ----------------------------------------------------------------------
+    def _enum(self, schema: dict, path: str) -> tuple:
+        if "const" in schema:
+            values = [schema["const"]]
+            if "enum" in schema:
+                values = [v for v in schema["enum"] if _json_equal(v, schema["const"])]
+        else:
+            values = schema["enum"]
+            if not isinstance(values, list):
+                raise SchemaError("enum must be an array", f"{path}/enum")
+        if len(values) > MAX_ENUM:
+            raise SchemaError(f"enum with {len(values)} values exceeds the limit of {MAX_ENUM}", f"{path}/enum")
+        rest = {k: v for k, v in schema.items() if k not in ("enum", "const") and k not in ANNOTATIONS}
+        if rest:
+            values = [v for v in values if self._valid(v, schema)]
+        return ra.alt(*(self._literal(v) for v in values))
+
+    def _valid(self, value, schema) -> bool:
+        import jsonschema
+        if self._validator is None:
+            root = self.root if isinstance(self.root, dict) else {}
+            cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
+            self._validator = cls(root)
+        try:
+            return self._validator.evolve(schema=schema).is_valid(value)
+        except jsonschema.exceptions.RefResolutionError:
+            raise SchemaError("enum filtering needs a $ref that cannot be resolved") from None
+        except Exception as exc:  # referencing errors have their own hierarchy
+            raise SchemaError(f"cannot check enum values against the schema: {exc}") from None
+
+    def _literal(self, value) -> tuple:
+        if isinstance(value, dict):
+            members = []
+            for key, item in value.items():
+                members.append(ra.seq(_json_string_literal(key), self.ws, ra.char(":"), self.ws,
+                                      self._literal(item)))
+            return self._wrap("{", members, "}")
+        if isinstance(value, list):
+            return self._wrap("[", [self._literal(item) for item in value], "]")
+        if isinstance(value, str):
+            return _json_string_literal(value)
+        if isinstance(value, bool) or value is None:
+            return ra.literal(json.dumps(value))
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            # 1 and 1.0 are the same JSON-schema number
+            return ra.seq(ra.literal(str(int(value))), parse_regex(r"(\.0+)?"))
+        return ra.literal(json.dumps(value))
+
+    def _wrap(self, open_: str, items: list, close: str) -> tuple:
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        body = []
+        for i, item in enumerate(items):
+            body.append(item if i == 0 else ra.seq(sep, item))
+        return ra.seq(ra.char(open_), self.ws, *body, self.ws, ra.char(close))
+
+    # ---- typed values ----------------------------------------------------------------------
+    def _typed(self, schema: dict, path: str, depth: int) -> tuple:
+        types = schema.get("type")
+        if types is None:
+            constrained = {t for t, keys in TYPE_KEYWORDS.items() if keys & schema.keys()}
+            if not constrained:
+                return self._any()
+            nodes = []
+            for t in ALL_TYPES:
+                if t in constrained:
+                    nodes.append(self._of_type(t, schema, path, depth))
+                else:
+                    nodes.append(self._any_of_type(t))
+            return ra.alt(*nodes)
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise SchemaError("type must be a string or an array of strings", f"{path}/type")
+        unknown = [t for t in types if t not in ALL_TYPES + ("integer",)]
+        if unknown:
+            raise SchemaError(f"unknown type {unknown[0]!r}", f"{path}/type")
+        if "number" in types and "integer" in types:
+            types = [t for t in types if t != "integer"]
+        return ra.alt(*(self._of_type(t, schema, path, depth) for t in types))
+
+    def _of_type(self, t: str, schema: dict, path: str, depth: int) -> tuple:
+        if t == "null":
+            return ra.literal("null")
+        if t == "boolean":
+            return ra.alt(ra.literal("true"), ra.literal("false"))
+        if t in ("integer", "number"):
+            return self._number(schema, path, t == "integer")
+        if t == "string":
+            return self._string(schema, path)
+        if t == "array":
+            return self._array(schema, path, depth)
+        return self._object(schema, path, depth)
+
+    def _any_of_type(self, t: str) -> tuple:
+        if t == "array":
+            return self._any_rule("$any_array")
+        if t == "object":
+            return self._any_rule("$any_object")
+        return {"null": ra.literal("null"), "boolean": ra.alt(ra.literal("true"), ra.literal("false")),
+                "number": ANY_NUMBER, "string": ANY_STRING}[t]
+
+    def _any(self) -> tuple:
+        return self._any_rule("$any")
+
+    def _any_rule(self, name: str) -> tuple:
+        if "$any" not in self.rules:
+            sep = ra.seq(self.ws, ra.char(","), self.ws)
+            value = ("rule", "$any")
+            member = ra.seq(ANY_STRING, self.ws, ra.char(":"), self.ws, value)
+            self.rules["$any_array"] = ra.seq(ra.char("["), self.ws, ra.opt(ra.seq(
+                value, ra.rep(ra.seq(sep, value), 0, None))), self.ws, ra.char("]"))
+            self.rules["$any_object"] = ra.seq(ra.char("{"), self.ws, ra.opt(ra.seq(
+                member, ra.rep(ra.seq(sep, member), 0, None))), self.ws, ra.char("}"))
+            self.rules["$any"] = ra.alt(SCALARS, ("rule", "$any_array"), ("rule", "$any_object"))
+        return ("rule", name)
+
+    def _number(self, schema: dict, path: str, integer: bool) -> tuple:
+        step = schema.get("multipleOf")
+        if step is not None:
+            if not (isinstance(step, (int, float)) and step == 1 or integer and step == 1):
+                raise SchemaError("JSON-schema keyword 'multipleOf' is only supported with value 1",
+                                  f"{path}/multipleOf")
+            integer = True
+        lo, lo_incl, hi, hi_incl = _bounds(schema, path)
+        fmt = schema.get("format")
+        if integer and fmt in ("int32", "int64", "uint32", "uint64"):
+            bits = int(fmt[-2:])
+            f_lo, f_hi = (0, 2 ** bits - 1) if fmt.startswith("u") else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+            lo = f_lo if lo is None else max(lo, f_lo)
+            hi = f_hi if hi is None else min(hi, f_hi)
+        if integer:
+            ilo = None if lo is None else (math.ceil(lo) if lo_incl else math.floor(lo) + 1)
+            ihi = None if hi is None else (math.floor(hi) if hi_incl else math.ceil(hi) - 1)
+            return int_range(ilo, ihi)
+        if lo is None and hi is None:
+            return ANY_NUMBER
+        for name, bound in (("minimum", lo), ("maximum", hi)):
+            if bound is not None and bound != int(bound):
+                raise SchemaError(f"non-integer bound {bound} on a number is not supported", f"{path}/{name}")
+        return number_range(None if lo is None else int(lo), lo_incl, None if hi is None else int(hi), hi_incl)
+
+    def _string(self, schema: dict, path: str) -> tuple:
+        lo = _nonneg_int(schema, "minLength", path, 0)
+        hi = _nonneg_int(schema, "maxLength", path, None)
+        patterns = list(schema.get("_patterns", []))
+        if "pattern" in schema:
+            patterns.append(schema["pattern"])
+        content = None
+        for pattern in patterns:
+            if not isinstance(pattern, str):
+                raise SchemaError("pattern must be a string", f"{path}/pattern")
+            try:
+                node = parse_regex(pattern, universe=SAFE_CHARS, anchored=False)
+            except ConstraintError as exc:
+                raise SchemaError(f"unsupported pattern: {exc}", f"{path}/pattern") from None
+            content = node if content is None else ("and", content, node)
+        fmt = schema.get("format")
+        if fmt is not None:
+            node = format_node(fmt, SAFE_CHARS)
+            if node is None:
+                raise SchemaError(f"string format {fmt!r} is not supported by tamis", f"{path}/format")
+            if fmt in FORMAT_MAX_LENGTH:
+                node = ("and", node, ra.rep(SAFE_CHAR, 0, FORMAT_MAX_LENGTH[fmt]))
+            content = node if content is None else ("and", content, node)
+        if content is None:
+            return ra.seq(QUOTE, ra.rep(STRING_UNIT, lo, hi), QUOTE)
+        if lo or hi is not None:
+            content = ("and", content, ra.rep(SAFE_CHAR, lo, hi))
+        return ra.seq(QUOTE, content, QUOTE)
+
+    def _array(self, schema: dict, path: str, depth: int) -> tuple:
+        lo = _nonneg_int(schema, "minItems", path, 0)
+        hi = _nonneg_int(schema, "maxItems", path, None)
+        items = schema.get("items", True)
+        prefix = schema.get("prefixItems", [])
+        if isinstance(items, list):          # draft 7 tuple form
+            prefix, items = items, schema.get("additionalItems", True)
+        prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
+        rest = self.value(items, f"{path}/items", depth + 1)
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        body = _list_body(prefix_nodes, rest, lo, hi, sep)
+        return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _object(self, schema: dict, path: str, depth: int) -> tuple:
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise SchemaError("properties must be an object", f"{path}/properties")
+        required = schema.get("required", [])
+        if not isinstance(required, list):
+            raise SchemaError("required must be an array", f"{path}/required")
+        extra_schema = schema.get("additionalProperties", True)
+        if not self.allow_additional and "additionalProperties" not in schema:
+            extra_schema = False
+        names = list(props)
+        for name in required:
+            if name not in props:
+                names.append(name)
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        members = []
+        for name in names:
+            sub = props[name] if name in props else extra_schema
+            value = self.value(sub, f"{path}/properties/{_escape_pointer(name)}", depth + 1)
+            if value == ra.NOTHING:
+                if name in required:
+                    return ra.NOTHING
+                continue
+            key = _json_string_literal(name)
+            members.append((ra.seq(key, self.ws, ra.char(":"), self.ws, value), name in required))
+        extra_value = self.value(extra_schema, f"{path}/additionalProperties", depth + 1)
+        self._check_property_counts(schema, path, members, extra_value)
+        if extra_value == ra.NOTHING:
+            tail_none, tail_some = ra.EMPTY, ra.EMPTY
+        else:
+            extra_key = ra.seq(QUOTE, _string_not_in(names, path), QUOTE)
+            extra = ra.seq(extra_key, self.ws, ra.char(":"), self.ws, extra_value)
+            tail_some = ra.rep(ra.seq(sep, extra), 0, None)
+            tail_none = ra.opt(ra.seq(extra, tail_some))
+        body = ("props", tuple(members), sep, tail_none, tail_some) if members else tail_none
+        return ra.seq(ra.char("{"), self.ws, body, self.ws, ra.char("}"))
+
+    def _check_property_counts(self, schema, path, members, extra_value) -> None:
+        lo = _nonneg_int(schema, "minProperties", path, 0)
+        hi = _nonneg_int(schema, "maxProperties", path, None)
+        if lo > sum(1 for _, req in members if req):
+            raise SchemaError("minProperties above the number of required properties is not "
+                              "supported", f"{path}/minProperties")
+        if hi is not None and (extra_value != ra.NOTHING or hi < len(members)):
+            raise SchemaError("maxProperties is only supported when it cannot be exceeded",
+                              f"{path}/maxProperties")
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+_UNSAT = object()
+
+
+def _merge_keyword(key, x, y, a, b, path):
+    if key == "properties":
+        out = dict(x)
+        for name, sub in y.items():
+            out[name] = {"allOf": [out[name], sub]} if name in out else sub
+        return out
+    if key == "required":
+        return list(dict.fromkeys(list(x) + list(y)))
+    if key in ("minimum", "minLength", "minItems", "minProperties"):
+        return max(x, y)
+    if key in ("maximum", "maxLength", "maxItems", "maxProperties"):
+        return min(x, y)
+    if key == "exclusiveMinimum" and not isinstance(x, bool):
+        return max(x, y)
+    if key == "exclusiveMaximum" and not isinstance(x, bool):
+        return min(x, y)
+    if key == "type":
+        xs = {x} if isinstance(x, str) else set(x)
+        ys = {y} if isinstance(y, str) else set(y)
+        both = (xs & ys) | ({"integer"} if ("integer" in xs and "number" in ys)
+                            or ("number" in xs and "integer" in ys) else set())
+        return sorted(both) if both else _UNSAT
+    if key == "enum":
+        kept = [v for v in x if any(_json_equal(v, w) for w in y)]
+        return kept if kept else _UNSAT
+    if key == "const":
+        return x if _json_equal(x, y) else _UNSAT
+    if key == "pattern":
+        if x == y:
+            return x
+        a.setdefault("_patterns", [])
+        return x if False else _merge_patterns(a, x, y)
+    if key in ("items", "additionalProperties", "additionalItems"):
+        if isinstance(x, dict) and isinstance(y, dict) or isinstance(x, bool) or isinstance(y, bool):
+            if x is True:
+                return y
+            if y is True:
+                return x
+            if x is False or y is False:
+                return False
+            return {"allOf": [x, y]}
+    if key == "anyOf":
+        return [{"allOf": [p, q]} for p in x for q in y]
+    if key == "allOf":
+        return list(x) + list(y)
+    if json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True):
+        return x
+    raise SchemaError(f"cannot combine two different values of {key!r} in allOf", path)
+
+
+def _merge_patterns(a, x, y):
+    # Two patterns must both hold: keep one and record the other for the string compiler.
+    a["_patterns"] = a.get("_patterns", []) + [y]
+    return x
+
+
+def _apply_additional(out: dict, side: dict, other: dict) -> None:
+    """allOf: a side's additionalProperties also governs the other side's extra property names."""
+    extra = side.get("additionalProperties", True)
+    if extra is True:
+        return
+    own = set(side.get("properties", {}))
+    props = dict(out.get("properties", {}))
+    for name in other.get("properties", {}):
+        if name not in own:
+            props[name] = {"allOf": [props[name], extra]} if name in props else extra
+    for name in other.get("required", []):
+        if name not in own and name not in props:
+            props[name] = extra
+    if props:
+        out["properties"] = props
+
+
+def _bounds(schema: dict, path: str):
+    lo, lo_incl, hi, hi_incl = None, True, None, True
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        if not isinstance(value, (int, float)):
+            raise SchemaError(f"{key} must be a number", f"{path}/{key}")
+    if isinstance(schema.get("minimum"), (int, float)) and not isinstance(schema["minimum"], bool):
+        lo = schema["minimum"]
+    if isinstance(schema.get("maximum"), (int, float)) and not isinstance(schema["maximum"], bool):
+        hi = schema["maximum"]
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if ex_lo is True:            # draft 4 boolean form
+        lo_incl = False
+    elif isinstance(ex_lo, (int, float)) and not isinstance(ex_lo, bool) and (lo is None or ex_lo >= lo):
+        lo, lo_incl = ex_lo, False
+    if ex_hi is True:
+        hi_incl = False
+    elif isinstance(ex_hi, (int, float)) and not isinstance(ex_hi, bool) and (hi is None or ex_hi <= hi):
+        hi, hi_incl = ex_hi, False
+    return lo, lo_incl, hi, hi_incl
+
+
+def _nonneg_int(schema: dict, key: str, path: str, default):
+    value = schema.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SchemaError(f"{key} must be a non-negative integer", f"{path}/{key}")
+    return value
+
+
+def _list_body(prefix: list, rest, lo: int, hi, sep) -> tuple:
+    """Array elements: position i uses prefix[i] if any, else ``rest``; count in [lo, hi]."""
+    if hi is not None and hi < lo:
+        return ra.NOTHING
+    k = len(prefix)
+    nodes_after = _rest_items(rest, lo - k, None if hi is None else hi - k, sep, leading=k > 0)
+    tail = nodes_after
+    for i in range(k - 1, -1, -1):
+        element = prefix[i] if i == 0 else ra.seq(sep, prefix[i])
+        if hi is not None and i >= hi:
+            tail = ra.EMPTY
+            continue
+        with_element = ra.seq(element, tail)
+        tail = with_element if i < lo else ra.alt(with_element, ra.EMPTY)
+    return tail
+
+
+def _rest_items(rest, lo: int, hi, sep, leading: bool) -> tuple:
+    lo = max(lo, 0)
+    if (hi is not None and hi <= 0) or rest == ra.NOTHING:
+        return ra.EMPTY if lo == 0 else ra.NOTHING
+    more_hi = None if hi is None else hi - 1
+    if leading:
+        return ra.rep(ra.seq(sep, rest), lo, hi)
+    following = ra.rep(ra.seq(sep, rest), max(lo - 1, 0), more_hi)
+    first = ra.seq(rest, following)
+    return first if lo > 0 else ra.opt(first)
+
+
+def _json_string_literal(text: str) -> tuple:
+    return ra.literal(json.dumps(text, ensure_ascii=False))
+
+
+def _string_not_in(names: list, path: str) -> tuple:
+    """String content (escapes allowed) that is not the JSON form of any of ``names``."""
+    any_content = ra.rep(STRING_UNIT, 0, None)
+    encoded = [json.dumps(n, ensure_ascii=False)[1:-1] for n in names]
+    if not encoded:
+        return any_content
+    if any("\\" in e for e in encoded):
+        raise SchemaError("additional properties next to property names that need JSON escapes "
+                          "are not supported", path)
+    trie: dict = {}
+    for e in encoded:
+        node = trie
+        for c in e:
+            node = node.setdefault(c, {})
+        node[None] = True
+
+    def build(node) -> tuple:
+        used = [(ord(c), ord(c)) for c in node if c is not None]
+        others = ("chars", ra.intersect_ranges(ra.negate_ranges(used), SAFE_CHARS))
+        branches = [ra.seq(ra.alt(others, ESCAPE), any_content)]
+        branches += [ra.seq(ra.char(c), build(child)) for c, child in node.items() if c is not None]
+        if None not in node:
+            branches.append(ra.EMPTY)
+        return ra.alt(*branches)
+    return build(trie)
+
+
+def _escape_pointer(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _json_equal(x, y) -> bool:
+    if isinstance(x, bool) or isinstance(y, bool):
+        return type(x) is type(y) and x == y
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        return x == y
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_json_equal(p, q) for p, q in zip(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_json_equal(x[k], y[k]) for k in x)
+    return x == y
+
+
+def _first_kind(node) -> set:
+    """Coarse first-character classes of a node: used to prove recursive branches disjoint."""
+    kind = node[0]
+    if kind == "rule":
+        name = node[1]
+        return {"[" } if name == "$any_array" else {"{"} if name == "$any_object" else {"*"}
+    if kind == "chars":
+        return {chr(lo) if lo == hi and chr(lo) in '[{"tfn-' else "*" for lo, hi in node[1]} or set()
+    if kind == "seq":
+        return _first_kind(node[1][0]) if node[1] else {"*"}
+    if kind == "alt":
+        out = set()
+        for child in node[1]:
+            out |= _first_kind(child)
+        return out
+    return {"*"}

@@ -1,0 +1,132 @@
+"""Per-request matchers over a compiled constraint.
+
+Contract (every matcher)::
+
+    fill_bitmask(bitmask, row)  writes row ``row`` of an int32 [batch, ceil(V/32)] tensor or
+                                array: bit set = token allowed; EOS bits only when complete
+    accept(token_id) -> bool    advances; False (state unchanged) if the token violates
+    rollback(n)                 undoes the last n accepted tokens (speculative decoding)
+    is_terminated()             True once EOS was accepted, or when complete and nothing but
+                                EOS can follow
+    jump_forward() -> str|None  the text the constraint forces next, if any (not consumed)
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .automaton import DEAD
+
+
+def write_row(bitmask, row: int, words: np.ndarray) -> None:
+    if isinstance(bitmask, np.ndarray):
+        bitmask[row, :len(words)] = words
+        return
+    import torch
+    bitmask[row, :len(words)].copy_(torch.from_numpy(words))
+
+
+def decodable_prefix(data: bytes) -> str:
+    """The longest prefix of ``data`` that is complete UTF-8, decoded."""
+    for cut in range(len(data), max(len(data) - 4, -1), -1):
+        try:
+            return data[:cut].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return ""
+
+
+class Matcher:
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        raise NotImplementedError
+
+    def accept(self, token_id: int) -> bool:
+        raise NotImplementedError
+
+    def rollback(self, n: int) -> None:
+        raise NotImplementedError
+
+    def is_terminated(self) -> bool:
+        raise NotImplementedError
+
+    def jump_forward(self) -> str | None:
+        data = self.forced_bytes()
+        text = decodable_prefix(data)
+        return text or None
+
+    def forced_bytes(self, limit: int = 256) -> bytes:
+        return b""
+
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advances over raw bytes (tests and jump-forward); False = rejected, state unchanged."""
+        raise NotImplementedError
+
+
+class RegexMatcher(Matcher):
+    """Matcher over a ``CompiledRegex`` (regex, choice, regular JSON schemas)."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self.dfa = compiled.dfa
+        self.info = compiled.info
+        self.state = self.dfa.start
+        self.history: list[int] = []
+        self.finished = False          # EOS accepted
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        if self.finished:
+            words = self.compiled.empty_row
+        else:
+            words = self.compiled.mask_row(self.state)
+        write_row(bitmask, row, words)
+
+    def accept(self, token_id: int) -> bool:
+        if self.finished:
+            return False
+        if token_id in self.info.eos_token_ids:
+            if not self.dfa.is_accepting(self.state):
+                return False
+            self.history.append(self.state)
+            self.finished = True
+            return True
+        data = self.info.token_bytes[token_id] if 0 <= token_id < self.info.vocab_size else None
+        if not data:
+            return False
+        nxt = self.dfa.walk(self.state, data)
+        if nxt == DEAD:
+            return False
+        self.history.append(self.state)
+        self.state = nxt
+        return True
+
+    def accept_bytes(self, data: bytes) -> bool:
+        nxt = self.dfa.walk(self.state, data)
+        if nxt == DEAD:
+            return False
+        self.history.append(self.state)
+        self.state = nxt
+        return True
+
+    def rollback(self, n: int) -> None:
+        if n > len(self.history):
+            raise ValueError(f"cannot roll back {n} tokens: only {len(self.history)} accepted")
+        for _ in range(n):
+            self.state = self.history.pop()
+            self.finished = False
+
+    def is_complete(self) -> bool:
+        return self.dfa.is_accepting(self.state)
+
+    def is_terminated(self) -> bool:
+        if self.finished:
+            return True
+        return self.dfa.is_accepting(self.state) and not self.dfa.can_continue(self.state)
+
+    def forced_bytes(self, limit: int = 256) -> bytes:
+        out, state = bytearray(), self.state
+        while len(out) < limit and not self.dfa.is_accepting(state):
+            b = self.dfa.forced_byte(state)
+            if b is None:
+                break
+            out.append(b)
+            state = int(self.dfa.row(state)[b])
+        return bytes(out)

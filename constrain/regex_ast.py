@@ -1,0 +1,185 @@
+"""A tiny regular-expression AST shared by every front end (regex, choice, JSON schema, grammars).
+
+Nodes are immutable tuples so they hash and compare by structure (equal sub-expressions are
+compiled once)::
+
+    ("chars", ((lo, hi), ...))     a set of Unicode code points, sorted disjoint ranges
+    ("seq", (node, ...))           concatenation; ("seq", ()) is the empty string
+    ("alt", (node, ...))           alternation
+    ("rep", node, min, max)        repetition, max None = unbounded
+    ("rule", name)                 a reference to a grammar rule (never inside a regex terminal)
+
+Code points are matched as their UTF-8 encodings (see ``utf8.py``), so a compiled automaton
+reads bytes, which is what tokens are made of.
+"""
+from __future__ import annotations
+
+MAX_CODE_POINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)
+
+EMPTY = ("seq", ())
+NOTHING = ("chars", ())
+
+
+def chars(ranges) -> tuple:
+    """A character set from (lo, hi) ranges, normalised (sorted, merged, surrogates removed)."""
+    return ("chars", normalize_ranges(ranges))
+
+
+def char(c: str) -> tuple:
+    return ("chars", ((ord(c), ord(c)),))
+
+
+def literal(text: str) -> tuple:
+    """The exact string ``text``."""
+    if len(text) == 1:
+        return char(text)
+    return ("seq", tuple(char(c) for c in text))
+
+
+def seq(*nodes) -> tuple:
+    flat = []
+    for node in nodes:
+        if node[0] == "seq":
+            flat.extend(node[1])
+        else:
+            flat.append(node)
+    if any(node == NOTHING for node in flat):
+        return NOTHING
+    return flat[0] if len(flat) == 1 else ("seq", tuple(flat))
+
+
+def alt(*nodes) -> tuple:
+    flat = []
+    for node in nodes:
+        parts = node[1] if node[0] == "alt" else (node,)
+        for part in parts:
+            if part != NOTHING and part not in flat:
+                flat.append(part)
+    if not flat:
+        return NOTHING
+    return flat[0] if len(flat) == 1 else ("alt", tuple(flat))
+
+
+def rep(node, lo: int, hi: int | None) -> tuple:
+    if hi is not None and hi < lo:
+        return NOTHING
+    if hi == 0:
+        return EMPTY
+    if lo == 1 and hi == 1:
+        return node
+    return ("rep", node, lo, hi)
+
+
+def opt(node) -> tuple:
+    return rep(node, 0, 1)
+
+
+def normalize_ranges(ranges) -> tuple:
+    """Sorted, merged ranges with the UTF-16 surrogates cut out (they have no UTF-8 form)."""
+    cut = []
+    for lo, hi in ranges:
+        lo, hi = max(lo, 0), min(hi, MAX_CODE_POINT)
+        if lo > hi:
+            continue
+        if lo < SURROGATES[0] and hi > SURROGATES[1]:
+            cut += [(lo, SURROGATES[0] - 1), (SURROGATES[1] + 1, hi)]
+        elif SURROGATES[0] <= lo <= SURROGATES[1] and hi > SURROGATES[1]:
+            cut.append((SURROGATES[1] + 1, hi))
+        elif SURROGATES[0] <= hi <= SURROGATES[1] and lo < SURROGATES[0]:
+            cut.append((lo, SURROGATES[0] - 1))
+        elif not (SURROGATES[0] <= lo and hi <= SURROGATES[1]):
+            cut.append((lo, hi))
+    cut.sort()
+    merged: list[list[int]] = []
+    for lo, hi in cut:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in merged)
+
+
+def negate_ranges(ranges) -> tuple:
+    out, start = [], 0
+    for lo, hi in normalize_ranges(ranges):
+        if lo > start:
+            out.append((start, lo - 1))
+        start = hi + 1
+    if start <= MAX_CODE_POINT:
+        out.append((start, MAX_CODE_POINT))
+    return normalize_ranges(out)
+
+
+def intersect_ranges(a, b) -> tuple:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if lo <= hi:
+            out.append((lo, hi))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return tuple(out)
+
+
+def children(node) -> tuple:
+    """Sub-expressions of ``node`` (for the two composite kinds the builder adds:
+    ("and", a, b) = intersection, ("props", members, sep, tail_none, tail_some))."""
+    kind = node[0]
+    if kind in ("seq", "alt"):
+        return node[1]
+    if kind == "rep":
+        return (node[1],)
+    if kind == "and":
+        return (node[1], node[2])
+    if kind == "props":
+        return tuple(member for member, _ in node[1]) + (node[2], node[3], node[4])
+    return ()
+
+
+def has_rules(node) -> bool:
+    """True if ``node`` refers to a grammar rule anywhere inside."""
+    if node[0] == "rule":
+        return True
+    return any(has_rules(child) for child in children(node))
+
+
+def rule_refs(node, out: set) -> set:
+    if node[0] == "rule":
+        out.add(node[1])
+    for child in children(node):
+        rule_refs(child, out)
+    return out
+
+
+def matches_empty(node) -> bool:
+    kind = node[0]
+    if kind == "chars":
+        return False
+    if kind == "seq":
+        return all(matches_empty(child) for child in node[1])
+    if kind == "alt":
+        return any(matches_empty(child) for child in node[1])
+    if kind == "rep":
+        return node[2] == 0 or matches_empty(node[1])
+    if kind == "and":
+        return matches_empty(node[1]) and matches_empty(node[2])
+    if kind == "props":
+        return all(not req or matches_empty(m) for m, req in node[1]) and matches_empty(node[3])
+    raise ValueError(f"matches_empty on a rule reference {node!r}")
+
+
+def expand_props(node) -> tuple:
+    """A ("props", ...) node rewritten with seq/alt only (used where rules occur inside)."""
+    _, members, sep, tail_none, tail_some = node
+    # some(i): members i.. after at least one was emitted; none(i): nothing emitted yet.
+    some = tail_some
+    none = tail_none
+    for member, required in reversed(members):
+        with_member_some = seq(sep, member, some)
+        with_member_none = seq(member, some)
+        none = with_member_none if required else alt(with_member_none, none)
+        some = with_member_some if required else alt(with_member_some, some)
+    return none

@@ -1,0 +1,332 @@
+"""Regex text -> ``regex_ast`` node. The dialect is the common core of Python ``re`` and
+ECMAScript (what JSON-schema ``pattern`` uses):
+
+- literals, escapes ``\\n \\t \\r \\f \\v \\0 \\xHH \\uHHHH \\u{H..} \\UHHHHHHHH``, classes ``\\d \\w \\s``
+  (ASCII meaning) and their negations, ``.``, ``[...]`` with ranges and negation;
+- groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, ``(?<name>...)``; alternation ``|``;
+- quantifiers ``* + ? {m} {m,} {m,n}`` with an optional lazy ``?`` (same language);
+- ``^`` at the start and ``$`` at the end of the whole pattern or of a top-level branch.
+
+Refused with a ``RegexError`` naming the construct (a matcher over a regular language cannot
+enforce them): backreferences, look-ahead/look-behind, word boundaries, mid-pattern anchors,
+possessive quantifiers, atomic groups, inline flags other than ``(?i)``/``(?s)`` at the start.
+
+``parse_regex(text, universe=...)``: ``universe`` is the set of code points that ``.`` and
+negated classes may produce (JSON string content excludes ``"``, ``\\`` and control characters);
+``anchored=False`` gives JSON-schema search semantics (``x`` means ``.*x.*``).
+"""
+from __future__ import annotations
+
+import re
+
+from . import regex_ast as ra
+from .errors import RegexError
+
+ANY = ((0, ra.MAX_CODE_POINT),)
+DIGIT = ((48, 57),)
+WORD = ((48, 57), (65, 90), (95, 95), (97, 122))
+SPACE = ((9, 13), (32, 32))
+MAX_REPEAT = 10_000
+
+
+def parse_regex(text: str, universe=ANY, anchored: bool = True, ignorecase: bool = False,
+                dotall: bool = False) -> tuple:
+    if not isinstance(text, str):
+        raise RegexError(f"regex must be a string, got {type(text).__name__}")
+    return _Parser(text, universe, anchored, ignorecase, dotall).parse()
+
+
+class _Parser:
+    def __init__(self, text, universe, anchored, ignorecase, dotall):
+        self.text, self.pos = text, 0
+        self.universe = ra.normalize_ranges(universe)
+        self.anchored, self.ignorecase, self.dotall = anchored, ignorecase, dotall
+
+    # ---- entry and anchors -------------------------------------------------------------
+    def parse(self) -> tuple:
+        self._leading_flags()
+        branches = []
+        while True:
+            branches.append(self._top_branch())
+            if self.pos >= len(self.text):
+                break
+            if self.text[self.pos] == "|":
+                self.pos += 1
+                continue
+            self._fail("unbalanced ')'")
+        return ra.alt(*branches)
+
+    def _leading_flags(self):
+        while self.text.startswith("(?", self.pos) and self.pos + 2 < len(self.text) \
+                and self.text[self.pos + 2] in "is":
+            end = self.text.find(")", self.pos)
+            flags = self.text[self.pos + 2:end]
+            if end < 0 or not set(flags) <= set("is"):
+                return
+            self.ignorecase |= "i" in flags
+            self.dotall |= "s" in flags
+            self.pos = end + 1
+
+    def _top_branch(self) -> tuple:
+        start_anchor = self._eat("^")
+        items = self._sequence(top=True)
+        end_anchor = False
+        if items and items[-1] == "$":
+            items.pop()
+            end_anchor = True
+        node = ra.seq(*items)
+        if not self.anchored:
+            anything = ("rep", ra.chars(self.universe), 0, None)
+            node = ra.seq(EMPTY_IF(start_anchor, anything), node, EMPTY_IF(end_anchor, anything))
+        return node
+
+    # ---- sequences and atoms -----------------------------------------------------------
+    def _sequence(self, top=False) -> list:
+        items = []
+        while self.pos < len(self.text) and self.text[self.pos] not in "|)":
+            if self.text[self.pos] == "$":
+                self.pos += 1
+                if top and (self.pos >= len(self.text) or self.text[self.pos] == "|"):
+                    items.append("$")
+                    break
+                self._fail("'$' anchor in the middle of the pattern is not supported", self.pos - 1)
+            if self.text[self.pos] == "^":
+                self._fail("'^' anchor in the middle of the pattern is not supported")
+            atom = self._atom()
+            items.append(self._quantified(atom))
+        return items
+
+    def _quantified(self, atom) -> tuple:
+        while self.pos < len(self.text):
+            c = self.text[self.pos]
+            if c == "*":
+                lo, hi = 0, None
+                self.pos += 1
+            elif c == "+":
+                lo, hi = 1, None
+                self.pos += 1
+            elif c == "?":
+                lo, hi = 0, 1
+                self.pos += 1
+            elif c == "{" and self._brace_quantifier() is not None:
+                lo, hi = self._brace_quantifier(consume=True)
+            else:
+                break
+            if self._eat("?"):
+                pass  # lazy: same language
+            elif self.pos < len(self.text) and self.text[self.pos] == "+":
+                self._fail("possessive quantifiers are not supported")
+            atom = ra.rep(atom, lo, hi)
+        return atom
+
+    def _brace_quantifier(self, consume=False):
+        end = self.text.find("}", self.pos)
+        if end < 0:
+            return None
+        body = self.text[self.pos + 1:end]
+        parts = body.split(",")
+        if len(parts) > 2 or not parts[0].strip().isdigit() and not (len(parts) == 2 and parts[0] == ""):
+            return None
+        if len(parts) == 2 and parts[1].strip() and not parts[1].strip().isdigit():
+            return None
+        lo = int(parts[0]) if parts[0].strip() else 0
+        hi = lo if len(parts) == 1 else (int(parts[1]) if parts[1].strip() else None)
+        if max(lo, hi or 0) > MAX_REPEAT:
+            self._fail(f"repetition count above {MAX_REPEAT}")
+        if hi is not None and hi < lo:
+            self._fail(f"bad repetition {{{body}}}: max below min")
+        if consume:
+            self.pos = end + 1
+        return lo, hi
+
+    def _atom(self) -> tuple:
+        c = self.text[self.pos]
+        if c == "(":
+            return self._group()
+        if c == "[":
+            return self._class()
+        if c == ".":
+            self.pos += 1
+            dot = ANY if self.dotall else ra.negate_ranges(((10, 10),))
+            return self._chars(dot)
+        if c == "\\":
+            return self._escape(in_class=False)
+        if c in "*+?":
+            self._fail(f"nothing to repeat before '{c}'")
+        if c == "{" and self._brace_quantifier() is not None:
+            self._fail("nothing to repeat before '{'")
+        self.pos += 1
+        return self._chars(((ord(c), ord(c)),))
+
+    def _group(self) -> tuple:
+        start = self.pos
+        self.pos += 1
+        saved = (self.ignorecase, self.dotall)
+        if self.text.startswith("?", self.pos):
+            rest = self.text[self.pos:]
+            scoped = re.match(r"\?([imsux]*)(-[imsux]+)?:", rest)
+            if scoped and (scoped.group(1) or scoped.group(2)):
+                on, off = scoped.group(1), scoped.group(2) or ""
+                if set(on + off) - set("is-"):
+                    self._fail("inline flags other than i and s are not supported", start)
+                self.ignorecase = ("i" in on or self.ignorecase) and "i" not in off
+                self.dotall = ("s" in on or self.dotall) and "s" not in off
+                self.pos += scoped.end()
+            elif rest.startswith("?:"):
+                self.pos += 2
+            elif rest.startswith("?P<") or (rest.startswith("?<") and rest[2:3] not in ("=", "!")):
+                end = self.text.find(">", self.pos)
+                if end < 0:
+                    self._fail("unterminated group name")
+                self.pos = end + 1
+            elif rest.startswith(("?=", "?!", "?<=", "?<!")):
+                self._fail("look-around assertions are not supported (the language is not regular "
+                           "for a left-to-right matcher); rewrite without (?=, (?!, (?<=, (?<!", start)
+            elif rest.startswith("?>"):
+                self._fail("atomic groups are not supported", start)
+            elif rest.startswith("?P="):
+                self._fail("backreferences are not supported", start)
+            else:
+                self._fail("unsupported group syntax (inline flags are only allowed at the start)", start)
+        branches = [ra.seq(*self._sequence())]
+        while self._eat("|"):
+            branches.append(ra.seq(*self._sequence()))
+        if not self._eat(")"):
+            self._fail("missing ')'", start)
+        self.ignorecase, self.dotall = saved
+        return ra.alt(*branches)
+
+    # ---- escapes and classes -----------------------------------------------------------
+    def _escape(self, in_class: bool):
+        start = self.pos
+        self.pos += 1
+        if self.pos >= len(self.text):
+            self._fail("pattern ends with a lone backslash", start)
+        c = self.text[self.pos]
+        self.pos += 1
+        classes = {"d": DIGIT, "w": WORD, "s": SPACE}
+        if c in classes:
+            return self._chars(classes[c]) if not in_class else classes[c]
+        if c.lower() in classes:
+            negated = ra.intersect_ranges(ra.negate_ranges(classes[c.lower()]), self.universe)
+            return self._chars(negated) if not in_class else negated
+        if c.isdigit() and c != "0":
+            self._fail(f"backreferences (\\{c}) are not supported", start)
+        if c == "k" and self.text.startswith("<", self.pos):
+            self._fail("backreferences (\\k<name>) are not supported", start)
+        if c in "bB" and not in_class:
+            self._fail(f"word boundary \\{c} is not supported (it is a look-around)", start)
+        if c in "AZzG" and not in_class:
+            self._fail(f"anchor \\{c} is not supported", start)
+        if c == "p" or c == "P":
+            self._fail("Unicode property classes (\\p{...}) are not supported", start)
+        cp = self._escape_code_point(c, start)
+        return self._chars(((cp, cp),)) if not in_class else ((cp, cp),)
+
+    def _escape_code_point(self, c: str, start: int) -> int:
+        simple = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "0": 0, "a": 7}
+        if c == "b":
+            return 8  # inside a class \b is backspace
+        if c in simple:
+            return simple[c]
+        if c == "x":
+            return self._hex(2, start)
+        if c == "u":
+            if self._eat("{"):
+                end = self.text.find("}", self.pos)
+                value = self.text[self.pos:end]
+                self.pos = end + 1
+                return int(value, 16)
+            return self._hex(4, start)
+        if c == "U":
+            return self._hex(8, start)
+        if c == "c":
+            letter = self.text[self.pos]
+            self.pos += 1
+            return ord(letter) % 32
+        if c.isalnum():
+            self._fail(f"unknown escape \\{c}", start)
+        return ord(c)
+
+    def _hex(self, n: int, start: int) -> int:
+        digits = self.text[self.pos:self.pos + n]
+        if len(digits) != n or any(d not in "0123456789abcdefABCDEF" for d in digits):
+            self._fail(f"bad hex escape, expected {n} hex digits", start)
+        self.pos += n
+        return int(digits, 16)
+
+    def _class(self) -> tuple:
+        start = self.pos
+        self.pos += 1
+        negate = self._eat("^")
+        ranges, first = [], True
+        while True:
+            if self.pos >= len(self.text):
+                self._fail("unterminated character class '['", start)
+            c = self.text[self.pos]
+            if c == "]" and not first:
+                self.pos += 1
+                break
+            first = False
+            lo = self._class_atom()
+            if isinstance(lo, tuple):
+                ranges.extend(lo)
+                continue
+            if self.text.startswith("-", self.pos) and self.pos + 1 < len(self.text) \
+                    and self.text[self.pos + 1] != "]":
+                self.pos += 1
+                hi = self._class_atom()
+                if isinstance(hi, tuple):
+                    self._fail("bad character range (a class cannot end a range)", start)
+                if hi < lo:
+                    self._fail("bad character range (end before start)", start)
+                ranges.append((lo, hi))
+            else:
+                ranges.append((lo, lo))
+        ranges = self._fold_case(ra.normalize_ranges(ranges))
+        if negate:
+            ranges = ra.negate_ranges(ranges)
+        return ra.chars(ra.intersect_ranges(ra.normalize_ranges(ranges), self.universe))
+
+    def _class_atom(self):
+        c = self.text[self.pos]
+        if c == "\\":
+            got = self._escape(in_class=True)
+            if len(got) == 1 and got[0][0] == got[0][1]:
+                return got[0][0]
+            return got
+        if c == "[" and self.text.startswith("[:", self.pos):
+            self._fail("POSIX classes [:name:] are not supported")
+        self.pos += 1
+        return ord(c)
+
+    def _chars(self, ranges) -> tuple:
+        ranges = self._fold_case(ra.normalize_ranges(ranges))
+        return ra.chars(ra.intersect_ranges(ranges, self.universe))
+
+    def _fold_case(self, ranges) -> tuple:
+        if not self.ignorecase:
+            return ranges
+        extra = []
+        for lo, hi in ranges:
+            for cp in range(lo, min(hi, 0x24F) + 1):
+                ch = chr(cp)
+                for other in (ch.lower(), ch.upper()):
+                    if len(other) == 1:
+                        extra.append((ord(other), ord(other)))
+        return ra.normalize_ranges(list(ranges) + extra)
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _eat(self, s: str) -> bool:
+        if self.text.startswith(s, self.pos):
+            self.pos += len(s)
+            return True
+        return False
+
+    def _fail(self, message: str, at: int | None = None):
+        at = self.pos if at is None else at
+        raise RegexError(f"invalid regex {self.text!r}: {message} at position {at}")
+
+
+def EMPTY_IF(condition: bool, node) -> tuple:
+    return ra.EMPTY if condition else node
