@@ -75,12 +75,14 @@ class AsyncEngine:
     aborts the request, which frees its KV blocks at the next step.
     """
 
-    def __init__(self, engine, max_waiting: int | None = 1024, on_finished=None):
+    def __init__(self, engine, max_waiting: int | None = 1024, on_finished=None,
+                 on_aborted=None):
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         self.engine = engine
         self.max_waiting = max_waiting
         self.on_finished = on_finished  # (RequestOutput, RequestTimes) on the event loop
+        self.on_aborted = on_aborted    # (request_id) on the event loop
         self._streams: dict[str, _Stream] = {}
         self._commands: collections.deque = collections.deque()
         self._wakeup = threading.Condition()
@@ -137,6 +139,8 @@ class AsyncEngine:
         if not stream.started:
             self._num_not_started -= 1
         self._send(("abort", request_id))
+        if self.on_aborted is not None:
+            self.on_aborted(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Aborts every in-flight request, stops the step thread and waits for it."""
@@ -213,6 +217,8 @@ class AsyncEngine:
                 self._apply(commands)
                 if self.engine.has_unfinished_requests():
                     self._step()
+                else:
+                    self._refresh_stats()  # aborts freed blocks without a step
         except BaseException as exc:  # noqa: BLE001 - any crash kills every request
             logger.exception("engine step loop crashed")
             self._dead = exc
@@ -247,10 +253,7 @@ class AsyncEngine:
 
     def _step(self) -> None:
         outputs = self.engine.step()
-        try:
-            self.last_stats = self.engine.get_stats()
-        except Exception:  # stats are best effort; serving is not
-            logger.exception("get_stats failed")
+        self._refresh_stats()
         if not outputs:
             return
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
@@ -260,6 +263,12 @@ class AsyncEngine:
                 by_loop.setdefault(stream.loop, []).append(output)
         for loop, batch in by_loop.items():
             _call_soon(loop, self._dispatch, batch)
+
+    def _refresh_stats(self) -> None:
+        try:
+            self.last_stats = self.engine.get_stats()
+        except Exception:  # stats are best effort; serving is not
+            logger.exception("get_stats failed")
 
     def _call_on_loop(self, request_id: str, fn, *args) -> None:
         stream = self._streams.get(request_id)

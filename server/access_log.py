@@ -12,6 +12,7 @@ import time
 import uuid
 
 logger = logging.getLogger("tamis.server.access")
+_QUIET_PATHS = ("/health", "/metrics")  # probes and scrapers: logged at DEBUG when fine
 
 
 class AccessLogMiddleware:
@@ -48,7 +49,8 @@ class AccessLogMiddleware:
         tokens = (f" prompt_tokens={usage.get('prompt_tokens', 0)}"
                   f" completion_tokens={usage.get('completion_tokens', 0)}" if usage else "")
         status_text = status or "disconnected"
-        logger.info("%s %s %s status=%s%s latency=%.3fs", request_id, scope.get("method"),
+        quiet = scope.get("path") in _QUIET_PATHS and status == 200
+        logger.log(logging.DEBUG if quiet else logging.INFO, "%s %s %s status=%s%s latency=%.3fs", request_id, scope.get("method"),
                     scope.get("path"), status_text, tokens, elapsed)
         if self.on_status is not None and status >= 400:
             self.on_status(status)

@@ -41,6 +41,7 @@ def build_app(ctx: ServerContext, api_key: str | None = None,
     if ctx.metrics is None:
         ctx.metrics = ServerMetrics(ctx.engine, ctx.model_name)
     ctx.engine.on_finished = ctx.metrics.observe_finished
+    ctx.engine.on_aborted = ctx.metrics.observe_abort
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):

@@ -151,6 +151,9 @@ class ServerMetrics:
         if scheduled is not None:
             self.queue_time.labels(m).observe(max(0.0, scheduled - metrics.arrival_time))
 
+    def observe_abort(self, _request_id: str) -> None:
+        self.request_success.labels(self.model_name, "abort").inc()
+
     def observe_error(self, status: int) -> None:
         self.request_errors.labels(self.model_name, str(status)).inc()
 

@@ -88,6 +88,13 @@ def metric(server, name: str) -> float:
     return sum(values)
 
 
+def _series(server, series: str) -> float:
+    for line in httpx.get(server + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 # ---------------------------------------------------------------- basic generation
 
 def test_models_and_health(client, server):
@@ -396,6 +403,8 @@ def test_50_disconnects_free_everything(server):
                                      limits=httpx.Limits(max_connections=100)) as http:
             await asyncio.gather(*(leave_early(http, i) for i in range(50)))
 
+    aborted = 'tamis:request_success_total{finished_reason="abort",model_name="smol"}'
+    before = _series(server, aborted)
     asyncio.run(main())
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -407,7 +416,7 @@ def test_50_disconnects_free_everything(server):
         time.sleep(0.2)
     assert running == 0 and metric(server, "tamis:num_requests_waiting") == 0
     assert free == total, f"{total - free} KV blocks still held after the clients left"
-    assert metric(server, "tamis:request_success_total") > 0
+    assert _series(server, aborted) == before + 50
     # A request right after still works.
     r = httpx.post(server + "/v1/completions", json={"prompt": "ok", "max_tokens": 2},
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
