@@ -145,14 +145,16 @@ class StepBuffers:
         sizes = {"input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
                  "query_start_loc": max_seqs + 1, "seq_lens": max_seqs,
                  "logits_indices": max_tokens}
+        pin = device.type == "cuda"   # CPU (tests): plain host memory, synchronous copies
         self.device = {name: torch.zeros(sizes[name], dtype=dtype, device=device)
                        for name, dtype in self._SPECS.items()}
-        self.host = {name: torch.zeros(sizes[name], dtype=dtype, pin_memory=True)
+        self.host = {name: torch.zeros(sizes[name], dtype=dtype, pin_memory=pin)
                      for name, dtype in self._SPECS.items()}
         self.device["block_tables"] = torch.zeros(max_seqs, max_blocks_per_seq,
                                                   dtype=torch.int32, device=device)
         self.host["block_tables"] = torch.zeros(max_seqs, max_blocks_per_seq,
-                                                dtype=torch.int32, pin_memory=True)
+                                                dtype=torch.int32, pin_memory=pin)
+        self.on_cuda = pin
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks_per_seq
         self._copied = None   # event: the last copies out of the pinned buffers are done
 
@@ -178,8 +180,9 @@ class StepBuffers:
         self.device["block_tables"][:rows, :width].copy_(self.host["block_tables"][:rows, :width],
                                                          non_blocking=True)
         views["block_tables"] = self.device["block_tables"][:rows]
-        self._copied = torch.cuda.Event()
-        self._copied.record()
+        if self.on_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         return views
 
 

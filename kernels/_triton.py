@@ -6,13 +6,17 @@ on which module happened to import it first. ``kernel`` instead keeps the Python
 function and builds, on first launch, the variant the tensors need: the compiled
 kernel for CUDA tensors, the interpreted one for CPU tensors (CPU tests).
 
-Kernel bodies must be self-contained (no calls to other jitted helpers), so the same
-function runs in both modes.
+Triton's own library functions (``tl.zeros``, ``tl.sum``, ...) are jitted too, also in
+the mode of Triton's import. When Triton was imported for the GPU, an interpreted launch
+routes their calls through the interpreter for its duration (``_library_interpreted``).
+Kernel bodies must be self-contained (no calls to other jitted helpers of ours).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 from typing import Any, Callable
 
 import torch
@@ -59,8 +63,41 @@ class DualKernel:
         def launch(*args, **kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             on_cpu = bool(tensors) and not tensors[0].is_cuda
-            return self._variant(on_cpu)[grid](*args, **kwargs)
+            if not on_cpu:
+                return self._variant(False)[grid](*args, **kwargs)
+            with _library_interpreted():
+                return self._variant(True)[grid](*args, **kwargs)
         return launch
+
+
+_patch_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _library_interpreted():
+    """Runs calls to compiled-mode ``@triton.jit`` functions (Triton's standard library
+    when Triton was imported without ``TRITON_INTERPRET``) through the interpreter."""
+    from triton import knobs
+    if knobs.runtime.interpret:
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    with _patch_lock:
+        original = JITFunction.__call__
+        interpreted: dict[int, InterpretedFunction] = {}
+
+        def call(self, *args, **kwargs):
+            fn = interpreted.get(id(self))
+            if fn is None:
+                fn = interpreted[id(self)] = InterpretedFunction(self.fn)
+            return fn(*args, **kwargs)
+
+        JITFunction.__call__ = call
+        try:
+            yield
+        finally:
+            JITFunction.__call__ = original
 
 
 def kernel(fn: Callable[..., Any]) -> DualKernel:

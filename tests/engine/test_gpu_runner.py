@@ -113,3 +113,36 @@ def test_cuda_graphs_match_eager(tiny_checkpoint):
             [{"prompt_token_ids": p} for p in prompts], params)]
         del llm
     assert outs[True] == outs[False]
+
+
+def _generate(monkeypatch, checkpoint, use_gpu_runner: bool, triton_attention: bool):
+    from tamis.engine import engine as engine_module
+    from tamis.engine.attention.triton_backend import TritonAttentionBackend
+    from tamis.engine.gpu_runner import GPUModelRunner
+    from tamis.engine.layers.attention import Attention
+    from tamis.engine.llm import LLM
+    from tamis.engine.sampling_params import SamplingParams
+    if use_gpu_runner:
+        monkeypatch.setattr(engine_module, "make_runner", GPUModelRunner)
+    llm = LLM(model=str(checkpoint), enforce_eager=True, max_num_seqs=4,
+              max_num_batched_tokens=16, kv_cache_memory_bytes="4MiB")
+    monkeypatch.undo()
+    if triton_attention:   # kernels run under the Triton interpreter on CPU
+        for module in llm.llm_engine.runner.model.modules():
+            if isinstance(module, Attention):
+                module.backend = TritonAttentionBackend(decode_num_splits=2)
+    prompts = [[1, 7, 9, 4, 2, 8, 3] * 3, [5, 6], [9] * 5]   # 21 tokens: chunked prefill
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return llm, [o.outputs[0].token_ids for o in outs]
+
+
+def test_gpu_runner_on_cpu_matches_plain_runner(monkeypatch, tiny_checkpoint):
+    """The GPU runner's step buffers and the Triton backend (interpreted) end to end on CPU:
+    chunked prefill, mixed and decode-only steps give the plain runner's greedy tokens."""
+    torch.set_num_threads(2)
+    path = tiny_checkpoint("llama")
+    _, want = _generate(monkeypatch, path, use_gpu_runner=False, triton_attention=False)
+    llm, got = _generate(monkeypatch, path, use_gpu_runner=True, triton_attention=True)
+    assert type(llm.llm_engine.runner).__name__ == "GPUModelRunner"
+    assert got == want

@@ -1,0 +1,149 @@
+"""W2 decode latency at batch 1 on the GPU (tamis against transformers, one process),
+and greedy equality of the two on the same weights.
+
+Workload (BENCHMARKS.md W2): one request, a 128-token random prompt, 256 output tokens,
+EOS ignored, greedy; Llama-3.1-8B shape, random bf16 weights. Figure: output tokens /
+end-to-end seconds (prefill included), median of ``--repeats``.
+
+    python bench/bench_latency.py [--check-greedy 8]
+
+One set of weights serves both engines: transformers builds the model with random
+weights on the GPU, and tamis (``load_format="dummy"``) then loads that state dict
+through ``model.load_weights``. ``--check-greedy N``: N random prompts, the first 32
+greedy tokens of each engine compared (target: identical on >= 7 of 8).
+vLLM's figure is the one recorded in BENCHMARKS.md, labelled as such.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llama8b import write_llama8b_config  # noqa: E402
+
+RECORDED_PEERS = {"transformers": 11.5, "vllm": 196.0}   # BENCHMARKS.md, same H200 kind
+
+
+def random_prompt(rng: random.Random, length: int) -> list[int]:
+    return [rng.randrange(128000) for _ in range(length)]
+
+
+def build_transformers(model_dir: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa")
+    return model.eval()
+
+
+@torch.inference_mode()
+def hf_generate(model, prompt: list[int], new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt], device="cuda")
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def time_it(fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def build_tamis(model_dir: Path, hf_model, args):
+    from tamis.engine.llm import LLM
+    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
+              skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=256,
+              gpu_memory_utilization=args.gpu_memory_utilization,
+              enforce_eager=args.enforce_eager)
+    runner_model = llm.llm_engine.runner.model
+    runner_model.load_weights((name, tensor) for name, tensor in hf_model.state_dict().items())
+    llm.reset_prefix_cache() if hasattr(llm, "reset_prefix_cache") else None
+    return llm
+
+
+def tamis_generate(llm, prompt: list[int], new_tokens: int) -> list[int]:
+    from tamis.engine.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    return list(out[0].outputs[0].token_ids)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--hf-repeats", type=int, default=1)
+    parser.add_argument("--check-greedy", type=int, default=8, help="prompts compared (0: skip)")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    torch.manual_seed(args.seed)
+    model_dir = write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+
+    hf = build_transformers(model_dir)
+    hf_generate(hf, random_prompt(rng, 16), 4)   # warm-up
+    prompt = random_prompt(rng, args.prompt_len)
+    hf_times = time_it(lambda: hf_generate(hf, prompt, args.output_len), args.hf_repeats)
+
+    llm = build_tamis(model_dir, hf, args)
+    tamis_generate(llm, random_prompt(rng, 16), 8)   # warm-up
+    # Fresh prompts per repetition: a repeated prompt would hit the prefix cache.
+    prompts = [random_prompt(rng, args.prompt_len) for _ in range(args.repeats)]
+    it = iter(prompts)
+    tamis_times = time_it(lambda: tamis_generate(llm, next(it), args.output_len), args.repeats)
+
+    greedy = []
+    for _ in range(args.check_greedy):
+        p = random_prompt(rng, rng.randint(16, 256))
+        a, b = tamis_generate(llm, p, 32), hf_generate(hf, p, 32)
+        first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        greedy.append(dict(prompt_len=len(p), identical=a == b, first_diff=first_diff))
+
+    result = dict(hf_seconds=hf_times, tamis_seconds=tamis_times,
+                  hf_tok_s=args.output_len / statistics.median(hf_times),
+                  tamis_tok_s=args.output_len / statistics.median(tamis_times), greedy=greedy)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "w2.json").write_text(json.dumps(result, indent=1))
+
+    tamis_rate = result["tamis_tok_s"]
+    print(f"\nW2 latency: batch 1, prompt {args.prompt_len}, {args.output_len} output tokens, "
+          f"Llama-3.1-8B shape, random bf16 weights (median of {args.repeats})")
+    print("| engine | output tok/s | ms / token | tamis / this |\n|---|---|---|---|")
+    print(f"| tamis (measured) | {tamis_rate:.1f} | {1000 / tamis_rate:.2f} | 1.00 |")
+    print(f"| transformers generate (measured) | {result['hf_tok_s']:.1f} | "
+          f"{1000 / result['hf_tok_s']:.2f} | {tamis_rate / result['hf_tok_s']:.2f} |")
+    for name, figure in RECORDED_PEERS.items():
+        print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure} | "
+              f"{1000 / figure:.2f} | {tamis_rate / figure:.2f} |")
+    if greedy:
+        same = sum(g["identical"] for g in greedy)
+        print(f"\ngreedy, first 32 tokens, tamis vs transformers on the same weights: "
+              f"{same}/{len(greedy)} identical; first differing index per prompt: "
+              f"{[g['first_diff'] for g in greedy]}")
+
+
+if __name__ == "__main__":
+    main()

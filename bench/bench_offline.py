@@ -1,0 +1,176 @@
+"""W1 offline throughput on the GPU: tamis against transformers on the same workload, one call.
+
+Workload (BENCHMARKS.md W1): 256 requests, prompts of 128-1024 random token ids (fresh
+each run, the same for every engine), 256 output tokens each, EOS ignored, greedy,
+Llama-3.1-8B shape with dummy bf16 weights.
+
+    python bench/bench_offline.py [--engines tamis,transformers] [--num-prompts 256]
+
+Each engine runs in its own subprocess (clean GPU memory, its own warm-up) and writes
+JSON; the parent prints the table last. vLLM is not installed on the device: its row
+is the figure recorded in BENCHMARKS.md, labelled as recorded, not measured.
+
+Extra checks in the tamis subprocess (``--checks``): allocated bytes before/after a
+second full pass (memory growth) and KV utilisation from the engine's stats.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llama8b import write_llama8b_config  # noqa: E402
+
+RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # BENCHMARKS.md, same H200 kind
+
+
+def make_prompts(num: int, lo: int, hi: int, seed: int, vocab: int = 128000) -> list[list[int]]:
+    import random
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
+
+
+def run_tamis(args, prompts) -> dict:
+    from tamis.engine.llm import LLM
+    from tamis.engine.sampling_params import SamplingParams
+    import torch
+    model_dir = write_llama8b_config(tempfile.mkdtemp())
+    t0 = time.perf_counter()
+    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
+              skip_tokenizer_init=True, max_model_len=args.max_model_len,
+              max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
+              enforce_eager=args.enforce_eager)
+    startup = time.perf_counter() - t0
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    warm = make_prompts(8, 16, 64, args.seed + 1)
+    llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
+    torch.cuda.synchronize()
+    allocated_before = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - t0
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    result = dict(engine="tamis", seconds=elapsed, output_tokens=generated,
+                  output_tok_s=generated / elapsed, startup_s=startup,
+                  total_tok_s=(generated + sum(map(len, prompts))) / elapsed)
+    if args.checks:
+        result.update(memory_check(llm, params, args, allocated_before))
+    return result
+
+
+def memory_check(llm, params, args, allocated_before: int) -> dict:
+    """Allocated bytes after more fresh requests against before the first pass."""
+    import torch
+    rounds = args.memory_rounds
+    for r in range(rounds):
+        batch = make_prompts(args.num_prompts, 16, 256, args.seed + 100 + r)
+        short = type(params)(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)
+        llm.generate([{"prompt_token_ids": p} for p in batch], short, use_tqdm=False)
+    torch.cuda.synchronize()
+    stats = llm.llm_engine.get_stats()
+    return dict(memory_requests=rounds * args.num_prompts + args.num_prompts,
+                allocated_before=allocated_before, allocated_after=torch.cuda.memory_allocated(),
+                kv_stats={k: v for k, v in vars(stats).items() if not k.startswith("_")})
+
+
+def run_transformers(args, prompts) -> dict:
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    model_dir = write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+                                                 attn_implementation="sdpa").eval()
+    gen = GenerationConfig(max_new_tokens=args.output_len, do_sample=False, eos_token_id=None,
+                           pad_token_id=0)
+    t0 = time.perf_counter()
+    outs = model.generate_batch(inputs=prompts, generation_config=gen)
+    elapsed = time.perf_counter() - t0
+    generated = sum(len(o.generated_tokens) for o in outs.values())
+    return dict(engine=f"transformers {transformers.__version__} generate_batch",
+                seconds=elapsed, output_tokens=generated, output_tok_s=generated / elapsed)
+
+
+def child(args) -> None:
+    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)
+    runner = {"tamis": run_tamis, "transformers": run_transformers}[args.engine]
+    try:
+        result = runner(args, prompts)
+    except Exception as exc:   # a failed engine is a row that says why, not a lost table
+        import traceback
+        traceback.print_exc()
+        result = dict(engine=args.engine, error=f"{type(exc).__name__}: {exc}")
+    Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+
+
+def parent(args) -> None:
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for engine in args.engines.split(","):
+        path = out_dir / f"w1_{engine}.json"
+        cmd = [sys.executable, __file__, "--engine", engine, "--json", str(path),
+               *sys.argv[1:]]
+        print("$", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=False)
+        rows.append(json.loads(path.read_text()) if path.exists()
+                    else dict(engine=engine, error="no result file"))
+    print_table(rows, args)
+
+
+def print_table(rows: list[dict], args) -> None:
+    tamis = next((r for r in rows if r["engine"] == "tamis" and "error" not in r), None)
+    print(f"\nW1 offline: {args.num_prompts} requests, prompts {args.min_prompt}-{args.max_prompt} "
+          f"random tokens, {args.output_len} output tokens, Llama-3.1-8B shape, dummy bf16")
+    print("| engine | output tok/s | seconds | tamis / this |\n|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['engine']} | failed: {r['error'][:120]} | | |")
+            continue
+        ratio = f"{tamis['output_tok_s'] / r['output_tok_s']:.2f}" if tamis else ""
+        print(f"| {r['engine']} (measured) | {r['output_tok_s']:,.0f} | {r['seconds']:.1f} | {ratio} |")
+    for name, figure in RECORDED_PEERS.items():
+        ratio = f"{tamis['output_tok_s'] / figure:.2f}" if tamis else ""
+        print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure:,.0f} | | {ratio} |")
+    if tamis and "allocated_after" in tamis:
+        grow = tamis["allocated_after"] - tamis["allocated_before"]
+        print(f"\nmemory: allocated {tamis['allocated_before']:,} B before, "
+              f"{tamis['allocated_after']:,} B after {tamis['memory_requests']} more requests "
+              f"(growth {grow:,} B); stats {tamis['kv_stats']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engines", default="tamis,transformers")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--min-prompt", type=int, default=128)
+    parser.add_argument("--max-prompt", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--checks", action="store_true", help="memory growth and KV stats")
+    parser.add_argument("--memory-rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    args = parser.parse_args()
+    if args.engine:
+        child(args)
+    else:
+        if "--seed" not in sys.argv:   # every child gets the same fresh prompts
+            sys.argv += ["--seed", str(args.seed)]
+        parent(args)
+
+
+if __name__ == "__main__":
+    main()
