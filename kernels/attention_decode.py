@@ -178,7 +178,7 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
         num_warps=num_warps, num_stages=num_stages)
     _decode_merge_kernel[(num_seqs, num_heads)](
         mid_o, mid_lse, out, out.stride(0), out.stride(1), num_heads, head_dim, splits,
-        HEAD_DIM=head_block, SPLITS=next_power_of_2(splits), num_warps=4)
+        HEAD_DIM=head_block, SPLITS=max(2, next_power_of_2(splits)), num_warps=4)
     return out
 
 
