@@ -34,7 +34,8 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    # One torch thread: on a shared 2-core runner two threads spin against each other.
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, "-m", "tamis.cli", "serve", "--port", str(port), "--api-key", KEY,
            "--served-model-name", "smol", "--max-model-len", "2048", "--seed", "0",
            "--log-level", "info"]
