@@ -27,10 +27,22 @@ from tamis.engine.request import Request, RequestStatus
 
 @dataclass
 class ScheduledRequest:
-    """One request's share of a step: tokens ``start .. start + num_new_tokens - 1``."""
+    """One request's share of a step: tokens ``start .. start + num_new_tokens - 1``.
+    ``samples`` and ``num_prompt_logprob_rows`` are fixed when scheduled, so they stay
+    true to this step after the engine appends the sampled token."""
     request: Request
     num_new_tokens: int
     start: int
+    samples: bool = field(init=False)
+    num_prompt_logprob_rows: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        request, end = self.request, self.start + self.num_new_tokens
+        # Reaching the last known token: its logits pick the next one.
+        self.samples = end == request.num_tokens
+        # Rows whose logits score the next *prompt* token (for prompt_logprobs).
+        self.num_prompt_logprob_rows = (max(0, min(end, request.num_prompt_tokens - 1) - self.start)
+                                        if request.wants_prompt_logprobs else 0)
 
     @property
     def token_ids(self) -> list[int]:
@@ -39,19 +51,6 @@ class ScheduledRequest:
     @property
     def block_ids(self) -> list[int]:
         return self.request.block_ids
-
-    @property
-    def samples(self) -> bool:
-        """True when this step reaches the request's last token: its logits pick the next one."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
-
-    @property
-    def num_prompt_logprob_rows(self) -> int:
-        """Rows of this chunk whose logits score the next *prompt* token (for prompt_logprobs)."""
-        if not self.request.wants_prompt_logprobs:
-            return 0
-        end = min(self.start + self.num_new_tokens, self.request.num_prompt_tokens - 1)
-        return max(0, end - self.start)
 
 
 @dataclass
