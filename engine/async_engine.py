@@ -209,22 +209,30 @@ class AsyncEngine:
             self._wakeup.notify()
 
     def _run(self) -> None:
+        import torch
+
+        # Tensors the engine keeps between steps are made under inference mode (the
+        # runner's); the mode is thread-local, so this thread enters it too.
         try:
-            while True:
-                commands = self._wait_for_work()
-                if commands is None:
-                    break
-                self._apply(commands)
-                if self.engine.has_unfinished_requests():
-                    self._step()
-                else:
-                    self._refresh_stats()  # aborts freed blocks without a step
+            with torch.inference_mode():
+                self._loop()
         except BaseException as exc:  # noqa: BLE001 - any crash kills every request
             logger.exception("engine step loop crashed")
             self._dead = exc
             self._fail_all(EngineDeadError(f"engine step loop crashed: {exc!r}"))
         finally:
             self._abort_everything()
+
+    def _loop(self) -> None:
+        while True:
+            commands = self._wait_for_work()
+            if commands is None:
+                return
+            self._apply(commands)
+            if self.engine.has_unfinished_requests():
+                self._step()
+            else:
+                self._refresh_stats()  # aborts freed blocks without a step
 
     def _wait_for_work(self) -> list[tuple] | None:
         with self._wakeup:
