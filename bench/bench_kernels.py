@@ -87,11 +87,12 @@ def bench_decode(bandwidth: float, num_seqs=64, seq_len=2048) -> dict:
     ref = paged_attention_decode_ref(q, cache, seq_lens, tables, scale)
     results = {}
     variants = [dict()]
-    for splits in (1, 2, 4, 8):
-        for block_n in (32, 64, 128):
+    for splits in (1, 2, 4):
+        for block_n in (64, 128):
             for warps in (4, 8):
                 variants.append(dict(num_splits=splits, block_n=block_n, num_warps=warps))
-    variants += [dict(num_splits=s, block_n=64, num_warps=4, num_stages=3) for s in (2, 4)]
+    variants += [dict(num_splits=s, block_n=64, num_warps=4, num_stages=3) for s in (1, 2, 4)]
+    variants += [dict(num_splits=s, block_n=128, num_warps=8, num_stages=3) for s in (1, 2)]
     for kw in variants:
         out = torch.full_like(q, float("nan"))
         try:

@@ -36,10 +36,93 @@ def make_prompts(num: int, lo: int, hi: int, seed: int, vocab: int = 128000) -> 
     return [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
 
 
+def fast_dummy_weights() -> None:
+    """Bench-only: the loader draws dummy weights on the CPU (about a minute for 8B
+    parameters, paid in device time); draw them on the GPU instead. Same distribution
+    (normal, std 0.02; norms 1), different values."""
+    import torch
+    import tamis.engine.loader as loader
+
+    def init_on_device(model, seed: int) -> None:
+        generator = None
+        for name, param in model.named_parameters():
+            if generator is None:
+                generator = torch.Generator(device=param.device).manual_seed(seed)
+            if not param.dtype.is_floating_point:
+                param.data.zero_()
+            elif name.endswith("norm.weight"):
+                param.data.fill_(1.0)
+            else:
+                param.data.normal_(0.0, loader.DUMMY_STD, generator=generator)
+    loader.init_dummy_weights = init_on_device
+
+
+class StepProfiler:
+    """Wall time of each phase of every engine step, split by decode-only (graph) and
+    mixed steps. Forward and logits are followed by a sync so GPU time lands in them;
+    the step syncs anyway when the sampler reads the sampled ids."""
+
+    PHASES = ("schedule", "prepare_inputs", "forward", "compute_logits", "sample")
+
+    def __init__(self, engine):
+        import torch
+        self.steps: list[dict] = []
+        self.current: dict = {}
+        runner = engine.runner
+        self._wrap(engine.scheduler, "schedule", None)
+        self._wrap(runner, "prepare_inputs", None)
+        self._wrap(runner, "forward", torch.cuda.synchronize)
+        self._wrap(runner, "compute_logits", torch.cuda.synchronize)
+        self._wrap(runner, "sample", None)
+        step = engine.step
+
+        def timed_step():
+            self.current = {}
+            t0 = time.perf_counter()
+            out = step()
+            self.current["step"] = time.perf_counter() - t0
+            if "forward" in self.current:
+                self.steps.append(self.current)
+            return out
+        engine.step = timed_step
+
+    def _wrap(self, obj, name, sync):
+        inner = getattr(obj, name)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            out = inner(*a, **k)
+            if sync is not None:
+                sync()
+            self.current[name] = self.current.get(name, 0.0) + time.perf_counter() - t0
+            if name == "prepare_inputs":
+                self.current["graph"] = getattr(out, "graph_size", None) is not None
+                self.current["tokens"] = int(out.input_ids.shape[0])
+            return out
+        setattr(obj, name, timed)
+
+    def summary(self) -> dict:
+        out = {}
+        for kind, steps in (("decode_graph", [s for s in self.steps if s.get("graph")]),
+                            ("eager", [s for s in self.steps if not s.get("graph")])):
+            if not steps:
+                continue
+            row = {"steps": len(steps), "total_s": round(sum(s["step"] for s in steps), 3)}
+            for phase in self.PHASES + ("step",):
+                row[f"{phase}_ms"] = round(1e3 * sum(s.get(phase, 0.0) for s in steps)
+                                           / len(steps), 3)
+            row["other_ms"] = round(row["step_ms"] - sum(row[f"{p}_ms"] for p in self.PHASES), 3)
+            row["mean_tokens"] = round(sum(s["tokens"] for s in steps) / len(steps), 1)
+            out[kind] = row
+        return out
+
+
 def run_tamis(args, prompts) -> dict:
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
     import torch
+    if not args.slow_dummy_init:
+        fast_dummy_weights()
     model_dir = write_llama8b_config(tempfile.mkdtemp())
     t0 = time.perf_counter()
     llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
@@ -56,10 +139,18 @@ def run_tamis(args, prompts) -> dict:
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
+    profile = None
+    if args.step_profile:   # a second pass on fresh prompts, instrumented
+        profiler = StepProfiler(llm.llm_engine)
+        again = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed + 7)
+        t1 = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in again], params, use_tqdm=False)
+        profile = dict(profiled_seconds=time.perf_counter() - t1, **profiler.summary())
+        llm.llm_engine.step = type(llm.llm_engine).step.__get__(llm.llm_engine)
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     result = dict(engine="tamis", seconds=elapsed, output_tokens=generated,
                   output_tok_s=generated / elapsed, startup_s=startup,
-                  total_tok_s=(generated + sum(map(len, prompts))) / elapsed)
+                  total_tok_s=(generated + sum(map(len, prompts))) / elapsed, profile=profile)
     if args.checks:
         result.update(memory_check(llm, params, args, allocated_before))
     return result
@@ -100,6 +191,8 @@ def run_transformers(args, prompts) -> dict:
 
 
 def child(args) -> None:
+    import logging
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)
     runner = {"tamis": run_tamis, "transformers": run_transformers}[args.engine]
     try:
@@ -140,6 +233,10 @@ def print_table(rows: list[dict], args) -> None:
     for name, figure in RECORDED_PEERS.items():
         ratio = f"{tamis['output_tok_s'] / figure:.2f}" if tamis else ""
         print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure:,.0f} | | {ratio} |")
+    if tamis and tamis.get("profile"):
+        print(f"\nstep profile (second pass, instrumented): {json.dumps(tamis['profile'])}")
+    if tamis:
+        print(f"tamis startup {tamis['startup_s']:.1f} s")
     if tamis and "allocated_after" in tamis:
         grow = tamis["allocated_after"] - tamis["allocated_before"]
         print(f"\nmemory: allocated {tamis['allocated_before']:,} B before, "
@@ -160,6 +257,10 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--checks", action="store_true", help="memory growth and KV stats")
+    parser.add_argument("--step-profile", action="store_true",
+                        help="a second, instrumented pass: time per step phase")
+    parser.add_argument("--slow-dummy-init", action="store_true",
+                        help="keep the loader's CPU-drawn dummy weights (slow on 8B)")
     parser.add_argument("--memory-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))

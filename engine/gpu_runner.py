@@ -25,6 +25,7 @@ The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -90,41 +91,54 @@ def build_host_batch(batch: SchedulerOutput, block_size: int,
     """Flattens the scheduled chunks (layout in ``attention/metadata.py``).
 
     ``pad_to`` (decode graphs) appends padding sequences of one token each until there
-    are ``pad_to`` sequences; it must be >= the number scheduled."""
+    are ``pad_to`` sequences; it must be >= the number scheduled. Per-request Python work
+    is a few attribute reads; the rest is numpy over the whole batch (a decode step of
+    256 requests is on the CPU's critical path)."""
     items = batch.scheduled
     num_seqs = len(items)
     total_seqs = num_seqs if pad_to is None else pad_to
     if total_seqs < num_seqs:
         raise ValueError(f"pad_to={pad_to} is smaller than the {num_seqs} scheduled requests")
     query_lens = [item.num_new_tokens for item in items]
-    num_tokens = sum(query_lens)
+    starts = np.fromiter((item.start for item in items), dtype=np.int64, count=num_seqs)
+    qlens = np.asarray(query_lens, dtype=np.int64)
+    num_tokens = int(qlens.sum())
     total_tokens = num_tokens + (total_seqs - num_seqs)
-    input_ids = np.zeros(total_tokens, dtype=np.int64)
-    positions = np.zeros(total_tokens, dtype=np.int64)
-    slots = np.full(total_tokens, -1, dtype=np.int64)
-    width = max([len(item.block_ids) for item in items] + [1])
-    tables = np.zeros((total_seqs, width), dtype=np.int32)
-    seq_lens = np.zeros(total_seqs, dtype=np.int32)
-    logits_indices, prompt_rows = [], []
-    row = 0
-    for index, item in enumerate(items):
-        n, start = item.num_new_tokens, item.start
-        block_ids = item.block_ids
-        tables[index, :len(block_ids)] = block_ids
-        input_ids[row:row + n] = item.token_ids
-        pos = np.arange(start, start + n, dtype=np.int64)
-        positions[row:row + n] = pos
-        slots[row:row + n] = tables[index, pos // block_size].astype(np.int64) * block_size \
-            + pos % block_size
-        seq_lens[index] = start + n
-        if item.num_prompt_logprob_rows:
-            prompt_rows.append((index, row, item.num_prompt_logprob_rows))
-        row += n
-        if item.samples:
-            logits_indices.append(row - 1)
+
     query_start_loc = np.zeros(total_seqs + 1, dtype=np.int32)
-    query_start_loc[1:num_seqs + 1] = np.cumsum(query_lens, dtype=np.int64)
+    np.cumsum(qlens, out=query_start_loc[1:num_seqs + 1])
     query_start_loc[num_seqs + 1:] = num_tokens + np.arange(1, total_seqs - num_seqs + 1)
+    row_of_token = np.repeat(np.arange(num_seqs), qlens)
+    offsets = np.arange(num_tokens) - query_start_loc[:num_seqs][row_of_token]
+    positions = np.zeros(total_tokens, dtype=np.int64)
+    positions[:num_tokens] = starts[row_of_token] + offsets
+
+    input_ids = np.zeros(total_tokens, dtype=np.int64)
+    if num_tokens == num_seqs:   # decode: one token each
+        input_ids[:num_tokens] = [item.request.all_token_ids[item.start] for item in items]
+    else:
+        input_ids[:num_tokens] = np.fromiter(
+            itertools.chain.from_iterable(item.token_ids for item in items), dtype=np.int64,
+            count=num_tokens)
+
+    block_lists = [item.block_ids for item in items]
+    lens = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
+    width = max(int(lens.max(initial=0)), 1)
+    tables = np.zeros((total_seqs, width), dtype=np.int32)
+    tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
+
+    slots = np.full(total_tokens, -1, dtype=np.int64)
+    pos = positions[:num_tokens]
+    slots[:num_tokens] = tables[row_of_token, pos // block_size].astype(np.int64) * block_size \
+        + pos % block_size
+    seq_lens = np.zeros(total_seqs, dtype=np.int32)
+    seq_lens[:num_seqs] = starts + qlens
+
+    logits_indices = [int(query_start_loc[i + 1]) - 1 for i, item in enumerate(items)
+                      if item.samples]
+    prompt_rows = [(i, int(query_start_loc[i]), item.num_prompt_logprob_rows)
+                   for i, item in enumerate(items) if item.num_prompt_logprob_rows]
     return HostBatch(input_ids, positions, slots, query_start_loc, seq_lens, tables,
                      np.asarray(logits_indices, dtype=np.int64), query_lens,
                      seq_lens[:num_seqs].tolist(), prompt_rows, num_tokens, num_seqs)
