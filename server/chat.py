@@ -19,7 +19,8 @@ from tamis.server.context import ServerContext, new_id
 from tamis.server.errors import invalid
 from tamis.server.logprobs import chat_logprobs
 from tamis.server.protocol import ChatCompletionRequest
-from tamis.server.sampling import build_sampling_params, max_tokens_for
+from tamis.server.sampling import (build_sampling_params, check_stream_options,
+                                   max_tokens_for)
 from tamis.server.streaming import (SSE_DONE, Cursor, merge, sse, start_generations,
                                     stream_error)
 from tamis.server.structured import resolve_structured_outputs
@@ -84,6 +85,7 @@ def chat_logprobs_count(ctx: ServerContext, body: ChatCompletionRequest) -> int 
 async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest,
                                  raw: Request):
     model = ctx.check_model(body.model)
+    check_stream_options(body)
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     constraint = resolve_structured_outputs(body, plan.schema)
     ctx.metrics and ctx.metrics.observe_constraint(constraint)

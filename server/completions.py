@@ -16,7 +16,8 @@ from tamis.server.context import ServerContext, new_id
 from tamis.server.errors import invalid
 from tamis.server.logprobs import completion_logprobs
 from tamis.server.protocol import CompletionRequest
-from tamis.server.sampling import build_sampling_params, max_tokens_for
+from tamis.server.sampling import (build_sampling_params, check_stream_options,
+                                   max_tokens_for)
 from tamis.server.streaming import SSE_DONE, Cursor, merge, sse, start_generations, stream_error
 from tamis.server.structured import resolve_structured_outputs
 
@@ -47,6 +48,7 @@ def completion_prompts(ctx: ServerContext, body: CompletionRequest) -> list[tupl
 
 async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Request):
     model = ctx.check_model(body.model)
+    check_stream_options(body)
     if body.suffix:
         raise invalid("suffix is not supported: the served model has no fill-in-the-middle "
                       "template; put the text in the prompt instead", "suffix")

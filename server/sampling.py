@@ -38,6 +38,11 @@ def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
     return request_max
 
 
+def check_stream_options(request) -> None:
+    if request.stream_options is not None and not request.stream:
+        raise invalid("stream_options can only be set when stream is true", "stream_options")
+
+
 def build_sampling_params(request, *, max_tokens: int, logprobs: int | None,
                           structured_outputs, default_temperature: float = 1.0):
     from tamis.engine.sampling_params import SamplingParams

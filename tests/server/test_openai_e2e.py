@@ -53,6 +53,9 @@ def server(tmp_path_factory):
             proc.kill()
             code = "killed"
         print(f"server exited with {code}; log tail:\n{log_path.read_text()[-3000:]}")
+    # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit -15).
+    assert code in (0, -signal.SIGTERM), f"tamis serve exited with {code}"
+    assert "Application shutdown complete" in log_path.read_text()
 
 
 def _wait_healthy(base, proc, log_path, timeout=180):
@@ -182,7 +185,8 @@ def test_logprobs(client):
         assert item.logprob <= 0 and len(item.top_logprobs) == 3
         tops = [t.logprob for t in item.top_logprobs]
         assert tops == sorted(tops, reverse=True) and item.logprob <= tops[0] + 1e-4
-    c = client.completions.create(model="smol", prompt="Hello", max_tokens=4, logprobs=2)
+    c = client.completions.create(model="smol", prompt="Hello", max_tokens=4, logprobs=2,
+                                  extra_body={"ignore_eos": True})
     lp = c.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 4
     assert "".join(lp.tokens) == c.choices[0].text
@@ -319,12 +323,17 @@ BAD_CASES = [
     ("/v1/chat/completions", {"messages": CHAT, "structured_outputs": {"choice": []}}, 400),
     ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "json_schema"}},
      400),
+    ("/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "xml"}}, 400),
+    ("/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400),
 ]
 
 
 @pytest.mark.parametrize("path,body,status", BAD_CASES)
 def test_bad_input_then_good_request(raw, path, body, status):
-    for stream in (False, True):
+    modes = (False,) if "stream_options" in body else (False, True)  # valid when streaming
+    for stream in modes:
         r = raw.post(path, json={"max_tokens": 3, **body, "stream": stream})
         assert r.status_code == status, (stream, r.text)
         validate(r.json(), "ErrorResponse")
@@ -422,6 +431,22 @@ def test_50_disconnects_free_everything(server):
     r = httpx.post(server + "/v1/completions", json={"prompt": "ok", "max_tokens": 2},
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert r.status_code == 200
+
+
+def test_nonstreaming_client_that_leaves_is_aborted(server):
+    aborted = 'tamis:request_success_total{finished_reason="abort",model_name="smol"}'
+    before = _series(server, aborted)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server + "/v1/completions", timeout=2,
+                   json={"prompt": "Long story:", "max_tokens": 1000, "ignore_eos": True},
+                   headers={"Authorization": f"Bearer {KEY}"})
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _series(server, aborted) < before + 1:
+        time.sleep(0.2)
+    assert _series(server, aborted) == before + 1
+    while time.monotonic() < deadline and metric(server, "tamis:num_requests_running") > 0:
+        time.sleep(0.2)
+    assert metric(server, "tamis:num_requests_running") == 0
 
 
 def test_metrics_counters_move(server, client):
