@@ -10,7 +10,8 @@ Load formats:
 - ``gguf``: ``config.model`` must be a ``.gguf`` file; it is dequantized once into a
   cached safetensors folder (``tamis.engine.embedded.convert_gguf``) and loaded from there;
 - ``dummy``: random weights at the config's shapes (normal, std 0.02; norms at 1),
-  deterministic for a given ``config.seed``: for benchmarks, no checkpoint read.
+  deterministic for a given ``config.seed`` and device type: for benchmarks, no
+  checkpoint read.
 """
 from __future__ import annotations
 
@@ -183,14 +184,17 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
-    """Deterministic random weights: normal(0, 0.02) drawn on the CPU (same values on any
-    device), norm weights 1, integer (packed quantized) tensors 0."""
-    generator = torch.Generator(device="cpu").manual_seed(seed)
+    """Random weights drawn on the parameters' device (fast for big models on a GPU),
+    the same for the same seed and device type: normal(0, 0.02), norm weights 1,
+    integer (packed quantized) tensors 0."""
+    generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
         if not param.dtype.is_floating_point:
             param.data.zero_()
         elif name.endswith("norm.weight"):
             param.data.fill_(1.0)
         else:
-            values = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-            param.data.copy_(values * DUMMY_STD)
+            device = param.device
+            if device not in generators:
+                generators[device] = torch.Generator(device=device).manual_seed(seed)
+            param.data.normal_(0.0, DUMMY_STD, generator=generators[device])

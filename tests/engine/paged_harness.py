@@ -21,10 +21,10 @@ from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 class PagedBatcher:
 
     def __init__(self, spec, num_blocks: int = 64, block_size: int = 4,
-                 dtype: torch.dtype = torch.float32, seed: int = 0):
-        self.block_size = block_size
+                 dtype: torch.dtype = torch.float32, seed: int = 0, device="cpu"):
+        self.block_size, self.device = block_size, torch.device(device)
         shape = (2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=dtype) for _ in range(spec.num_layers)]
+        self.kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
         self.block_tables: dict[str, list[int]] = {}
@@ -72,7 +72,11 @@ class PagedBatcher:
             slot_mapping=torch.tensor(slots, dtype=torch.int64), max_query_len=max(query_lens),
             max_seq_len=max(seq_lens), block_size=self.block_size,
             query_lens_cpu=list(query_lens), seq_lens_cpu=list(seq_lens))
-        return torch.tensor(ids), torch.tensor(positions), meta
+        meta.query_start_loc, meta.seq_lens, meta.block_tables, meta.slot_mapping = (
+            t.to(self.device) for t in (meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                                        meta.slot_mapping))
+        return (torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device),
+                meta)
 
     @torch.no_grad()
     def run(self, model, chunks: list[tuple[str, list[int]]]) -> dict[str, torch.Tensor]:
