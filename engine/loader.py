@@ -112,7 +112,8 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of {LOAD_FORMATS}")
     if load_format == "gguf" and not str(config.model or "").lower().endswith(".gguf"):
-        raise ValueError(f"load_format 'gguf' needs a .gguf file as the model, got {config.model!r}")
+        raise ValueError(f"load_format 'gguf' needs a .gguf file as the model, "
+                         f"got {config.model!r}")
     model_dir = resolve_model_path(config.model)
     hf_config = AutoConfig.from_pretrained(model_dir)
     model_cls = get_model_class(hf_config)

@@ -31,14 +31,12 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
 def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor,
               num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of the first ``num_tokens`` positions of each block table row:
-    block_tables [B, nb] -> k, v [B, num_tokens, Hkv, D]."""
+    block_tables [B, nb] -> k, v [B, num_tokens, Hkv, D] (one gather for both)."""
     block_size = kv_cache.shape[2]
     num_blocks = -(-num_tokens // block_size)
     blocks = block_tables[:, :num_blocks].long()
-    batch = blocks.shape[0]
-    k = kv_cache[0][blocks].reshape(batch, num_blocks * block_size, *kv_cache.shape[3:])
-    v = kv_cache[1][blocks].reshape(batch, num_blocks * block_size, *kv_cache.shape[3:])
-    return k[:, :num_tokens], v[:, :num_tokens]
+    kv = kv_cache[:, blocks].flatten(2, 3)[:, :, :num_tokens]
+    return kv[0], kv[1]
 
 
 def visible_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, seq_lens: torch.Tensor,
@@ -62,6 +60,12 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
+def host_lengths(meta: AttentionMetadata) -> tuple[list[int], list[int]]:
+    """(query lengths, sequence lengths) as Python lists, from the host copies if filled."""
+    query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
+    return query_lens, meta.seq_lens_cpu or meta.seq_lens.tolist()
+
+
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
@@ -70,8 +74,7 @@ class TorchAttentionBackend(AttentionBackend):
         if kv_cache is None:
             return self._forward_uncached(q, k, v, meta, scale, sliding_window)
         store_kv(k, v, kv_cache, meta.slot_mapping)
-        query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
-        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        query_lens, seq_lens = host_lengths(meta)
         out = torch.empty_like(q)
         decodes = [b for b, n in enumerate(query_lens) if n == 1]
         if decodes:
@@ -114,8 +117,7 @@ class TorchAttentionBackend(AttentionBackend):
         """No KV cache: each sequence attends over its new tokens only."""
         if meta is None:
             return self._attend_chunk(q, k, v, 0, scale, sliding_window)
-        query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
-        seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+        query_lens, seq_lens = host_lengths(meta)
         out = torch.empty_like(q)
         start = 0
         for q_len, seq_len in zip(query_lens, seq_lens):

@@ -116,7 +116,7 @@ class ReplicatedLinear(LinearBase):
 
 
 class RowLinear(ReplicatedLinear):
-    """The row-split layer of a block (o_proj, down_proj); equal to ReplicatedLinear on one device."""
+    """The row-split layer of a block (o_proj, down_proj); ReplicatedLinear on one device."""
 
 
 class MergedColumnLinear(LinearBase):

@@ -33,7 +33,9 @@ def layer_sliding_windows(hf_config) -> list[int | None]:
         return [window if kind == "sliding_attention" else None for kind in layer_types[:n]]
     if getattr(hf_config, "use_sliding_window", True) is False or not window:
         return [None] * n
-    first = getattr(hf_config, "max_window_layers", 0) if hasattr(hf_config, "use_sliding_window") else 0
+    # Qwen2-style configs without layer_types: layers from max_window_layers on slide.
+    qwen_style = hasattr(hf_config, "use_sliding_window")
+    first = getattr(hf_config, "max_window_layers", 0) if qwen_style else 0
     return [window if i >= first else None for i in range(n)]
 
 
