@@ -37,13 +37,24 @@ def random_prompt(rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(128000) for _ in range(length)]
 
 
-def build_transformers(model_dir: Path):
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def build_transformers(model_dir: Path, dtype: str):
     from transformers import AutoConfig, AutoModelForCausalLM
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype],
                                                  attn_implementation="sdpa")
     return model.eval()
+
+
+@torch.inference_mode()
+def hf_margin(model, prefix: list[int], hf_token: int, other_token: int) -> float:
+    """transformers' logit gap between its own choice and tamis's at one position,
+    in units of the logits' standard deviation (a near-tie is a small number)."""
+    logits = model(torch.tensor([prefix], device="cuda")).logits[0, -1].float()
+    return float((logits[hf_token] - logits[other_token]) / logits.std())
 
 
 @torch.inference_mode()
@@ -69,7 +80,7 @@ def build_tamis(model_dir: Path, hf_model, args):
     from tamis.engine.llm import LLM
     from bench_offline import fast_dummy_weights
     fast_dummy_weights()   # overwritten by transformers' weights below anyway
-    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
+    llm = LLM(model=str(model_dir), load_format="dummy", dtype=args.dtype,
               skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=256,
               gpu_memory_utilization=args.gpu_memory_utilization,
               enforce_eager=args.enforce_eager)
@@ -97,6 +108,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                        help="both engines' weights and compute (W2 is defined in bfloat16)")
+    parser.add_argument("--skip-timing", action="store_true", help="greedy check only")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = parser.parse_args()
@@ -105,30 +119,46 @@ def main() -> None:
     model_dir = write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
 
-    hf = build_transformers(model_dir)
+    hf = build_transformers(model_dir, args.dtype)
     hf_generate(hf, random_prompt(rng, 16), 4)   # warm-up
-    prompt = random_prompt(rng, args.prompt_len)
-    hf_times = time_it(lambda: hf_generate(hf, prompt, args.output_len), args.hf_repeats)
+    hf_times = [float("nan")]
+    if not args.skip_timing:
+        prompt = random_prompt(rng, args.prompt_len)
+        hf_times = time_it(lambda: hf_generate(hf, prompt, args.output_len), args.hf_repeats)
 
     llm = build_tamis(model_dir, hf, args)
     tamis_generate(llm, random_prompt(rng, 16), 8)   # warm-up
-    # Fresh prompts per repetition: a repeated prompt would hit the prefix cache.
-    prompts = [random_prompt(rng, args.prompt_len) for _ in range(args.repeats)]
-    it = iter(prompts)
-    tamis_times = time_it(lambda: tamis_generate(llm, next(it), args.output_len), args.repeats)
+    tamis_times = [float("nan")]
+    if not args.skip_timing:
+        # Fresh prompts per repetition: a repeated prompt would hit the prefix cache.
+        prompts = [random_prompt(rng, args.prompt_len) for _ in range(args.repeats)]
+        it = iter(prompts)
+        tamis_times = time_it(lambda: tamis_generate(llm, next(it), args.output_len),
+                              args.repeats)
 
     greedy = []
     for _ in range(args.check_greedy):
         p = random_prompt(rng, rng.randint(16, 256))
         a, b = tamis_generate(llm, p, 32), hf_generate(hf, p, 32)
         first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        greedy.append(dict(prompt_len=len(p), identical=a == b, first_diff=first_diff))
+        margin = None if first_diff is None else round(
+            hf_margin(hf, p + b[:first_diff], b[first_diff], a[first_diff]), 4)
+        greedy.append(dict(prompt_len=len(p), identical=a == b, first_diff=first_diff,
+                           hf_margin_in_std=margin))
 
-    result = dict(hf_seconds=hf_times, tamis_seconds=tamis_times,
+    result = dict(dtype=args.dtype, hf_seconds=hf_times, tamis_seconds=tamis_times,
                   hf_tok_s=args.output_len / statistics.median(hf_times),
                   tamis_tok_s=args.output_len / statistics.median(tamis_times), greedy=greedy)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "w2.json").write_text(json.dumps(result, indent=1))
+    (Path(args.out) / f"w2_{args.dtype}.json").write_text(json.dumps(result, indent=1))
+    if greedy:
+        same = sum(g["identical"] for g in greedy)
+        print(f"\ngreedy ({args.dtype}), first 32 tokens, tamis vs transformers on the same "
+              f"weights: {same}/{len(greedy)} identical; first differing index per prompt: "
+              f"{[g['first_diff'] for g in greedy]}; transformers' logit margin there, in "
+              f"logit std: {[g['hf_margin_in_std'] for g in greedy]}")
+    if args.skip_timing:
+        return
 
     tamis_rate = result["tamis_tok_s"]
     print(f"\nW2 latency: batch 1, prompt {args.prompt_len}, {args.output_len} output tokens, "
@@ -140,11 +170,6 @@ def main() -> None:
     for name, figure in RECORDED_PEERS.items():
         print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure} | "
               f"{1000 / figure:.2f} | {tamis_rate / figure:.2f} |")
-    if greedy:
-        same = sum(g["identical"] for g in greedy)
-        print(f"\ngreedy, first 32 tokens, tamis vs transformers on the same weights: "
-              f"{same}/{len(greedy)} identical; first differing index per prompt: "
-              f"{[g['first_diff'] for g in greedy]}")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,14 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
   Graphs need the Triton attention backend (the torch backend reads lengths on the
   host); ``enforce_eager`` or another backend runs every step eagerly.
 
+- **Fused elementwise kernels.** ``use_fused_kernels(model)`` routes the model's
+  RMSNorm (with its residual add), rotary and SiLU-and-mul modules through
+  ``tamis.kernels``: one kernel each instead of five to ten torch ops (at 8,192 tokens
+  on the H200: add+RMSNorm 0.07 ms against 0.49, rotary 0.06 against 0.53, SiLU-and-mul
+  0.18 against 1.57; bench_kernels.py). A workaround until ``engine/layers`` dispatches
+  to the kernels itself on CUDA: it swaps the instances' ``forward`` and relies on their
+  attribute names (``weight``/``eps``; ``inv_freq``/``attention_scaling``).
+
 The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
 ``build_host_batch``) take plain Python values and are tested on CPU.
 """
@@ -144,6 +152,46 @@ def build_host_batch(batch: SchedulerOutput, block_size: int,
                      seq_lens[:num_seqs].tolist(), prompt_rows, num_tokens, num_seqs)
 
 
+# --- fused elementwise layers ----------------------------------------------------------------
+
+def _fused_rms_norm_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    from tamis.kernels.norm import fused_add_rms_norm, rms_norm
+    if residual is None:
+        return rms_norm(x, self.weight, self.eps)
+    return fused_add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def _fused_rotary_forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+    from tamis.kernels.rotary import rotary_embedding_
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        q, k = q.contiguous(), k.contiguous()
+    return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling)
+
+
+def _fused_silu_and_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
+    from tamis.kernels.activation import silu_and_mul
+    return silu_and_mul(x)
+
+
+def use_fused_kernels(model: torch.nn.Module) -> int:
+    """Points the model's RMSNorm / RotaryEmbedding / SiluAndMul modules at the fused
+    kernels (module docstring); returns how many modules were switched."""
+    import types
+
+    from tamis.engine.layers.activation import SiluAndMul
+    from tamis.engine.layers.layernorm import RMSNorm
+    from tamis.engine.layers.rotary import RotaryEmbedding
+    fused = {RMSNorm: _fused_rms_norm_forward, RotaryEmbedding: _fused_rotary_forward,
+             SiluAndMul: _fused_silu_and_mul_forward}
+    count = 0
+    for module in model.modules():
+        forward = fused.get(type(module))
+        if forward is not None:
+            module.forward = types.MethodType(forward, module)
+            count += 1
+    return count
+
+
 # --- device side ------------------------------------------------------------------------------
 
 class StepBuffers:
@@ -209,6 +257,9 @@ class GPUModelInputs(ModelInputs):
 class GPUModelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         super().__init__(config, device)
+        if device.type == "cuda":
+            logger.info("fused kernels for %d norm/rotary/activation modules",
+                        use_fused_kernels(self.model))
         backend = self._attention_backend_name()
         self.use_cuda_graphs = not config.enforce_eager and backend == "triton"
         if not config.enforce_eager and not self.use_cuda_graphs:
@@ -301,5 +352,5 @@ class GPUModelRunner(ModelRunner):
                     len(self.graphs), self.graph_sizes[0], self.graph_sizes[-1], used / 2**20)
 
 
-__all__ = ["GPUModelRunner", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
+__all__ = ["GPUModelRunner", "use_fused_kernels", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
            "HostBatch", "StepBuffers"]

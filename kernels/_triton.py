@@ -63,14 +63,22 @@ class DualKernel:
         def launch(*args, **kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             on_cpu = bool(tensors) and not tensors[0].is_cuda
-            if not on_cpu:
+            if not on_cpu and not _interpret_requested():
                 return self._variant(False)[grid](*args, **kwargs)
+            # CPU tensors; or Triton imported under TRITON_INTERPRET, whose library then
+            # cannot be compiled: interpret (CUDA tensors too, copied by the interpreter).
             with _library_interpreted():
                 return self._variant(True)[grid](*args, **kwargs)
         return launch
 
 
 _patch_lock = threading.Lock()
+
+
+def _interpret_requested() -> bool:
+    """TRITON_INTERPRET is on: Triton's library was (or will be) built for the interpreter."""
+    from triton import knobs
+    return bool(knobs.runtime.interpret)
 
 
 @contextlib.contextmanager

@@ -95,24 +95,55 @@ def test_decode_padding_rows():
         build_host_batch(batch, 4, pad_to=2)
 
 
+def _tokenizer_free_checkpoint(folder) -> str:
+    """A tiny random Llama without tokenizer files (the GPU machine lacks the embedded
+    model that the shared fixture copies them from)."""
+    import transformers
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+        max_position_embeddings=1024)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
 @needs_cuda
-def test_cuda_graphs_match_eager(tiny_checkpoint):
+def test_cuda_graphs_match_eager(tmp_path):
     """Greedy tokens with decode graphs equal those of the eager runner on a tiny model."""
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
-    path = str(tiny_checkpoint("llama"))
+    path = _tokenizer_free_checkpoint(tmp_path)
     prompts = [[1, 5, 9, 200 + i] * (i + 1) for i in range(11)]
-    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, detokenize=False)
     outs = {}
     for eager in (True, False):
         llm = LLM(model=path, dtype="float32", enforce_eager=eager, max_num_seqs=16,
-                  gpu_memory_utilization=0.3)
-        if not eager:
-            assert llm.llm_engine.runner.graphs, "graphs were captured"
+                  gpu_memory_utilization=0.3, skip_tokenizer_init=True)
+        runner = llm.llm_engine.runner
+        assert bool(runner.graphs) != eager, "graphs exactly when not eager"
         outs[eager] = [o.outputs[0].token_ids for o in llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], params)]
-        del llm
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+        del llm, runner
     assert outs[True] == outs[False]
+
+
+def test_fused_kernels_keep_the_model_function(tiny_checkpoint):
+    """use_fused_kernels swaps norm/rotary/activation forwards; outputs stay the same
+    (on CPU the dispatchers run the torch references)."""
+    from tamis.engine.attention.metadata import forward_context
+    from tamis.engine.gpu_runner import use_fused_kernels
+    from tamis.engine.llm import LLM
+    torch.set_num_threads(2)
+    model = LLM(model=str(tiny_checkpoint("llama")), kv_cache_memory_bytes="4MiB",
+                skip_tokenizer_init=True).llm_engine.runner.model
+    ids = torch.randint(0, 49152, (23,))
+    positions = torch.arange(23)
+    with torch.inference_mode(), forward_context(None, []):
+        want = model(ids, positions)
+        assert use_fused_kernels(model) == 2 * 2 + 1 + 2 + 2   # norms, rotary, activations
+        got = model(ids, positions)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def _generate(monkeypatch, checkpoint, use_gpu_runner: bool, triton_attention: bool):

@@ -2,8 +2,9 @@
 
 On CPU the kernels run under the Triton interpreter (``tamis.kernels._triton.kernel``
 picks the interpreted variant for CPU tensors, whatever ``TRITON_INTERPRET`` was at
-import time), so shapes stay small. Tests marked ``gpu`` run at real shapes on CUDA and
-are skipped, saying so, where there is none.
+import time), so shapes stay small. Tests marked ``gpu`` run at real shapes on CUDA,
+compiled (so ``TRITON_INTERPRET`` is set here only where there is no GPU), and are
+skipped, saying so, where there is none.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import os
 import pytest
 import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_configure(config):
