@@ -68,12 +68,11 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
     n, k = weight.shape
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
-    codes = torch.empty(n, k, dtype=torch.int32)
-    scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
-    for g in range(groups):
-        cols = slice(g * group, min((g + 1) * group, k))
-        scale, zero = fit_grid(weight[:, cols], bits, sym, min_zero)
-        codes[:, cols] = quantize_codes(weight[:, cols], scale, zero, bits)
-        scales[:, g], zeros[:, g] = scale, zero
+    # Zero padding leaves each group's grid unchanged: the grid always covers 0.
+    padded = torch.nn.functional.pad(weight.float(), (0, groups * group - k))
+    rows = padded.reshape(n * groups, group)
+    scale, zero = fit_grid(rows, bits, sym, min_zero)
+    codes = quantize_codes(rows, scale, zero, bits).reshape(n, groups * group)[:, :k]
     g_idx = (torch.arange(k) // group).to(torch.int32)
-    return QuantizedWeight(codes, scales, zeros, g_idx, bits, group_size)
+    return QuantizedWeight(codes.contiguous(), scale.reshape(n, groups),
+                           zero.reshape(n, groups), g_idx, bits, group_size)

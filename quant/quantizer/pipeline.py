@@ -82,8 +82,11 @@ class QuantizeResult:
 
 
 def quantize_checkpoint(model_path: str | Path, output: str | Path, options: QuantizeOptions,
-                        progress: bool = True) -> QuantizeResult:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+                        progress: bool = True,
+                        samples: list[torch.Tensor] | None = None) -> QuantizeResult:
+    """Quantizes the model at ``model_path`` into ``output``. ``samples`` (token id
+    windows) replace tokenizing ``options.calibration_text``."""
+    from transformers import AutoModelForCausalLM
 
     model_path, output = Path(model_path), Path(output)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -96,10 +99,8 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             _quantize_layer_rtn(layer, f"model.layers.{index}", options, result)
             bar.update(1)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        text = options.calibration_text or calibration.default_calibration_text()
-        samples = calibration.calibration_samples(tokenizer, text, options.num_samples,
-                                                  options.seq_len)
+        if samples is None:
+            samples = _calibration_samples(model_path, options)
         inputs, kwargs = calibration.capture_layer_inputs(model, samples)
         for index, layer in enumerate(layers):
             quantize = _quantize_layer_gptq if options.method == "gptq" else _quantize_layer_awq
@@ -112,6 +113,14 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
                                               options.desc_act, options.sym)
     writer.write_checkpoint(model_path, output, state, quant_config)
     return result
+
+
+def _calibration_samples(model_path: Path, options: QuantizeOptions) -> list[torch.Tensor]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    text = options.calibration_text or calibration.default_calibration_text()
+    return calibration.calibration_samples(tokenizer, text, options.num_samples, options.seq_len)
 
 
 def _progress(total: int, desc: str, enabled: bool):

@@ -1,0 +1,76 @@
+"""A separate virtualenv holding the quantization libraries tamis is cross-checked against.
+
+llm-compressor 0.14 pins transformers 5.17 and AutoAWQ 0.2.9 expects older transformers,
+so they live apart from tamis's own environment: a venv that sees this environment's
+packages (torch, CPU build) through a .pth file, with the libraries and their pins
+installed on top (its own site-packages come first on sys.path).
+
+``library_python()`` returns that venv's python: ``$TAMIS_QUANT_LIBS_PYTHON`` if set,
+else ``<tamis cache>/venvs/quant-libs-<tag>`` (created on first use, with pip from PyPI;
+about a minute). ``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there,
+caching each (kind, model) result under the same cache for the session.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+PINS = ("llmcompressor==0.14.0.1", "autoawq==0.2.9", "zstandard")
+TAG = "llmc0.14.0.1-awq0.2.9"
+SCRIPT = Path(__file__).with_name("library_quantize.py")
+
+
+class LibraryUnavailable(RuntimeError):
+    pass
+
+
+def _venv_dir() -> Path:
+    from tamis.engine.embedded import cache_root
+    return cache_root() / "venvs" / f"quant-libs-{TAG}"
+
+
+def library_python() -> Path:
+    override = os.environ.get("TAMIS_QUANT_LIBS_PYTHON")
+    if override:
+        return Path(override)
+    venv = _venv_dir()
+    python = venv / "bin" / "python"
+    if (venv / ".complete").exists():
+        return python
+    _create(venv)
+    return python
+
+
+def _create(venv: Path) -> None:
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True,
+                       capture_output=True, text=True, timeout=300)
+        python = venv / "bin" / "python"
+        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        Path(site, "_tamis_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", *PINS],
+                       check=True, capture_output=True, text=True, timeout=1200)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise LibraryUnavailable(f"could not build the library venv at {venv}: "
+                                 f"{detail.strip()[-800:]}") from exc
+    (venv / ".complete").write_text(" ".join(PINS))
+
+
+def run_library(kind: str, model_dir: Path, out_dir: Path, *extra: str) -> Path:
+    """Runs ``library_quantize.py kind model_dir out_dir`` in the library venv (once per
+    out_dir); returns out_dir. Raises RuntimeError with the script's output tail."""
+    if (out_dir / "reference" / "dequantized.safetensors").exists():
+        return out_dir
+    python = library_python()
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([str(python), str(SCRIPT), kind, str(model_dir), str(out_dir), *extra],
+                          capture_output=True, text=True, timeout=900, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} failed in the library venv:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return out_dir

@@ -1,0 +1,76 @@
+"""Checkpoints written by libraries nobody here wrote load in tamis and dequantize to
+exactly what the library itself dequantizes to; logits match a transformers model built
+from those dequantized weights.
+
+- llm-compressor 0.14: compressed-tensors W4A16 (RTN preset, group 128: the tiny model's
+  K is 128 / 256), GPTQ W4A16 (calibrated), FP8_DYNAMIC (per-channel FP8 weights).
+- AutoAWQ 0.2.9: AWQ GEMM, group 64, ``apply_clip=False``, with its CPU state-copy bug
+  patched (tests/quant/library_quantize.py says how).
+The libraries run in their own venv (tests/quant/libraries.py), once per session.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.quant.libraries import LibraryUnavailable, run_library
+from tests.quant.test_roundtrip import PROMPT, SHAPES, _tamis_logits, _tamis_model, _tamis_weight
+
+torch.set_num_threads(2)
+
+CASES = {
+    "ct-w4a16": "CTWNA16LinearMethod",
+    "ct-gptq-w4a16": "CTWNA16LinearMethod",
+    "ct-fp8-dynamic": "Fp8LinearMethod",
+    "awq-gemm": "AWQLinearMethod",
+}
+
+
+@pytest.fixture(scope="module")
+def lib_model(tiny_checkpoint):
+    return tiny_checkpoint("llama", **SHAPES)
+
+
+def _run(kind: str, model: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.getbasetemp() / f"library-{kind}"
+    try:
+        return run_library(kind, model, out)
+    except LibraryUnavailable as exc:
+        pytest.skip(f"quantization libraries unavailable (needs PyPI access once): {exc}")
+
+
+def _reference_logits(model_dir: Path, library_dir: Path, dense: dict[str, torch.Tensor]):
+    """transformers on the library checkpoint's plain tensors + its dequantized weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    state = {}
+    for file in library_dir.glob("model*.safetensors"):
+        for name, tensor in load_file(str(file)).items():
+            if name.rsplit(".", 1)[0] not in dense:
+                state[name] = tensor.float()
+    state.update({f"{module}.weight": weight for module, weight in dense.items()})
+    missing, unexpected = reference.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    with torch.no_grad():
+        return reference(torch.tensor([PROMPT])).logits[0]
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_library_checkpoint_matches_library_dequantization(kind, lib_model, tmp_path_factory):
+    from safetensors.torch import load_file
+
+    out = _run(kind, lib_model, tmp_path_factory)
+    dense = load_file(str(out / "reference" / "dequantized.safetensors"))
+    assert len(dense) == 14, sorted(dense)  # 7 linears x 2 layers, lm_head kept dense
+    model = _tamis_model(out)
+    method = type(model.model.layers[0].self_attn.qkv_proj.quant_method).__name__
+    assert method == CASES[kind]
+    for module, weight in dense.items():
+        assert torch.equal(_tamis_weight(model, module), weight), module
+    torch.testing.assert_close(_tamis_logits(model, PROMPT),
+                               _reference_logits(lib_model, out, dense), atol=2e-4, rtol=0)
