@@ -186,6 +186,7 @@ class ModelRunner:
             offset += count
         return RunnerOutput(logits[:num_sample], prompt_logits)
 
+    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata,
                bitmask: torch.Tensor | None = None,
                bitmask_rows: list[int] | None = None) -> SamplerOutput:
