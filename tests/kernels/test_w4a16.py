@@ -54,5 +54,6 @@ def test_triton_matches_reference(dtype, m, k, n, group_size, bits, config):
                                     group_size, bits)
     got = w4a16.w4a16_gemm_triton(x.to(device), qweight.to(device), scales.to(device),
                                   zeros.to(device), group_size, bits, config=config)
-    tol = 2e-2 if dtype == torch.float16 else 1e-4
+    # fp32 tl.dot runs as tf32 on the GPU (exact fp32 only under the interpreter).
+    tol = 2e-2 if dtype == torch.float16 or device == "cuda" else 1e-4
     torch.testing.assert_close(got.float().cpu(), expected, rtol=tol, atol=tol)
