@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 
 from tamis.engine.attention.backends import get_attention_backend
-from tamis.engine.models.base import head_dim_of, layer_sliding_windows
+from tamis.engine.models.base import head_dim_of
 from tamis.engine.models.registry import get_model_class
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
@@ -49,9 +49,12 @@ class KVCacheSpec:
 
 
 def kv_cache_spec(hf_config) -> KVCacheSpec:
+    """The cache layout the model built from ``hf_config`` uses (its architecture decides
+    which layers slide)."""
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    windows = get_model_class(hf_config).sliding_windows(hf_config)
     return KVCacheSpec(hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config),
-                       tuple(layer_sliding_windows(hf_config)))
+                       tuple(windows))
 
 
 # ---------------------------------------------------------------- model paths

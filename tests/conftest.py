@@ -17,6 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # so tests can `import tiny_mode
 from tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the lent GPU)")
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     cache: dict[str, Path] = {}

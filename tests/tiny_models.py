@@ -55,9 +55,10 @@ def tiny_config(arch: str, **config_overrides):
     return config_cls(**kwargs)
 
 
-def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0,
+def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, with_tokenizer: bool = True,
                          **config_overrides) -> Path:
-    """Builds a random tiny ``arch`` model (fixed ``seed``) and saves it as an HF folder."""
+    """Builds a random tiny ``arch`` model (fixed ``seed``) and saves it as an HF folder.
+    ``with_tokenizer=False`` skips the SmolLM2 tokenizer files (and the embedded model)."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -72,6 +73,8 @@ def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0,
     config.dtype = "float32"
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
+    if not with_tokenizer:
+        return path
     source = default_model_path()
     for name in TOKENIZER_FILES:
         if (source / name).exists():

@@ -38,8 +38,8 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
 
     def __init__(self, config, layer_idx: int, quant_config: QuantizationConfig | None,
-                 prefix: str, backend: AttentionBackend, qkv_bias: bool = False,
-                 o_bias: bool = False, qk_norm: bool = False):
+                 prefix: str, backend: AttentionBackend, sliding_window: int | None = None,
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -54,8 +54,7 @@ class LlamaAttention(nn.Module):
         self.qk_norm = qk_norm
         self.rotary_emb = get_rope(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, layer_idx,
-                              self.head_dim ** -0.5, backend,
-                              layer_sliding_windows(config)[layer_idx])
+                              self.head_dim ** -0.5, backend, sliding_window)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -72,10 +71,10 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, config, layer_idx: int, quant_config, prefix: str,
-                 backend: AttentionBackend, **attention_options):
+                 backend: AttentionBackend, sliding_window: int | None, **attention_options):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, quant_config, f"{prefix}.self_attn",
-                                        backend, **attention_options)
+                                        backend, sliding_window, **attention_options)
         self.mlp = LlamaMLP(config, quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -92,13 +91,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
 
-    def __init__(self, config, quant_config, backend: AttentionBackend, prefix: str = "model",
-                 **attention_options):
+    def __init__(self, config, quant_config, backend: AttentionBackend,
+                 sliding_windows: list[int | None], prefix: str = "model", **attention_options):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, quant_config, f"{prefix}.layers.{i}", backend,
-                              **attention_options)
+                              sliding_windows[i], **attention_options)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -122,7 +121,8 @@ class LlamaForCausalLM(CausalLMBase):
             # vLLM convention: the quant config resolves "ignored" lists of unfused names.
             quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
         backend = attn_backend or TorchAttentionBackend()
-        self.model = LlamaModel(config, quant_config, backend, **self.attention_options(config))
+        self.model = LlamaModel(config, quant_config, backend, self.sliding_windows(config),
+                                **self.attention_options(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tie_to = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to)
@@ -132,6 +132,12 @@ class LlamaForCausalLM(CausalLMBase):
         bias = bool(getattr(config, "attention_bias", False))
         return {"qkv_bias": bias, "o_bias": bias}
 
+    @staticmethod
+    def sliding_windows(config) -> list[int | None]:
+        """Per layer window or None. Llama has none, whatever stray keys its config holds
+        (transformers' Llama ignores ``sliding_window`` too)."""
+        return [None] * config.num_hidden_layers
+
 
 class MistralForCausalLM(LlamaForCausalLM):
     """Llama with a sliding window (read from ``config.sliding_window``) and no biases."""
@@ -139,3 +145,7 @@ class MistralForCausalLM(LlamaForCausalLM):
     @staticmethod
     def attention_options(config) -> dict:
         return {}
+
+    @staticmethod
+    def sliding_windows(config) -> list[int | None]:
+        return layer_sliding_windows(config)

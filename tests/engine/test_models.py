@@ -165,6 +165,14 @@ def test_sliding_window_decode_matches_transformers(tiny_checkpoint):
     torch.testing.assert_close(torch.cat(got), case.ref_a, atol=ATOL, rtol=0)
 
 
+def test_llama_ignores_a_stray_sliding_window(tiny_checkpoint):
+    """transformers' Llama has no sliding window even if the config carries the key."""
+    case = Case(tiny_checkpoint("llama", sliding_window=8), len_a=30, len_b=3)
+    assert kv_cache_spec(case.hf_config).sliding_windows == (None, None)
+    logits = case.batcher().run(case.model, [("a", case.ids_a)])["a"]
+    torch.testing.assert_close(logits, case.ref_a, atol=ATOL, rtol=0)
+
+
 def test_qwen2_sliding_layers_follow_max_window_layers(tiny_checkpoint):
     path = tiny_checkpoint("qwen2", use_sliding_window=True, sliding_window=6, max_window_layers=1)
     case = Case(path, len_a=30, len_b=3)
@@ -223,3 +231,35 @@ def test_merged_column_loader_and_forward():
     gate_up.weight.weight_loader(gate_up.weight, up, 1)
     x = torch.randn(4, 6)
     torch.testing.assert_close(gate_up(x), torch.cat([x @ gate.T, x @ up.T], dim=-1))
+
+
+# ----------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_cuda_paged_runs_match_transformers(arch, backend, tmp_path):
+    """fp32 on CUDA equals transformers; bf16 (dtype auto) picks the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from tiny_models import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(arch, tmp_path, with_tokenizer=False, sliding_window=8)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ids = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids], device="cuda")).logits[0].float()
+    for dtype, atol in (("float32", 2e-3), ("auto", None)):
+        model, hf_config = load_model(engine_config(path, dtype=dtype, attention_backend=backend),
+                                      "cuda")
+        batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
+                               dtype=model.dtype, device="cuda")
+        got = [batcher.run(model, [("a", ids[:25])])["a"]]
+        got += [batcher.run(model, [("a", [t])])["a"] for t in ids[25:]]
+        got = torch.cat(got)
+        if atol is not None:
+            torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+        else:
+            agree = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
+            assert model.dtype == torch.bfloat16 and agree >= 0.9
