@@ -88,7 +88,8 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     check_stream_options(body)
     plan = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     constraint = resolve_structured_outputs(body, plan.schema)
-    ctx.metrics and ctx.metrics.observe_constraint(constraint)
+    if ctx.metrics is not None:
+        ctx.metrics.observe_constraint(constraint)
     logprobs = chat_logprobs_count(ctx, body)
     prompt_ids = ctx.tokenizer.encode(render_chat(ctx, body),
                                       add_special_tokens=body.add_special_tokens)
@@ -187,6 +188,9 @@ class _ChatWriter:
             yield sse(stream_error(exc))
             yield SSE_DONE
             return
+        finally:  # a client that left: free its requests now, not when GC finalizes us
+            for gen in gens:
+                gen.abort()
         usage = self.usage(latest)
         if self._include_usage:
             chunk = self._envelope([])

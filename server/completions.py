@@ -55,7 +55,8 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
     ctx.check_logprobs(body.logprobs, "logprobs")
     prompts = completion_prompts(ctx, body)
     constraint = resolve_structured_outputs(body)
-    ctx.metrics and ctx.metrics.observe_constraint(constraint)
+    if ctx.metrics is not None:
+        ctx.metrics.observe_constraint(constraint)
     request_id = new_id("cmpl")
     jobs = []
     for i, (_text, ids) in enumerate(prompts):
@@ -142,6 +143,9 @@ class _CompletionWriter:
             yield sse(stream_error(exc))
             yield SSE_DONE
             return
+        finally:  # a client that left: free its requests now, not when GC finalizes us
+            for gen in gens:
+                gen.abort()
         usage = self.usage(list(latest.values()))
         options = self.body.stream_options
         if options is not None and options.include_usage:

@@ -236,3 +236,24 @@ def test_metrics_and_version(app_factory):
     assert 'tamis:request_success_total{finished_reason="length",model_name="smol"} 1.0' in text
     assert "tamis:kv_cache_total_blocks" in text and "tamis:num_requests_running" in text
     assert call(app, "GET", "/version").json()["version"]
+
+
+def test_shapes_validate_against_openapi(app_factory):
+    from openapi_check import validate
+
+    app = app_factory()
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2,
+            "logprobs": True, "top_logprobs": 1}
+    validate(call(app, "POST", "/v1/chat/completions", chat).json(),
+             "CreateChatCompletionResponse")
+    stream = call(app, "POST", "/v1/chat/completions",
+                  {**chat, "stream": True, "stream_options": {"include_usage": True}})
+    for event in sse_events(stream.text):
+        validate(event, "CreateChatCompletionStreamResponse")
+    validate(call(app, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3,
+                                                   "logprobs": 2}).json(),
+             "CreateCompletionResponse")
+    validate(call(app, "GET", "/v1/models").json(), "ListModelsResponse")
+    validate(call(app, "GET", "/v1/models/smol").json(), "Model")
+    validate(call(app, "POST", "/v1/completions", {"prompt": "x", "n": 0}).json(),
+             "ErrorResponse")
