@@ -94,12 +94,66 @@ class HostBatch:
     num_seqs: int = 0
 
 
-def build_host_batch(batch: SchedulerOutput, block_size: int,
-                     pad_to: int | None = None) -> HostBatch:
+class BlockTableRows:
+    """Host block-table rows kept per request across steps, so a decode step copies only
+    the block ids added since the last one instead of re-reading every table.
+
+    A request's ``block_ids`` only grow until it is preempted (freed, then reallocated
+    from scratch with ``num_preemptions`` bumped); a row is rebuilt when that count
+    changes or its last cached id no longer matches. Rows of requests absent from the
+    current step are reused, least recently seen first, when all are taken."""
+
+    def __init__(self, num_rows: int, max_blocks: int):
+        self.table = np.zeros((num_rows, max_blocks), dtype=np.int32)
+        # id(request) -> [row, ids filled, preemptions, request, last step seen, last id]
+        self._entries: dict[int, list] = {}
+        self._free = list(range(num_rows - 1, -1, -1))
+        self._step = 0
+
+    def rows(self, requests: list) -> np.ndarray:
+        """Row index of each request's up-to-date block table in ``self.table``."""
+        self._step += 1
+        out = np.empty(len(requests), dtype=np.int64)
+        step = self._step
+        for i, request in enumerate(requests):
+            entry = self._entries.get(id(request))
+            ids = request.block_ids
+            filled = entry[1] if entry is not None else 0
+            if (entry is None or entry[3] is not request
+                    or entry[2] != request.num_preemptions or len(ids) < filled
+                    or (filled and ids[filled - 1] != entry[5])):
+                entry = self._assign(request)
+                filled = 0
+            if len(ids) > filled:
+                self.table[entry[0], filled:len(ids)] = ids[filled:]
+                entry[1] = len(ids)
+                entry[5] = ids[-1]
+            entry[4] = step
+            out[i] = entry[0]
+        return out
+
+    def _assign(self, request) -> list:
+        old = self._entries.pop(id(request), None)
+        if old is not None:
+            self._free.append(old[0])
+        if not self._free:
+            stale = sorted((e[4], key) for key, e in self._entries.items() if e[4] < self._step)
+            if not stale:
+                raise RuntimeError("more requests in one step than block-table rows")
+            for _, key in stale[:max(1, len(stale) // 2)]:
+                self._free.append(self._entries.pop(key)[0])
+        entry = [self._free.pop(), 0, request.num_preemptions, request, self._step, None]
+        self._entries[id(request)] = entry
+        return entry
+
+
+def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None = None,
+                     block_rows: BlockTableRows | None = None) -> HostBatch:
     """Flattens the scheduled chunks (layout in ``attention/metadata.py``).
 
     ``pad_to`` (decode graphs) appends padding sequences of one token each until there
-    are ``pad_to`` sequences; it must be >= the number scheduled. Per-request Python work
+    are ``pad_to`` sequences; it must be >= the number scheduled. ``block_rows`` keeps
+    block tables between steps (the GPU runner's); without it they are rebuilt. Per-request Python work
     is a few attribute reads; the rest is numpy over the whole batch (a decode step of
     256 requests is on the CPU's critical path)."""
     items = batch.scheduled
@@ -133,8 +187,13 @@ def build_host_batch(batch: SchedulerOutput, block_size: int,
     lens = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
     width = max(int(lens.max(initial=0)), 1)
     tables = np.zeros((total_seqs, width), dtype=np.int32)
-    tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
-        itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
+    if block_rows is not None:
+        rows = block_rows.rows([item.request for item in items])
+        tables[:num_seqs] = block_rows.table[rows, :width]
+        tables[:num_seqs][np.arange(width) >= lens[:, None]] = 0
+    else:
+        tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
 
     slots = np.full(total_tokens, -1, dtype=np.int64)
     pos = positions[:num_tokens]
@@ -267,6 +326,7 @@ class GPUModelRunner(ModelRunner):
         self.graph_sizes = capture_sizes(config.max_num_seqs) if self.use_cuda_graphs else []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.buffers: StepBuffers | None = None
+        self.block_rows: BlockTableRows | None = None
 
     def _attention_backend_name(self) -> str | None:
         from tamis.engine.layers.attention import Attention
@@ -280,8 +340,10 @@ class GPUModelRunner(ModelRunner):
         num_blocks = super().initialize_kv_cache(max_model_len, max_num_seqs,
                                                  max_num_batched_tokens)
         top = max(self.graph_sizes, default=0)
+        max_blocks = -(-max_model_len // self.block_size)
         self.buffers = StepBuffers(max(max_num_batched_tokens, top), max(max_num_seqs, top),
-                                   -(-max_model_len // self.block_size), self.device)
+                                   max_blocks, self.device)
+        self.block_rows = BlockTableRows(2 * max_num_seqs, max_blocks)
         if self.use_cuda_graphs:
             self.capture_graphs()
         return num_blocks
@@ -294,7 +356,7 @@ class GPUModelRunner(ModelRunner):
         graph_size = None
         if self.graphs and is_graph_step(batch):
             graph_size = padded_size(len(batch.scheduled), self.graph_sizes)
-        hb = build_host_batch(batch, self.block_size, pad_to=graph_size)
+        hb = build_host_batch(batch, self.block_size, graph_size, self.block_rows)
         views = self.buffers.upload(hb)
         meta = AttentionMetadata(
             query_start_loc=views["query_start_loc"], seq_lens=views["seq_lens"],
@@ -352,5 +414,5 @@ class GPUModelRunner(ModelRunner):
                     len(self.graphs), self.graph_sizes[0], self.graph_sizes[-1], used / 2**20)
 
 
-__all__ = ["GPUModelRunner", "use_fused_kernels", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
+__all__ = ["GPUModelRunner", "BlockTableRows", "use_fused_kernels", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
            "HostBatch", "StepBuffers"]
