@@ -68,7 +68,7 @@ def run_library(kind: str, model_dir: Path, out_dir: Path, *extra: str) -> Path:
     if (out_dir / "reference" / "dequantized.safetensors").exists():
         return out_dir
     python = library_python()
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run([str(python), str(SCRIPT), kind, str(model_dir), str(out_dir), *extra],
                           capture_output=True, text=True, timeout=900, env=env)
     if proc.returncode != 0:

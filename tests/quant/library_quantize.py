@@ -124,7 +124,7 @@ def autoawq_run(model_dir: str, out: Path, group_size: int) -> None:
 
 def main() -> None:
     kind, model_dir, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     if kind == "awq-gemm":
         autoawq_run(model_dir, out, group_size=int(sys.argv[4]) if len(sys.argv) > 4 else 64)
