@@ -78,8 +78,6 @@ def time_it(fn, repeats: int) -> list[float]:
 
 def build_tamis(model_dir: Path, hf_model, args):
     from tamis.engine.llm import LLM
-    from bench_offline import fast_dummy_weights
-    fast_dummy_weights()   # overwritten by transformers' weights below anyway
     llm = LLM(model=str(model_dir), load_format="dummy", dtype=args.dtype,
               skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=256,
               gpu_memory_utilization=args.gpu_memory_utilization,

@@ -36,27 +36,6 @@ def make_prompts(num: int, lo: int, hi: int, seed: int, vocab: int = 128000) -> 
     return [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
 
 
-def fast_dummy_weights() -> None:
-    """Bench-only: the loader draws dummy weights on the CPU (about a minute for 8B
-    parameters, paid in device time); draw them on the GPU instead. Same distribution
-    (normal, std 0.02; norms 1), different values."""
-    import torch
-    import tamis.engine.loader as loader
-
-    def init_on_device(model, seed: int) -> None:
-        generator = None
-        for name, param in model.named_parameters():
-            if generator is None:
-                generator = torch.Generator(device=param.device).manual_seed(seed)
-            if not param.dtype.is_floating_point:
-                param.data.zero_()
-            elif name.endswith("norm.weight"):
-                param.data.fill_(1.0)
-            else:
-                param.data.normal_(0.0, loader.DUMMY_STD, generator=generator)
-    loader.init_dummy_weights = init_on_device
-
-
 class StepProfiler:
     """Wall time of each phase of every engine step, split by decode-only (graph) and
     mixed steps. Forward and logits are followed by a sync so GPU time lands in them;
@@ -121,8 +100,6 @@ def run_tamis(args, prompts) -> dict:
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
     import torch
-    if not args.slow_dummy_init:
-        fast_dummy_weights()
     model_dir = write_llama8b_config(tempfile.mkdtemp())
     t0 = time.perf_counter()
     llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
@@ -266,8 +243,6 @@ def main() -> None:
     parser.add_argument("--checks", action="store_true", help="memory growth and KV stats")
     parser.add_argument("--step-profile", action="store_true",
                         help="a second, instrumented pass: time per step phase")
-    parser.add_argument("--slow-dummy-init", action="store_true",
-                        help="keep the loader's CPU-drawn dummy weights (slow on 8B)")
     parser.add_argument("--memory-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
