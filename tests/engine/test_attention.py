@@ -15,7 +15,7 @@ from tamis.engine.attention.backends import get_attention_backend
 from tamis.engine.attention.metadata import AttentionMetadata
 from tamis.engine.attention.torch_backend import TorchAttentionBackend
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)   # 2 threads stall on OpenMP barriers when the CPUs are shared
 HEAD_DIM, NUM_KV_HEADS, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 4, 64
 
 

@@ -13,7 +13,7 @@ import tamis.engine.embedded as embedded
 from tamis.engine.layers.linear import UnquantizedLinearMethod
 from tamis.engine.loader import kv_cache_spec, load_model, resolve_model_path
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)   # 2 threads stall on OpenMP barriers when the CPUs are shared
 
 
 def engine_config(model, **kw):

@@ -19,7 +19,7 @@ from tamis.engine.layers.rotary import get_rope
 from tamis.engine.loader import kv_cache_spec, load_model
 from tests.engine.paged_harness import PagedBatcher
 
-torch.set_num_threads(2)
+torch.set_num_threads(1)   # 2 threads stall on OpenMP barriers when the CPUs are shared
 ATOL = 1e-4
 TEXT = ("The quick brown fox jumps over the lazy dog. Paged attention stores keys and values "
         "in fixed-size blocks, so sequences of any length share one pool of memory. ")
@@ -39,10 +39,11 @@ def prompt_ids(path, length: int, offset: int = 0) -> list[int]:
 
 
 @torch.no_grad()
-def reference_logits(path, ids: list[int]) -> torch.Tensor:
+def reference_logits(path, *prompts: list[int]) -> list[torch.Tensor]:
+    """transformers' logits for each prompt (its modeling code is the reference)."""
     from transformers import AutoModelForCausalLM
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return ref(torch.tensor([ids])).logits[0].float()
+    return [ref(torch.tensor([ids])).logits[0].float() for ids in prompts]
 
 
 class Case:
@@ -52,7 +53,7 @@ class Case:
         self.path, self.atol = path, atol
         self.model, self.hf_config = load_model(engine_config(path), "cpu")
         self.ids_a, self.ids_b = prompt_ids(path, len_a), prompt_ids(path, len_b, offset=7)
-        self.ref_a, self.ref_b = reference_logits(path, self.ids_a), reference_logits(path, self.ids_b)
+        self.ref_a, self.ref_b = reference_logits(path, self.ids_a, self.ids_b)
 
     def batcher(self, block_size: int = 4) -> PagedBatcher:
         return PagedBatcher(kv_cache_spec(self.hf_config), num_blocks=64, block_size=block_size)
@@ -62,7 +63,7 @@ class Case:
 def case(request, tiny_checkpoint, smollm2_path):
     if request.param == "smollm2":
         # 30 layers, logits ~20: fp32 summation-order noise reaches ~1.5e-4 in chunked runs
-        return Case(smollm2_path, len_a=40, len_b=19, atol=5e-4)
+        return Case(smollm2_path, len_a=32, len_b=14, atol=5e-4)
     return Case(tiny_checkpoint(request.param))
 
 
