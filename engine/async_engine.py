@@ -254,8 +254,11 @@ class AsyncEngine:
             _, request_id, prompt, params, priority = command
             try:
                 self.engine.add_request(request_id, prompt, params, priority=priority)
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError) as exc:  # the request's fault: a 400
                 self._call_on_loop(request_id, self._fail, request_id, RequestFailed(str(exc)))
+            except Exception as exc:  # an engine bug: fail this request (500), keep serving
+                logger.exception("add_request(%s) failed", request_id)
+                self._call_on_loop(request_id, self._fail, request_id, exc)
         if aborted:
             self.engine.abort_request(aborted)
 
