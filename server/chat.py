@@ -157,10 +157,12 @@ class _ChatWriter:
         body["usage"] = self.usage(output)
         return body
 
-    def _chunk(self, choices) -> str:
+    def _chunk(self, choices, output=None) -> str:
         chunk = self._envelope(choices)
         if self._include_usage:
-            chunk["usage"] = None
+            options = self.body.stream_options
+            chunk["usage"] = (self.usage(output) if options.continuous_usage_stats
+                              and output is not None else None)
         return sse(chunk)
 
     @property
@@ -183,7 +185,7 @@ class _ChatWriter:
                     choices += self._deltas(choice, cursors[choice.index],
                                             streamers[choice.index])
                 if choices:
-                    yield self._chunk(choices)
+                    yield self._chunk(choices, output)
         except Exception as exc:  # noqa: BLE001 - the status line is already sent
             yield sse(stream_error(exc))
             yield SSE_DONE

@@ -138,7 +138,11 @@ class _CompletionWriter:
                     if delta is not None:
                         choices.append(delta)
                 if choices:
-                    yield sse(self._envelope(choices))
+                    chunk = self._envelope(choices)
+                    options = self.body.stream_options
+                    if options is not None and options.continuous_usage_stats:
+                        chunk["usage"] = self.usage(list(latest.values()))
+                    yield sse(chunk)
         except Exception as exc:  # noqa: BLE001 - the status line is already sent
             yield sse(stream_error(exc))
             yield SSE_DONE

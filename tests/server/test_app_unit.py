@@ -257,3 +257,14 @@ def test_shapes_validate_against_openapi(app_factory):
     validate(call(app, "GET", "/v1/models/smol").json(), "Model")
     validate(call(app, "POST", "/v1/completions", {"prompt": "x", "n": 0}).json(),
              "ErrorResponse")
+
+
+def test_continuous_usage_stats(app_factory):
+    app = app_factory()
+    r = call(app, "POST", "/v1/completions", {
+        "prompt": "x", "max_tokens": 3, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    events = sse_events(r.text)
+    counts = [e["usage"]["completion_tokens"] for e in events[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 3
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
