@@ -6,8 +6,8 @@ loaders in ``tamis.quant`` repack into it once after loading:
 ```
 qweight  int32 [ceil(K / P), N]   P = 32 // bits values per word, packed along K,
                                   value j of word r is row k = P*r + j at bits [bits*j, bits*(j+1))
-scales   [G, N]  activation dtype G = ceil(K / group_size); row k uses group k // group_size
-zeros    [G, N]  activation dtype the zero point as a float (AWQ/GPTQ integers, already
+scales   [G, N]  fp16 or fp32     G = ceil(K / group_size); row k uses group k // group_size
+zeros    [G, N]  like scales      the zero point as a float (AWQ/GPTQ integers, already
                                   corrected for GPTQ v1's "+1"), so w = (q - zero) * scale
 ```
 
@@ -35,20 +35,20 @@ except ImportError:  # CPU-only installs without triton still get the reference
 
 def dequantize_wna16(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                      group_size: int, bits: int, in_features: int) -> torch.Tensor:
-    """The dense weight [K, N] in ``scales``' dtype: (q - zero) * scale per group."""
+    """The dense weight [K, N] in float32: (q - zero) * scale per group."""
     factor = 32 // bits
     shifts = torch.arange(factor, dtype=torch.int32, device=qweight.device) * bits
     q = (qweight.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)
     q = q.reshape(-1, qweight.shape[1])[:in_features]
     group = torch.arange(in_features, device=qweight.device) // group_size
-    return ((q.to(scales.dtype) - zeros[group]) * scales[group])
+    return (q.float() - zeros[group].float()) * scales[group].float()
 
 
 def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                    zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype, through the dequantized weight."""
     weight = dequantize_wna16(qweight, scales, zeros, group_size, bits, x.shape[-1])
-    return (x.to(weight.dtype) @ weight).to(x.dtype)
+    return (x.float() @ weight).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,15 @@ class GemmConfig:
 
 
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> GemmConfig:
-    """Decode (M <= 16): thin tiles and split-K to fill the SMs; prefill: square tiles."""
+    """Tile choice by M bucket, from the H200 sweep in bench/results/quant.md: decode
+    (M <= 16) likes thin 32-column tiles with BLOCK_K 128 and split-K only for long K;
+    M <= 64 a 32x64 tile; prefill 128x128 with 8 warps."""
     block_k = 128 if group_size % 128 == 0 else (64 if group_size % 64 == 0 else 32)
     if m <= 16:
-        block_n = 64
-        tiles = triton.cdiv(n, block_n)
-        k_steps = triton.cdiv(k, block_k)
-        split_k = max(1, min(k_steps, (2 * num_sms) // max(tiles, 1)))
-        return GemmConfig(16, block_n, block_k, split_k, num_warps=4, num_stages=4)
+        split_k = 2 if k >= 8192 else 1
+        return GemmConfig(16, 32, block_k, split_k, num_warps=4, num_stages=4)
     if m <= 64:
-        return GemmConfig(64, 64, min(block_k, 64), 1, num_warps=4, num_stages=4)
+        return GemmConfig(32, 64, min(block_k, 64), 1, num_warps=4, num_stages=4)
     return GemmConfig(128, 128, min(block_k, 64), 1, num_warps=8, num_stages=3)
 
 
