@@ -156,9 +156,15 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
+# Older AutoGPTQ / AutoAWQ checkpoints keep their settings beside config.json.
+_LEGACY_QUANT_FILES = ("quantize_config.json", "quant_config.json")
+
+
 def _quant_config(model_dir: Path, hf_config, quantization: str | None):
     """The checkpoint's / forced quantization; tamis.quant is imported only when needed."""
-    if not quantization and getattr(hf_config, "quantization_config", None) is None:
+    declared = getattr(hf_config, "quantization_config", None) is not None or any(
+        (model_dir / name).is_file() for name in _LEGACY_QUANT_FILES)
+    if not quantization and not declared:
         return None
     from tamis.quant import get_quant_config
     return get_quant_config(model_dir, hf_config, quantization)

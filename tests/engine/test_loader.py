@@ -180,7 +180,7 @@ def test_explicit_dtype(tiny_checkpoint):
     assert model.dtype == torch.float32
 
 
-def test_quant_config_is_requested_only_when_asked(tiny_checkpoint, monkeypatch):
+def test_quant_config_is_requested_only_when_asked(tiny_checkpoint, monkeypatch, tmp_path):
     import tamis.quant
     calls, prefixes = [], []
 
@@ -203,6 +203,10 @@ def test_quant_config_is_requested_only_when_asked(tiny_checkpoint, monkeypatch)
     assert calls == ["recording"]
     assert "model.layers.1.self_attn.qkv_proj" in prefixes
     assert "model.layers.0.mlp.gate_up_proj" in prefixes and "model.layers.0.mlp.down_proj" in prefixes
+    legacy = copy_checkpoint(tiny_checkpoint("llama"), tmp_path / "gptq")
+    (legacy / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
+    load_model(engine_config(legacy), "cpu")        # AutoGPTQ's file beside config.json
+    assert calls == ["recording", None]
 
 
 def test_kv_cache_spec(tiny_checkpoint, smollm2_path):
