@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tamis.engine.layers.quant_method import LinearMethodBase, QuantizationConfig
@@ -122,6 +123,13 @@ class Fp8LinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
+        if not x.is_cuda:
+            # CPU reference: dequantize once, then plain matmuls (W8A16).
+            dense = getattr(layer, "fp8_dense", None)
+            if dense is None or dense.dtype != x.dtype:
+                dense = (layer.weight.float() * layer.weight_scale[:, None]).to(x.dtype)
+                layer.fp8_dense = dense
+            return F.linear(x, dense, bias)
         input_scale = layer.input_scale if self.static else None
         return fp8_linear(x, layer.weight, layer.weight_scale, input_scale, bias)
 
