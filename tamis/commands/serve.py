@@ -70,6 +70,9 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
     from tamis.server.context import ServerContext
 
     config = EngineConfig.from_cli_args(args)
+    if config.skip_tokenizer_init:
+        raise SystemExit("tamis serve: the server needs the tokenizer (chat templates, text "
+                         "prompts, streamed text); drop --skip-tokenizer-init")
     engine = LLMEngine(config)
     async_engine = AsyncEngine(engine, max_waiting=args.max_waiting)
     ctx = ServerContext(engine=async_engine, tokenizer=engine.tokenizer,
