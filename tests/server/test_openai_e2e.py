@@ -16,7 +16,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from openapi_check import validate
 
@@ -250,8 +250,8 @@ def test_response_format_json_schema_and_object(client):
 
 
 class Pet(BaseModel):
-    name: str
-    legs: int
+    name: str = Field(max_length=12)  # bounded, so max_tokens cannot cut the JSON
+    legs: int = Field(ge=0, le=8)
 
 
 def test_parse_with_pydantic_model(client):
@@ -283,9 +283,10 @@ def test_named_tool_call_arguments_validate(client):
 def test_required_tool_call_and_streamed_named_call(client):
     r = client.chat.completions.create(
         model="smol", messages=[{"role": "user", "content": "Weather in Oslo?"}],
-        max_tokens=60, tools=[WEATHER], tool_choice="required")
+        max_tokens=80, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls", choice
+    assert len(choice.message.tool_calls) == 1  # parallel_tool_calls=False: maxItems 1
     for call in choice.message.tool_calls:
         jsonschema.validate(json.loads(call.function.arguments),
                             WEATHER["function"]["parameters"])
