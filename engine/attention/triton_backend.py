@@ -3,9 +3,10 @@
 One ``forward`` per layer and step:
 
 1. ``store_kv_cache``: the step's k/v into their slots (slot -1, padding, skipped);
-2. a decode-only batch (one query per sequence, as in a captured CUDA graph) goes to
-   the split-K decode kernel; any batch holding a prefill chunk goes to the varlen
-   prefill kernel, which also serves its decode rows.
+2. the leading run of one-query sequences (all of them in a decode-only batch, as in a
+   captured CUDA graph; the running decodes ahead of new prompt chunks in a mixed
+   batch) goes to the split-K decode kernel, which reads each KV head once for its
+   whole query-head group; the remaining sequences go to the varlen prefill kernel.
 
 Nothing here synchronises with the device: grid sizes come from host ints in the
 metadata (``max_query_len``) or from shapes, so the decode path can be captured in a
@@ -26,6 +27,17 @@ from tamis.kernels.attention_prefill import paged_attention_prefill_triton
 from tamis.kernels.cache import store_kv_cache_triton
 
 
+def leading_decodes(query_lens: list[int]) -> int:
+    """How many sequences at the front of the batch have exactly one query token
+    (0 when the host lengths are not given)."""
+    count = 0
+    for n in query_lens:
+        if n != 1:
+            break
+        count += 1
+    return count
+
+
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
 
@@ -44,9 +56,17 @@ class TritonAttentionBackend(AttentionBackend):
             return paged_attention_decode_triton(q, kv_cache, meta.seq_lens, meta.block_tables,
                                                  scale, sliding_window,
                                                  num_splits=self.decode_num_splits)
-        return paged_attention_prefill_triton(q, kv_cache, meta.query_start_loc, meta.seq_lens,
-                                              meta.block_tables, scale, sliding_window,
-                                              max_query_len=meta.max_query_len)
+        out = torch.empty_like(q)
+        decodes = leading_decodes(meta.query_lens_cpu)
+        if decodes:   # their query rows are the first `decodes` tokens
+            paged_attention_decode_triton(q[:decodes], kv_cache, meta.seq_lens[:decodes],
+                                          meta.block_tables[:decodes], scale, sliding_window,
+                                          num_splits=self.decode_num_splits, out=out[:decodes])
+        # query_start_loc keeps absolute token offsets, so the rest needs no re-basing.
+        return paged_attention_prefill_triton(
+            q, kv_cache, meta.query_start_loc[decodes:], meta.seq_lens[decodes:],
+            meta.block_tables[decodes:], scale, sliding_window,
+            max_query_len=meta.max_query_len, out=out)
 
     def _forward_uncached(self, q, k, v, meta, scale, sliding_window) -> torch.Tensor:
         if self._uncached is None:

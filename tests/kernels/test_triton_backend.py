@@ -41,6 +41,8 @@ def _step(context_lens, query_lens, *, heads=4, kv_heads=2, dim=16, block_size=4
 @pytest.mark.parametrize("contexts,queries,window", [
     ([0, 0], [9, 4], None),          # prefill
     ([5, 12, 0], [1, 7, 3], None),   # mixed: decode row + chunk over a prefix + prompt
+    ([6, 9, 3, 0], [1, 1, 5, 4], 4),  # mixed: two leading decodes (decode kernel) + chunks
+    ([0, 4, 7], [3, 1, 1], None),    # decodes after a prompt chunk: all through prefill
     ([6, 30, 2], [1, 1, 1], None),   # decode-only
     ([6, 30, 2], [1, 1, 1], 8),      # decode-only, sliding window
     ([10, 0], [6, 13], 5),           # prefill, sliding window
@@ -69,6 +71,14 @@ def test_without_cache_attends_over_new_tokens():
     got = TritonAttentionBackend().forward(q, k, v, None, meta, 0.3)
     want = TorchAttentionBackend().forward(q, k, v, None, meta, 0.3)
     torch.testing.assert_close(got, want)
+
+
+def test_leading_decodes():
+    from tamis.engine.attention.triton_backend import leading_decodes
+    assert leading_decodes([1, 1, 5, 1]) == 2
+    assert leading_decodes([3, 1]) == 0
+    assert leading_decodes([1, 1]) == 2
+    assert leading_decodes([]) == 0
 
 
 def test_factory_picks_triton_on_cuda_only():
