@@ -39,7 +39,7 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         message = ("Missing API key: send `Authorization: Bearer <key>`" if not given
                    else "Incorrect API key provided")
-        await _send_error(send, 401, message, "authentication_error", "invalid_api_key",
+        await _send_error(send, 401, message, "invalid_request_error", "invalid_api_key",
                           [(b"www-authenticate", b"Bearer")])
 
 

@@ -23,10 +23,11 @@ from tamis.engine.async_engine import EngineDeadError, EngineOverloaded, Request
 
 logger = logging.getLogger("tamis.server")
 
+# OpenAI answers client mistakes (400, 401, 404) with type "invalid_request_error".
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
-    401: "authentication_error",
-    404: "not_found_error",
+    401: "invalid_request_error",
+    404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable_error",
