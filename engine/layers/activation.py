@@ -7,9 +7,13 @@ from torch import nn
 
 
 class SiluAndMul(nn.Module):
-    """``[..., 2d] -> [..., d]``: silu(first half) * second half (fused gate_up output)."""
+    """``[..., 2d] -> [..., d]``: silu(first half) * second half (fused gate_up output);
+    one fused kernel on CUDA (``tamis.kernels.activation``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from tamis.kernels.activation import silu_and_mul
+            return silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -10,6 +10,7 @@ class RMSNorm(nn.Module):
 
     ``forward(x)`` returns y. ``forward(x, residual)`` first adds ``x + residual`` and
     returns ``(y, x + residual)``: the sum is the next block's residual stream.
+    CUDA tensors go through the fused kernels of ``tamis.kernels.norm`` (same semantics).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
@@ -24,6 +25,11 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.is_cuda:
+            from tamis.kernels.norm import fused_add_rms_norm, rms_norm
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual

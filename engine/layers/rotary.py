@@ -121,6 +121,13 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor,
                 k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns rotated (q, k); on CUDA they are rotated in place by one fused kernel
+        (``tamis.kernels.rotary``), on CPU new tensors are returned."""
+        if q.is_cuda:
+            from tamis.kernels.rotary import rotary_embedding_
+            if q.stride(-1) != 1 or k.stride(-1) != 1:
+                q, k = q.contiguous(), k.contiguous()
+            return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling)
         cos, sin = self.cos_sin(positions)
         cos, sin = cos.to(q.dtype)[:, None, :], sin.to(q.dtype)[:, None, :]
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
