@@ -78,8 +78,8 @@ def _build(nfa: NFA, node, start: int) -> int:
         return end
     if kind == "rep":
         return _build_rep(nfa, node[1], node[2], node[3], start)
-    if kind == "and":
-        return _build_product(nfa, node[1], node[2], start)
+    if kind in ("and", "diff"):
+        return _build_product(nfa, node[1], node[2], start, kind)
     if kind == "props":
         return _build_props(nfa, node, start)
     raise ConstraintError(f"rule reference {node[1]!r} cannot be compiled into a regular automaton")
@@ -131,11 +131,16 @@ def _build_props(nfa: NFA, node, start: int) -> int:
 
 
 MAX_PRODUCT_STATES = 20_000
+_DEAD_ROW = np.full(256, DEAD, dtype=np.int32)
 
 
-def _build_product(nfa: NFA, a, b, start: int) -> int:
-    """Intersection of two regular languages, embedded as an explicit product automaton."""
-    left, right = LazyDFA(a), LazyDFA(b)
+def _build_product(nfa: NFA, a, b, start: int, mode: str = "and") -> int:
+    """Intersection ("and") or difference ("diff": in a, not in b) of two regular languages,
+    embedded as an explicit product automaton."""
+    left, right = LazyDFA(a, allow_empty_language=True), LazyDFA(b, allow_empty_language=True)
+    diff = mode == "diff"
+    if left.start == DEAD:
+        return nfa.new_state()          # empty language: nothing reaches the end
     end = nfa.new_state()
     first = nfa.new_state()
     nfa.eps[start].append(first)
@@ -144,10 +149,12 @@ def _build_product(nfa: NFA, a, b, start: int) -> int:
     while queue:
         pair = queue.pop()
         here = ids[pair]
-        if left.is_accepting(pair[0]) and right.is_accepting(pair[1]):
+        in_right = pair[1] != DEAD and right.is_accepting(pair[1])
+        if left.is_accepting(pair[0]) and in_right != diff:
             nfa.eps[here].append(end)
-        row_l, row_r = left.row(pair[0]), right.row(pair[1])
-        live = np.flatnonzero((row_l >= 0) & (row_r >= 0))
+        row_l = left.row(pair[0])
+        row_r = right.row(pair[1]) if pair[1] != DEAD else _DEAD_ROW
+        live = np.flatnonzero((row_l >= 0) & ((row_r >= 0) | diff))
         for byte in live.tolist():
             target = (int(row_l[byte]), int(row_r[byte]))
             if target not in ids:
@@ -162,7 +169,9 @@ def _build_product(nfa: NFA, a, b, start: int) -> int:
 
 def languages_intersect(a, b, budget: int = 20_000) -> bool | None:
     """True if some string matches both ``a`` and ``b``; None if the search exceeds ``budget``."""
-    left, right = LazyDFA(a), LazyDFA(b)
+    left, right = LazyDFA(a, allow_empty_language=True), LazyDFA(b, allow_empty_language=True)
+    if left.start == DEAD or right.start == DEAD:
+        return False
     seen = {(left.start, right.start)}
     queue = [(left.start, right.start)]
     while queue:
@@ -204,7 +213,7 @@ def _trim(nfa: NFA, accept: int) -> None:
 class LazyDFA:
     """Subset construction on demand. Thread-safe: rows are built under a lock."""
 
-    def __init__(self, node):
+    def __init__(self, node, allow_empty_language: bool = False):
         self.nfa, nfa_start, self.nfa_accept = build_nfa(node)
         self._byte_class, self._class_edges = _byte_classes(self.nfa)
         self._num_classes = int(self._byte_class.max()) + 1
@@ -215,7 +224,7 @@ class LazyDFA:
         self.accepting: list[bool] = []
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
         self.start = self._state_of(self._closure((nfa_start,)))
-        if self.start == DEAD:
+        if self.start == DEAD and not allow_empty_language:
             raise ConstraintError("the constraint matches no string at all")
 
     # ---- public --------------------------------------------------------------------------
@@ -224,6 +233,8 @@ class LazyDFA:
         return len(self.sets)
 
     def row(self, state: int) -> np.ndarray:
+        if state == DEAD:
+            return _DEAD_ROW
         trans = self.trans
         if trans[state, 0] == UNCOMPUTED:
             with self._lock:
@@ -248,7 +259,7 @@ class LazyDFA:
         return state
 
     def is_accepting(self, state: int) -> bool:
-        return self.accepting[state]
+        return state != DEAD and self.accepting[state]
 
     def can_continue(self, state: int) -> bool:
         return bool((self.row(state) >= 0).any())

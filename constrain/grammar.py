@@ -82,7 +82,7 @@ def _inline(node, rules, recursive, memo) -> tuple:
         if any(ra.has_rules(c) for c in ra.children(node)):
             return _inline(ra.expand_props(node), rules, recursive, memo)
         return node
-    if kind == "and" and ra.has_rules(node):
+    if kind in ("and", "diff") and ra.has_rules(node):
         raise GrammarError("an intersection cannot contain grammar rules")
     return node
 

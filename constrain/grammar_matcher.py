@@ -114,7 +114,9 @@ class CompiledGrammar:
                 continue
             expected = self.expected(after)
             if nonempty and self.dfas[t].is_accepting(s):
-                row |= self.fresh_row(expected)
+                # the lexeme may end right here: everything the next lexeme allows,
+                # including its own boundary crossings
+                row |= self.hypothesis_mask(self.fresh_hypothesis(after)) & ~self.eos_row
             row |= self.cross_row(t, s, expected)
         if self.is_complete(hyp):
             row |= self.eos_row

@@ -3,10 +3,12 @@
 Policies (stated and tested):
 - integers are written without fraction or exponent and without ``-0``;
 - numbers without bounds: ``-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?``;
-- numbers with bounds are written without exponent; bounds must be integer-valued
-  (``minimum: 0.5`` is a compile error naming the keyword).
+- numbers with bounds are written without exponent; bounds are exact decimals (``0.5``,
+  ``1e-3`` and big integers all work) compared digit by digit.
 """
 from __future__ import annotations
+
+from decimal import Decimal
 
 from . import regex_ast as ra
 from .regex_parser import parse_regex
@@ -55,6 +57,8 @@ def _fixed_width(low: str, high: str) -> tuple:
     """Digit strings of equal length between low and high inclusive."""
     if not low:
         return ra.EMPTY
+    if low == "0" * len(low) and high == "9" * len(high):
+        return ra.rep(DIGIT, len(low), len(low))
     first_low, first_high = int(low[0]), int(high[0])
     if first_low == first_high:
         return ra.seq(ra.char(low[0]), _fixed_width(low[1:], high[1:]))
@@ -68,42 +72,95 @@ def _fixed_width(low: str, high: str) -> tuple:
 
 
 def number_range(lo, lo_inclusive: bool, hi, hi_inclusive: bool) -> tuple:
-    """Decimal numbers x (no exponent) with integer bounds lo (<=|<) x (<=|<) hi."""
+    """Decimal numbers x (no exponent) with lo (<=|<) x (<=|<) hi; bounds are any JSON numbers
+    (None = unbounded). Exact: the bound's digits are compared digit by digit."""
+    lo = None if lo is None else _decimal(lo)
+    hi = None if hi is None else _decimal(hi)
     parts = []
-    if hi is None or hi > 0 or (hi == 0 and hi_inclusive):
-        a, a_incl = (0, True) if lo is None or lo < 0 else (lo, lo_inclusive)
-        parts.append(_nonneg_decimal(a, a_incl, hi, hi_inclusive))
-    if lo is None or lo < 0:
+    zero = Decimal(0)
+    if hi is None or hi > zero or (hi == zero and hi_inclusive):
+        a, a_incl = (zero, True) if lo is None or lo < zero else (lo, lo_inclusive)
+        parts.append(_magnitude_range(a, a_incl, hi, hi_inclusive))
+    if lo is None or lo < zero:
         # x = -y with y > 0: the bounds swap sides.
-        y_lo, y_lo_incl = (0, False) if hi is None or hi >= 0 else (-hi, hi_inclusive)
+        y_lo, y_lo_incl = (zero, False) if hi is None or hi >= zero else (-hi, hi_inclusive)
         y_hi = None if lo is None else -lo
-        parts.append(ra.seq(ra.char("-"), _positive_decimal(y_lo, y_lo_incl, y_hi, lo_inclusive)))
+        parts.append(ra.seq(ra.char("-"), _magnitude_range(y_lo, y_lo_incl, y_hi, lo_inclusive,
+                                                           positive=True)))
     return ra.alt(*parts)
 
 
-def _nonneg_decimal(a: int, a_incl: bool, b, b_incl: bool) -> tuple:
+def _decimal(value) -> Decimal:
+    return Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+
+
+def _split(value: Decimal) -> tuple[int, str]:
+    """Integer part and fraction digits (no trailing zeros) of a non-negative decimal."""
+    text = format(value, "f")
+    whole, _, frac = text.partition(".")
+    return int(whole), frac.rstrip("0")
+
+
+def _magnitude_range(a: Decimal, a_incl: bool, b, b_incl: bool, positive: bool = False) -> tuple:
+    """Unsigned decimals I(.D)? between a and b; ``positive`` also excludes every zero."""
     if b is not None and (a > b or (a == b and not (a_incl and b_incl))):
         return ra.NOTHING
-    if b is not None and a == b:
-        return ra.seq(int_range(a, a), ZERO_FRACTION)
-    parts = [ra.seq(int_range(a, a), ANY_FRACTION if a_incl else NONZERO_FRACTION)]
-    parts.append(ra.seq(int_range(a + 1, None if b is None else b - 1), ANY_FRACTION))
-    if b is not None and b_incl:
-        parts.append(ra.seq(int_range(b, b), ZERO_FRACTION))
-    return ra.alt(*parts)
+    ai, af = _split(a)
+    parts = []
+    if b is None:
+        parts.append(ra.seq(int_range(ai, ai), _fraction(af, ">=" if a_incl else ">", None, None)))
+        parts.append(ra.seq(int_range(ai + 1, None), ANY_FRACTION))
+    else:
+        bi, bf = _split(b)
+        low_op, high_op = (">=" if a_incl else ">"), ("<=" if b_incl else "<")
+        if ai == bi:
+            parts.append(ra.seq(int_range(ai, ai), _fraction(af, low_op, bf, high_op)))
+        else:
+            parts.append(ra.seq(int_range(ai, ai), _fraction(af, low_op, None, None)))
+            if bi - ai > 1:
+                parts.append(ra.seq(int_range(ai + 1, bi - 1), ANY_FRACTION))
+            parts.append(ra.seq(int_range(bi, bi), _fraction(None, None, bf, high_op)))
+    node = ra.alt(*parts)
+    if positive:
+        node = ("diff", node, ra.seq(ra.char("0"), ZERO_FRACTION))
+    return node
 
 
-def _positive_decimal(a: int, a_incl: bool, b, b_incl: bool) -> tuple:
-    """y > 0 within the bounds (a may be 0 exclusive)."""
-    if a == 0 and not a_incl:
-        if b is not None and b == 0:
-            return ra.NOTHING
-        zero_point = ra.seq(ra.char("0"), NONZERO_FRACTION)
-        upper = b - 1 if b is not None else None
-        parts = [zero_point]
-        if upper is None or upper >= 1:
-            parts.append(ra.seq(int_range(1, upper), ANY_FRACTION))
-        if b is not None and b >= 1 and b_incl:
-            parts.append(ra.seq(int_range(b, b), ZERO_FRACTION))
-        return ra.alt(*parts)
-    return _nonneg_decimal(a, a_incl, b, b_incl)
+def _fraction(low, low_op, high, high_op) -> tuple:
+    """The optional ``.D`` part with 0.D compared to 0.low and 0.high."""
+    conditions = []
+    if low_op is not None:
+        conditions.append(_digits_compare(low, low_op))
+    if high_op is not None:
+        conditions.append(_digits_compare(high, high_op))
+    digits = ra.rep(DIGIT, 0, None)
+    for condition in conditions:
+        digits = ("and", digits, condition)
+    nonempty = ("and", digits, ra.rep(DIGIT, 1, None))
+    empty_ok = all(_empty_satisfies(bound, op) for bound, op in ((low, low_op), (high, high_op))
+                   if op is not None)
+    dotted = ra.seq(ra.char("."), nonempty)
+    return ra.alt(ra.EMPTY, dotted) if empty_ok else dotted
+
+
+def _empty_satisfies(bound: str, op: str) -> bool:
+    zero = not bound
+    return {">=": zero, ">": False, "<=": True, "<": not zero}[op]
+
+
+def _digits_compare(bound: str, op: str) -> tuple:
+    """Digit strings D (maybe empty) with 0.D <op> 0.bound."""
+    any_digits = ra.rep(DIGIT, 0, None)
+    if not bound:
+        return {">=": any_digits,
+                ">": ra.seq(any_digits, NONZERO, any_digits),
+                "<=": ra.rep(ra.char("0"), 0, None),
+                "<": ra.NOTHING}[op]
+    f = int(bound[0])
+    rest = _digits_compare(bound[1:], op)
+    same = ra.seq(ra.char(bound[0]), rest)
+    if op in (">=", ">"):
+        bigger = ra.seq(ra.chars(((49 + f, 57),)), any_digits) if f < 9 else ra.NOTHING
+        return ra.alt(bigger, same)
+    smaller = ra.seq(ra.chars(((48, 47 + f),)), any_digits) if f > 0 else ra.NOTHING
+    return ra.alt(ra.EMPTY, smaller, same)

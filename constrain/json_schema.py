@@ -62,10 +62,10 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns",
+    "_patterns", "not",
 }
 UNSUPPORTED = {
-    "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+    "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "propertyNames", "patternProperties", "$dynamicRef", "$recursiveRef",
 }
@@ -177,6 +177,8 @@ class _SchemaCompiler:
         self._check_keywords(schema, path)
         if "$ref" in schema:
             return self._ref(schema, path, depth)
+        if "not" in schema:
+            return self._not(schema, path, depth)
         if "allOf" in schema:
             return self.value(self._merge_all_of(schema, path, depth), path, depth + 1)
         if "anyOf" in schema or "oneOf" in schema:
@@ -199,6 +201,17 @@ class _SchemaCompiler:
         if schema.get("uniqueItems") is True:
             raise SchemaError("JSON-schema keyword 'uniqueItems' is not supported by tamis "
                               "(it cannot be enforced while generating)", f"{path}/uniqueItems")
+
+    def _not(self, schema: dict, path: str, depth: int) -> tuple:
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        base = self.value(rest, path, depth + 1)
+        excluded = self.value(schema["not"], f"{path}/not", depth + 1)
+        if excluded == ra.NOTHING:
+            return base
+        if ra.has_rules(base) or ra.has_rules(excluded):
+            raise SchemaError("JSON-schema keyword 'not' is only supported when both the schema "
+                              "and the negated schema are non-recursive and typed", f"{path}/not")
+        return ("diff", base, excluded)
 
     # ---- $ref ------------------------------------------------------------------------------
     def _ref(self, schema: dict, path: str, depth: int) -> tuple:
@@ -265,6 +278,10 @@ class _SchemaCompiler:
         raise SchemaError("$ref chain too long", path)
 
     def _merge(self, a: dict, b: dict, path: str):
+        for x, y in ((a, b), (b, a)):
+            if "prefixItems" in x and "items" in y and "prefixItems" not in y:
+                raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
+                                  "branches (their meaning depends on the branch)", path)
         out = dict(a)
         for key, value in b.items():
             if key in ANNOTATIONS or key not in out:
@@ -301,23 +318,25 @@ class _SchemaCompiler:
             else:
                 nodes.append(self.value(branch, where, depth + 1))
         if keyword == "oneOf":
-            self._check_disjoint(nodes, path)
+            return self._one_of(nodes, path)
         return ra.alt(*nodes)
 
-    def _check_disjoint(self, nodes: list, path: str) -> None:
+    def _one_of(self, nodes: list, path: str) -> tuple:
+        """Exactly one branch: disjoint branches are a plain alternation; overlapping regular
+        branches become sum of (branch minus the others); overlapping recursive ones are refused."""
         live = [n for n in nodes if n != ra.NOTHING]
+        overlapping = False
         for i in range(len(live)):
             for j in range(i + 1, len(live)):
-                if ra.has_rules(live[i]) or ra.has_rules(live[j]):
-                    if _first_kind(live[i]) & _first_kind(live[j]):
-                        raise SchemaError("oneOf over recursive branches that may overlap is not "
-                                          "supported (use anyOf if overlap is fine)", f"{path}/oneOf")
-                    continue
-                overlap = languages_intersect(live[i], live[j])
-                if overlap is not False:
-                    raise SchemaError(f"oneOf branches {i} and {j} are not disjoint (or too large "
-                                      "to check); tamis enforces oneOf only for disjoint branches: "
-                                      "use anyOf if overlap is fine", f"{path}/oneOf")
+                a, b = _over_approximation(live[i]), _over_approximation(live[j])
+                if languages_intersect(a, b) is not False:
+                    overlapping = True
+        if not overlapping:
+            return ra.alt(*live)
+        if any(ra.has_rules(n) for n in live):
+            raise SchemaError("oneOf whose branches may overlap is only supported when no branch "
+                              "is recursive or free-form (use anyOf if overlap is fine)", f"{path}/oneOf")
+        return ra.alt(*(("diff", n, ra.alt(*(m for m in live if m is not n))) for n in live))
 
     # ---- enum / const ----------------------------------------------------------------------
     def _enum(self, schema: dict, path: str) -> tuple:
@@ -455,10 +474,7 @@ class _SchemaCompiler:
             return int_range(ilo, ihi)
         if lo is None and hi is None:
             return ANY_NUMBER
-        for name, bound in (("minimum", lo), ("maximum", hi)):
-            if bound is not None and bound != int(bound):
-                raise SchemaError(f"non-integer bound {bound} on a number is not supported", f"{path}/{name}")
-        return number_range(None if lo is None else int(lo), lo_incl, None if hi is None else int(hi), hi_incl)
+        return number_range(lo, lo_incl, hi, hi_incl)
 
     def _string(self, schema: dict, path: str) -> tuple:
         lo = _nonneg_int(schema, "minLength", path, 0)
@@ -738,19 +754,22 @@ def _json_equal(x, y) -> bool:
     return x == y
 
 
-def _first_kind(node) -> set:
-    """Coarse first-character classes of a node: used to prove recursive branches disjoint."""
+_ANYTHING = ra.rep(ra.chars(((0, ra.MAX_CODE_POINT),)), 0, None)
+
+
+def _over_approximation(node) -> tuple:
+    """A regular superset of ``node``: rule references become "anything" (arrays and objects
+    keep their first character), so disjoint over-approximations prove disjoint branches."""
     kind = node[0]
     if kind == "rule":
-        name = node[1]
-        return {"[" } if name == "$any_array" else {"{"} if name == "$any_object" else {"*"}
-    if kind == "chars":
-        return {chr(lo) if lo == hi and chr(lo) in '[{"tfn-' else "*" for lo, hi in node[1]} or set()
+        first = {"$any_array": "[", "$any_object": "{"}.get(node[1])
+        return ra.seq(ra.char(first), _ANYTHING) if first else _ANYTHING
     if kind == "seq":
-        return _first_kind(node[1][0]) if node[1] else {"*"}
+        return ra.seq(*(_over_approximation(c) for c in node[1]))
     if kind == "alt":
-        out = set()
-        for child in node[1]:
-            out |= _first_kind(child)
-        return out
-    return {"*"}
+        return ra.alt(*(_over_approximation(c) for c in node[1]))
+    if kind == "rep":
+        return ra.rep(_over_approximation(node[1]), node[2], node[3])
+    if kind == "props":
+        return node if not ra.has_rules(node) else _over_approximation(ra.expand_props(node))
+    return node

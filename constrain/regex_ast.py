@@ -126,13 +126,13 @@ def intersect_ranges(a, b) -> tuple:
 
 def children(node) -> tuple:
     """Sub-expressions of ``node`` (for the two composite kinds the builder adds:
-    ("and", a, b) = intersection, ("props", members, sep, tail_none, tail_some))."""
+    ("and", a, b) = intersection, ("diff", a, b) = a minus b, ("props", members, sep, tail_none, tail_some))."""
     kind = node[0]
     if kind in ("seq", "alt"):
         return node[1]
     if kind == "rep":
         return (node[1],)
-    if kind == "and":
+    if kind in ("and", "diff"):
         return (node[1], node[2])
     if kind == "props":
         return tuple(member for member, _ in node[1]) + (node[2], node[3], node[4])
@@ -166,6 +166,8 @@ def matches_empty(node) -> bool:
         return node[2] == 0 or matches_empty(node[1])
     if kind == "and":
         return matches_empty(node[1]) and matches_empty(node[2])
+    if kind == "diff":
+        return matches_empty(node[1]) and not matches_empty(node[2])
     if kind == "props":
         return all(not req or matches_empty(m) for m, req in node[1]) and matches_empty(node[3])
     raise ValueError(f"matches_empty on a rule reference {node!r}")

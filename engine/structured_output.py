@@ -1,0 +1,146 @@
+"""The engine's bridge to tamis.constrain (contract: docs/contracts.md).
+
+    StructuredOutputManager(tokenizer, vocab_size, config)
+      .add_request(request)            starts compiling in the pool (cached); never blocks
+      .is_ready(request) -> bool       True once compiled; raises StructuredOutputError if the
+                                       compile failed or ran past the time limit
+      .fill_bitmask(requests)          int32 [len(requests), ceil(V/32)] (bit set = allowed;
+                                       unconstrained rows all ones) or None if none constrained;
+                                       the tensor is reused: valid until the next call
+      .accept_token(request, tok)      advances the request's matcher; False = violation
+      .is_terminated(request)          the constraint is complete and only EOS may follow
+                                       (or EOS was accepted): the request may stop
+      .jump_forward_tokens(request)    tokens the constraint forces next, ALREADY ACCEPTED by
+                                       the matcher: the engine appends them to the output and
+                                       computes them in the next forward pass (no sampling)
+      .remove_request(request)         forgets the request's matcher (call when it finishes)
+
+A request is constrained when ``request.sampling_params.structured_outputs`` is set. The
+manager keys its state by ``request.request_id``.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tamis.constrain import ConstraintCompiler, StructuredOutputsParams, TokenizerInfo
+from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
+
+
+class StructuredOutputError(ValueError):
+    """A request's constraint failed to compile; the message says why."""
+
+
+class StructuredOutputManager:
+    def __init__(self, tokenizer, vocab_size: int, config=None):
+        backend = getattr(config, "structured_outputs_backend", "tamis") or "tamis"
+        if backend not in ("tamis", "auto"):
+            raise ValueError(f"structured_outputs_backend={backend!r} is not available: only "
+                             "'tamis' is implemented")
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size)
+        self.time_limit_s = getattr(config, "structured_outputs_time_limit_s", DEFAULT_TIME_LIMIT_S)
+        self.compiler = ConstraintCompiler(time_limit_s=self.time_limit_s)
+        self._futures: dict = {}
+        self._submitted_at: dict = {}
+        self._matchers: dict = {}
+        self._bitmask = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    @staticmethod
+    def params_of(request) -> StructuredOutputsParams | None:
+        sampling = getattr(request, "sampling_params", None) or getattr(request, "params", None)
+        params = getattr(sampling, "structured_outputs", None)
+        if isinstance(params, dict):
+            params = StructuredOutputsParams.from_dict(params)
+        return params
+
+    def add_request(self, request) -> None:
+        params = self.params_of(request)
+        if params is None:
+            return
+        params.validate()
+        rid = request.request_id
+        self._futures[rid] = self.compiler.submit(params, self.info)
+        self._submitted_at[rid] = time.monotonic()
+
+    def is_ready(self, request) -> bool:
+        rid = request.request_id
+        if rid in self._matchers:
+            return True
+        future = self._futures.get(rid)
+        if future is None:
+            return True          # not constrained
+        if not future.done():
+            waited = time.monotonic() - self._submitted_at[rid]
+            if waited > self.time_limit_s * 1.5 + 1.0:
+                self._drop(rid)
+                raise StructuredOutputError(
+                    f"structured output compilation timed out after {waited:.1f}s")
+            return False
+        try:
+            compiled = future.result()
+        except Exception as exc:
+            self._drop(rid)
+            raise StructuredOutputError(str(exc)) from None
+        self._matchers[rid] = compiled.matcher()
+        del self._futures[rid]
+        return True
+
+    def remove_request(self, request) -> None:
+        self._drop(request.request_id)
+
+    def _drop(self, rid) -> None:
+        self._futures.pop(rid, None)
+        self._submitted_at.pop(rid, None)
+        self._matchers.pop(rid, None)
+
+    def matcher(self, request):
+        return self._matchers.get(request.request_id)
+
+    # ---- per step -------------------------------------------------------------------------
+    def fill_bitmask(self, requests):
+        import torch
+        rows = [self._matchers.get(r.request_id) for r in requests]
+        if not any(m is not None for m in rows):
+            return None
+        words = self.info.num_words
+        if self._bitmask is None or self._bitmask.shape[0] < len(requests):
+            self._bitmask = np.empty((max(len(requests), 8), words), dtype=np.int32)
+        bitmask = self._bitmask[:len(requests)]
+        for i, m in enumerate(rows):
+            if m is None:
+                bitmask[i] = -1
+            else:
+                m.fill_bitmask(bitmask, i)
+        return torch.from_numpy(bitmask)
+
+    def accept_token(self, request, token_id: int) -> bool:
+        m = self._matchers.get(request.request_id)
+        return True if m is None else m.accept(int(token_id))
+
+    def is_terminated(self, request) -> bool:
+        m = self._matchers.get(request.request_id)
+        return False if m is None else m.is_terminated()
+
+    def jump_forward_tokens(self, request) -> list[int]:
+        m = self._matchers.get(request.request_id)
+        if m is None:
+            return []
+        text = m.jump_forward()
+        if not text:
+            return []
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        accepted = []
+        for tid in ids:
+            if not m.accept(tid):
+                break
+            accepted.append(tid)
+        # Hold back the last token unless the constraint is now finished: the text that
+        # follows may merge with it into a better token (re-tokenization at the boundary).
+        if accepted and not m.is_terminated():
+            m.rollback(1)
+            accepted.pop()
+        return accepted
