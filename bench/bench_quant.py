@@ -67,41 +67,68 @@ PPL_METHODS = {
     "gptq-4bit-g128-act-order": ["--method", "gptq", "--bits", "4", "--group-size", "128",
                                  "--desc-act"],
     "fp8-dynamic": ["--method", "fp8"],
+    "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
 }
 
 
 def run_ppl(args) -> None:
+    """Each figure is stored in WORKDIR/ppl-<name>.json, so several processes can share the
+    work (one method each) and a last call prints the table from what is stored."""
+    import json
+
     from transformers import AutoTokenizer
 
-    from tamis.cli import main as tamis_main
     from tamis.engine.embedded import default_model_path
 
     torch.set_num_threads(args.threads)
     base = default_model_path()
     ids = evaluation_ids(AutoTokenizer.from_pretrained(base), args.tokens)
-    rows = []
-    t0 = time.time()
-    reference = perplexity(base, ids, args.window)
-    print(f"unquantized: ppl {reference:.4f} ({time.time() - t0:.0f}s)", flush=True)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tamis-bench-quant-"))
-    for name in args.methods:
-        out = work / name
+    work.mkdir(parents=True, exist_ok=True)
+    names = ([] if args.no_reference else ["unquantized"]) + list(args.methods)
+    for name in names:
+        record = work / f"ppl-{name}.json"
+        if record.exists():
+            continue
         t0 = time.time()
-        if not (out / "config.json").exists():
-            argv = ["quantize", *PPL_METHODS[name], "--output", str(out),
-                    "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len)]
-            if tamis_main(argv) != 0:
-                raise SystemExit(f"tamis quantize failed for {name}")
+        model_dir, quantization = _ppl_model(name, base, work, args)
         quantize_s = time.time() - t0
-        ppl = perplexity(out, ids, args.window)
-        rows.append((name, ppl, quantize_s))
-        print(f"{name}: ppl {ppl:.4f} (quantize {quantize_s:.0f}s)", flush=True)
-    online = perplexity(base, ids, args.window, quantization="fp8")
-    rows.append(("fp8-online (--quantization fp8)", online, 0.0))
-    print(f"\nperplexity on pydoc_data.topics, {ids.numel()} tokens, windows of {args.window}")
-    print(f"{'model':34s} {'ppl':>9s} {'unquantized':>12s} {'change':>8s}")
-    for name, ppl, _ in rows:
-        print(f"{name:34s} {ppl:9.4f} {reference:12.4f} {100 * (ppl / reference - 1):+7.2f}%")
+        ppl = perplexity(model_dir, ids, args.window, quantization)
+        record.write_text(json.dumps({"ppl": ppl, "quantize_s": quantize_s,
+                                      "eval_s": time.time() - t0 - quantize_s,
+                                      "tokens": int(ids.numel())}))
+        print(f"{name}: ppl {ppl:.4f}", flush=True)
+    _print_ppl_table(work, ids.numel(), args.window)
+
+
+def _ppl_model(name: str, base: Path, work: Path, args):
+    from tamis.cli import main as tamis_main
+    if name == "unquantized":
+        return base, None
+    if name == "fp8-online":
+        return base, "fp8"
+    out = work / name
+    if not (out / "config.json").exists():
+        argv = ["quantize", *PPL_METHODS[name], "--output", str(out),
+                "--num-samples", str(args.num_samples), "--seq-len", str(args.seq_len)]
+        if tamis_main(argv) != 0:
+            raise SystemExit(f"tamis quantize failed for {name}")
+    return out, None
+
+
+def _print_ppl_table(work: Path, tokens: int, window: int) -> None:
+    import json
+    rows = {p.stem[4:]: json.loads(p.read_text()) for p in sorted(work.glob("ppl-*.json"))}
+    reference = rows.get("unquantized", {}).get("ppl")
+    print(f"\nperplexity on pydoc_data.topics, {tokens} tokens, windows of {window}")
+    print(f"{'model':28s} {'ppl':>9s} {'unquantized':>12s} {'change':>8s} {'quantize s':>11s}")
+    for name in ["unquantized", *PPL_METHODS]:
+        if name not in rows:
+            continue
+        ppl = rows[name]["ppl"]
+        change = f"{100 * (ppl / reference - 1):+7.2f}%" if reference else "n/a"
+        print(f"{name:28s} {ppl:9.4f} {reference or float('nan'):12.4f} {change:>8s} "
+              f"{rows[name]['quantize_s']:11.0f}")
 
 
 # ---------------------------------------------------------------- GEMMs (GPU)
@@ -210,8 +237,10 @@ def main() -> None:
     ppl.add_argument("--tokens", type=int, default=20480)
     ppl.add_argument("--window", type=int, default=512)
     ppl.add_argument("--methods", nargs="+", default=list(PPL_METHODS), choices=list(PPL_METHODS))
-    ppl.add_argument("--num-samples", type=int, default=16)
+    ppl.add_argument("--num-samples", type=int, default=8)
     ppl.add_argument("--seq-len", type=int, default=256)
+    ppl.add_argument("--no-reference", action="store_true",
+                     help="skip the unquantized model (another process computes it)")
     ppl.add_argument("--threads", type=int, default=2)
     ppl.add_argument("--workdir", default=None, help="keep / reuse quantized checkpoints here")
     gemm = sub.add_parser("gemm")
