@@ -52,7 +52,9 @@ def visible_mask(query_pos: torch.Tensor, key_pos: torch.Tensor, seq_lens: torch
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
           scale: float, is_causal: bool = False) -> torch.Tensor:
-    """q [B, Q, Hq, D], k/v [B, K, Hkv, D], mask [B, Q, K] -> [B, Q, Hq, D]."""
+    """q [B, Q, Hq, D], k/v [B, K, Hkv, D], mask [B, Q, K] -> [B, Q, Hq, D] in q's dtype
+    (a cache stored in another dtype is cast up/down to it)."""
+    k, v = k.to(q.dtype), v.to(q.dtype)
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
         attn_mask=None if mask is None else mask[:, None], is_causal=is_causal, scale=scale,
@@ -79,14 +81,20 @@ class TorchAttentionBackend(AttentionBackend):
         decodes = [b for b, n in enumerate(query_lens) if n == 1]
         if decodes:
             self._decode(q, kv_cache, meta, decodes, seq_lens, scale, sliding_window, out)
+        # A fresh prefill reads its keys straight from k/v (the cache holds the same
+        # values when its dtype matches); a chunk over a cached prefix gathers them.
+        direct = kv_cache.dtype == k.dtype
         start = 0
         for b, (q_len, seq_len) in enumerate(zip(query_lens, seq_lens)):
-            if q_len > 1:
+            end = start + q_len
+            if q_len > 1 and direct and seq_len == q_len:
+                out[start:end] = self._attend_chunk(q[start:end], k[start:end], v[start:end], 0,
+                                                    scale, sliding_window)
+            elif q_len > 1:
                 k_all, v_all = gather_kv(kv_cache, meta.block_tables[b:b + 1], seq_len)
-                out[start:start + q_len] = self._attend_chunk(
-                    q[start:start + q_len], k_all[0], v_all[0], seq_len - q_len, scale,
-                    sliding_window)
-            start += q_len
+                out[start:end] = self._attend_chunk(q[start:end], k_all[0], v_all[0],
+                                                    seq_len - q_len, scale, sliding_window)
+            start = end
         return out
 
     def _decode(self, q, kv_cache, meta, decodes: list[int], seq_lens: list[int], scale: float,

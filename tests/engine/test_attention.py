@@ -147,6 +147,13 @@ def test_half_precision_cache():
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), torch.cat(scenario.expected(0.35, None)),
                                atol=5e-2, rtol=5e-2)
+    # fp32 activations over a bf16 cache: every chunk, fresh ones too, reads the cache
+    scenario = Scenario(MIXES["mixed"], 4, seed=8)
+    cache = scenario.kv_cache.to(torch.bfloat16)
+    out = TorchAttentionBackend().forward(scenario.q, scenario.k, scenario.v, cache,
+                                          scenario.meta, 0.35, None)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.cat(scenario.expected(0.35, None)), atol=5e-2, rtol=5e-2)
 
 
 def test_get_attention_backend():
