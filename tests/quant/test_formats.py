@@ -288,3 +288,30 @@ def test_detection_sources_and_errors(tmp_path):
     ct = get_quant_config(tmp_path, {"quantization_config": _ct_config(4, "group", 32, True)},
                           "compressed_tensors")
     assert ct.get_name() == "compressed-tensors"
+
+
+@pytest.mark.parametrize("strategy,static", [("channel", False), ("tensor", True)])
+def test_compressed_tensors_fp8(strategy, static):
+    acts = {"num_bits": 8, "type": "float", "strategy": "tensor" if static else "token",
+            "dynamic": not static, "symmetric": True}
+    config = CompressedTensorsConfig.from_config({
+        "quant_method": "compressed-tensors", "format": "float-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": acts,
+                                      "weights": {"num_bits": 8, "type": "float",
+                                                  "strategy": strategy, "symmetric": True}}}})
+    layer = make_layer(config, 64, list(SHARDS.values()))
+    tensors, expected = {}, []
+    for i, (shard, n) in enumerate(SHARDS.items()):
+        weight = _fp8(n, 64, i)
+        scale = (torch.rand(n, 1) + 0.5) * 1e-3 if strategy == "channel" else torch.tensor([2e-3 * (i + 1)])
+        tensors.update({("weight", shard): weight, ("weight_scale", shard): scale})
+        if static:
+            tensors[("input_scale", shard)] = torch.tensor([0.01 * (i + 1)])
+        expected.append(weight.float() * scale.reshape(-1, 1))
+    load_layer(layer, tensors)
+    expected = torch.cat(expected)
+    assert type(layer.quant_method).__name__ == "Fp8LinearMethod"
+    assert torch.equal(layer.weight.float() * layer.weight_scale[:, None], expected)
+    if static:
+        assert layer.input_scale.item() == pytest.approx(0.03)
+    _check_forward(layer, expected)
