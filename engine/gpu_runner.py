@@ -28,13 +28,15 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
   attribute names (``weight``/``eps``; ``inv_freq``/``attention_scaling``).
 
 The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
-``build_host_batch``) take plain Python values and are tested on CPU.
+``build_host_batch``, ``BlockTableRows``) take plain Python values and are tested on
+CPU; so is the whole runner, eagerly, with the Triton backend interpreted.
 """
 from __future__ import annotations
 
 import bisect
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -395,7 +397,7 @@ class GPUModelRunner(ModelRunner):
     def capture_graphs(self) -> None:
         """Captures the model's forward for every decode size, largest first, one pool."""
         pool = None
-        free_before = torch.cuda.mem_get_info(self.device)[0]
+        started = time.perf_counter()
         for size in sorted(self.graph_sizes, reverse=True):
             meta = self._graph_metadata(size)
             ids = self.buffers.device["input_ids"][:size]
@@ -409,10 +411,9 @@ class GPUModelRunner(ModelRunner):
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = (graph, hidden)
         torch.cuda.synchronize(self.device)
-        used = free_before - torch.cuda.mem_get_info(self.device)[0]
-        logger.info("captured %d decode CUDA graphs (sizes %s..%s), %.0f MiB",
-                    len(self.graphs), self.graph_sizes[0], self.graph_sizes[-1], used / 2**20)
+        logger.info("captured %d decode CUDA graphs (sizes %s..%s) in %.1f s", len(self.graphs),
+                    self.graph_sizes[0], self.graph_sizes[-1], time.perf_counter() - started)
 
 
-__all__ = ["GPUModelRunner", "BlockTableRows", "use_fused_kernels", "capture_sizes", "padded_size", "is_graph_step", "build_host_batch",
-           "HostBatch", "StepBuffers"]
+__all__ = ["GPUModelRunner", "BlockTableRows", "use_fused_kernels", "capture_sizes",
+           "padded_size", "is_graph_step", "build_host_batch", "HostBatch", "StepBuffers"]
