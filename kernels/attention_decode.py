@@ -102,8 +102,8 @@ if tl is not None:
             slot = block * block_size + offs_n % block_size
             kv_off = slot[:, None] * row_stride + kv_head * head_dim + offs_d[None, :]
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0)
-            v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0)
+            k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))

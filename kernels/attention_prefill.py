@@ -11,8 +11,8 @@
                  sliding window W only keys with p - j < W.
 
 GQA: query head h reads KV head ``h // (Hq // Hkv)``. The new tokens' K/V must already be
-in the cache (``store_kv_cache`` first). Output ``[T, Hq, D]`` in q's dtype; softmax in
-float32. A query with no visible key (impossible for valid metadata) gets zeros.
+in the cache (``store_kv_cache`` first). A cache in another dtype than q is read as q's
+dtype. Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
 """
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ if tl is not None:
                 slot = block * block_size + offs_n % block_size
                 kv_off = slot[:, None] * row_stride + kv_head * head_dim + offs_d[None, :]
                 kv_mask = n_mask[:, None] & d_mask[None, :]
-                k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0)
+                k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
                 visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
                 if SLIDING:
@@ -142,7 +142,8 @@ if tl is not None:
                 p = tl.exp2(s - m_safe[:, None])
                 alpha = tl.exp2(m_i - m_safe)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0)
+                v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask,
+                            other=0.0).to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m_i = m_new
             l_safe = tl.where(l_i == 0.0, 1.0, l_i)

@@ -76,6 +76,20 @@ def test_prefill_sliding_window(window):
         torch.testing.assert_close(got[6:], v.repeat_interleave(2, 1), atol=1e-5, rtol=1e-5)
 
 
+def test_cache_in_another_dtype_is_read_as_q_dtype():
+    case = make_case([9, 0], [4, 6], block_size=4, dtype=torch.float32)
+    q16 = case.q.half()
+    want = paged_attention_prefill_ref(q16, case.kv_cache, case.query_start_loc, case.seq_lens,
+                                       case.block_tables, 0.3)
+    got = paged_attention_prefill_triton(q16, case.kv_cache, case.query_start_loc, case.seq_lens,
+                                         case.block_tables, 0.3, max_query_len=6)
+    torch.testing.assert_close(got, want, **_tol(torch.float16))
+    dec = _decode_case([7, 13], torch.float32, block_size=4)
+    args = (dec.q.half(), dec.kv_cache, dec.seq_lens, dec.block_tables, 0.3)
+    torch.testing.assert_close(paged_attention_decode_triton(*args, num_splits=2),
+                               paged_attention_decode_ref(*args), **_tol(torch.float16))
+
+
 def test_prefill_gqa_group_of_eight_and_head_dim_not_power_of_two():
     case = make_case([5], [11], num_heads=8, num_kv_heads=1, head_dim=24, block_size=4)
     torch.testing.assert_close(_prefill(case, paged_attention_prefill_triton, 0.2),
