@@ -80,3 +80,76 @@ def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, with_tokeni
         if (source / name).exists():
             shutil.copy(source / name, path / name)
     return path
+
+
+def _llama_cpp_permute(weight, num_heads: int):
+    """llama.cpp's q/k row order (interleaved rotary halves); transformers undoes it on load."""
+    rows = weight.shape[0]
+    return (weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:])
+            .swapaxes(1, 2).reshape(weight.shape))
+
+
+def make_tiny_gguf(path: str | Path, seed: int = 0) -> tuple[Path, Any]:
+    """Writes a tiny random Llama as an F32 GGUF file with a byte-level BPE vocabulary of
+    261 tokens (3 specials, 256 bytes, 2 merges: the GGUF tokenizer converts in a blink).
+    Returns (gguf path, the transformers model it was written from)."""
+    import gguf
+    import torch
+
+    config = tiny_config("llama", vocab_size=261, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = _classes("llama")[1](config).float().eval()
+    path = Path(path)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    tokens = ["<unk>", "<s>", "</s>"] + _byte_level_alphabet() + ["Ġt", "he"]
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * (len(tokens) - 3))
+    writer.add_token_merges(["Ġ t", "h e"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    for name, tensor in _gguf_tensors(model, config):
+        writer.add_tensor(name, tensor.detach().float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, model
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's printable stand-in for each of the 256 bytes (byte-level BPE)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def _gguf_tensors(model, config):
+    state = model.state_dict()
+    yield "token_embd.weight", state["model.embed_tokens.weight"]
+    yield "output_norm.weight", state["model.norm.weight"]
+    yield "output.weight", state["lm_head.weight"]
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+             "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for i in range(config.num_hidden_layers):
+        for hf_name, gguf_name in names.items():
+            tensor = state[f"model.layers.{i}.{hf_name}.weight"]
+            if gguf_name == "attn_q":
+                tensor = _llama_cpp_permute(tensor, config.num_attention_heads)
+            elif gguf_name == "attn_k":
+                tensor = _llama_cpp_permute(tensor, config.num_key_value_heads)
+            yield f"blk.{i}.{gguf_name}.weight", tensor

@@ -94,6 +94,23 @@ def test_other_gguf_files_are_converted_once_into_the_cache(tmp_path, monkeypatc
     assert hf_config.architectures == ["LlamaForCausalLM"]
 
 
+def test_tiny_gguf_file_converts_and_matches_its_source_model(tmp_path, monkeypatch):
+    """A real GGUF (F32, llama.cpp's q/k row order) through convert_gguf and our loader."""
+    from tiny_models import make_tiny_gguf
+
+    from tamis.engine.attention.metadata import forward_context
+
+    gguf_path, source = make_tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("TAMIS_CACHE_DIR", str(tmp_path / "cache"))
+    model, hf_config = load_model(engine_config(gguf_path, load_format="gguf"), "cpu")
+    assert resolve_model_path(gguf_path).parent == tmp_path / "cache" / "models"
+    ids = torch.randint(0, hf_config.vocab_size, (24,))
+    with torch.no_grad(), forward_context(None, []):
+        logits = model.compute_logits(model(ids, torch.arange(24)))
+        expected = source(ids[None]).logits[0]
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+
+
 def test_gguf_format_needs_a_gguf_file(tiny_checkpoint):
     with pytest.raises(ValueError, match="gguf"):
         load_model(engine_config(tiny_checkpoint("llama"), load_format="gguf"), "cpu")
