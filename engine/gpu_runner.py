@@ -155,9 +155,9 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
 
     ``pad_to`` (decode graphs) appends padding sequences of one token each until there
     are ``pad_to`` sequences; it must be >= the number scheduled. ``block_rows`` keeps
-    block tables between steps (the GPU runner's); without it they are rebuilt. Per-request Python work
-    is a few attribute reads; the rest is numpy over the whole batch (a decode step of
-    256 requests is on the CPU's critical path)."""
+    block tables between steps (the GPU runner's); without it they are rebuilt.
+    Per-request Python work is a few attribute reads; the rest is numpy over the whole
+    batch (a decode step of 256 requests is on the CPU's critical path)."""
     items = batch.scheduled
     num_seqs = len(items)
     total_seqs = num_seqs if pad_to is None else pad_to

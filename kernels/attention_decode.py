@@ -152,7 +152,8 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                   num_splits: int | None = None, block_n: int | None = None,
                                   num_warps: int = 4, num_stages: int = 2,
                                   out: torch.Tensor | None = None) -> torch.Tensor:
-    """``num_splits``/``block_n``/``num_warps``/``num_stages`` override the defaults (benchmarks)."""
+    """``num_splits``, ``block_n``, ``num_warps``, ``num_stages``: launch overrides
+    (benchmarks); ``out``: where to write (a view is fine)."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     num_seqs, num_heads, head_dim = q.shape
     if num_seqs != seq_lens.shape[0]:

@@ -163,7 +163,8 @@ def _prefill_tiles(q: torch.Tensor) -> tuple[int, int, int]:
 def paged_attention_prefill_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                                    block_tables: torch.Tensor, scale: float,
-                                   sliding_window: int | None = None, max_query_len: int | None = None,
+                                   sliding_window: int | None = None,
+                                   max_query_len: int | None = None,
                                    out: torch.Tensor | None = None) -> torch.Tensor:
     """``max_query_len`` (a host int) sizes the grid; computed with a sync when omitted."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
