@@ -3,7 +3,10 @@
 ``get_rope(hf_config, head_dim)`` reads the scaling from the config. Transformers >= 5
 stores it as ``config.rope_parameters`` (``rope_type``, ``rope_theta``, ``factor``, ...);
 older configs carry ``rope_scaling`` (key ``type`` or ``rope_type``) and ``rope_theta``.
-Supported types: default, linear, llama3, yarn. Others raise ValueError naming the type.
+Supported types: default, linear, llama3, yarn, dynamic. Others raise ValueError naming
+the type. Dynamic NTK scaling only changes the frequencies for positions past
+``max_position_embeddings`` (transformers recomputes them there); the engine never goes
+that far (``max_model_len`` is capped at it), so inside that range it is the default.
 
 cos/sin are computed per call from the positions in float32 (``positions x inv_freq``,
 the same product transformers forms), so there is no length limit and no cache to size.
@@ -16,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
 
 
 def rope_parameters(hf_config) -> dict[str, Any]:
@@ -92,7 +95,7 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any],
                      max_position: int) -> tuple[torch.Tensor, float]:
     """(inv_freq [rotary_dim // 2] float32, cos/sin scaling) for the rope type in ``params``."""
     rope_type = params["rope_type"]
-    if rope_type == "default":
+    if rope_type in ("default", "dynamic"):
         return _default_inv_freq(rotary_dim, params["rope_theta"]), 1.0
     if rope_type == "linear":
         return _default_inv_freq(rotary_dim, params["rope_theta"]) / params["factor"], 1.0

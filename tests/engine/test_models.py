@@ -122,6 +122,7 @@ ROPE_VARIANTS = {
                "rope_theta": 500000.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
              "rope_theta": 10000.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0},
 }
 
 
