@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,32 +25,17 @@ import torch
 from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
 from tamis.engine.kv_cache import KVCacheManager
-from tamis.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from tamis.engine.output_processor import OutputProcessor, RequestGroup
+from tamis.engine.outputs import Logprob, RequestOutput
 from tamis.engine.request import Request, RequestStatus
 from tamis.engine.runner import RunnerOutput, make_runner
 from tamis.engine.sampler import SamplingMetadata, TopLogprobs, gather_logprobs
-from tamis.engine.sampling_params import RequestOutputKind, SamplingParams
+from tamis.engine.sampling_params import SamplingParams
 from tamis.engine.scheduler import Scheduler, SchedulerOutput
 from tamis.engine.stats import EngineStats
 from tamis.engine.tokenizer import TokenDecoder, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Group:
-    """The n sequences of one user request and what was already reported (DELTA mode)."""
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    children: list[Request]
-    output_kind: RequestOutputKind
-    sent_tokens: list[int] = field(default_factory=list)
-    sent_chars: list[int] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return all(child.is_finished for child in self.children)
 
 
 class LLMEngine:
@@ -70,8 +54,7 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids(self.tokenizer, self.hf_config, self.model_dir)
         self._token_decoder = TokenDecoder(self.tokenizer) if self.tokenizer is not None else None
         self._init_cache_and_scheduler()
-        self._groups: dict[str, _Group] = {}
-        self._dirty: set[str] = set()         # groups with something new to report
+        self.outputs = OutputProcessor()
         self._structured = None
         self._counters = {"prompt": 0, "generation": 0, "finished": 0}
 
@@ -101,7 +84,7 @@ class LLMEngine:
         prompt, token id outside the vocabulary, parameter the model cannot honour,
         duplicate id); nothing is queued then."""
         request_id = str(request_id)
-        if request_id in self._groups:
+        if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
@@ -117,9 +100,7 @@ class LLMEngine:
             if child.sampling_params.structured_outputs is not None:
                 self._structured_manager().add_request(child)
                 child.status = RequestStatus.WAITING_FOR_GRAMMAR
-        group = _Group(request_id, text, token_ids, children, params.output_kind,
-                       [0] * params.n, [0] * params.n)
-        self._groups[request_id] = group
+        self.outputs.add(RequestGroup(request_id, text, token_ids, children, params.output_kind))
         for child in children:
             self.scheduler.add_request(child)
 
@@ -194,19 +175,19 @@ class LLMEngine:
     def abort_request(self, request_ids: str | list[str]) -> None:
         """Ends requests now and frees their blocks; no further output is reported."""
         for request_id in [request_ids] if isinstance(request_ids, str) else request_ids:
-            group = self._groups.pop(str(request_id), None)
+            group = self.outputs.pop(str(request_id))
             if group is None:
                 continue
-            self._dirty.discard(group.request_id)
             for child in group.children:
                 if not child.is_finished:
                     self.scheduler.finish_request(child, RequestStatus.FINISHED_ABORTED)
+                    self._forget_grammar(child)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._groups)
+        return len(self.outputs) > 0
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._groups)
+        return len(self.outputs)
 
     # --- the step ----------------------------------------------------------------------------
 
@@ -219,10 +200,10 @@ class LLMEngine:
             self.scheduler.update_after_step(batch)
             self._process_prompt_logprobs(batch, result)
             self._sample_and_append(batch, result)
-        elif self._groups and not self._dirty and not self._has_compiling_grammar():
+        elif len(self.outputs) and not self.outputs.has_news and not self._has_compiling_grammar():
             raise RuntimeError("scheduler made no progress with requests pending "
                                f"(waiting={len(self.scheduler.waiting)}): KV cache too small?")
-        return self._collect_outputs()
+        return self.outputs.collect()
 
     def _record_schedule(self, batch: SchedulerOutput) -> None:
         now = time.time()
@@ -273,7 +254,7 @@ class LLMEngine:
             stop_string = request.detokenizer.update([token_id], stop_terminated)
             if stop_string is not None:
                 status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop_string
-        self._dirty.add(request.parent_id)
+        self.outputs.mark(request.parent_id)
         if status is not None:
             self._finish(request, status)
             return True
@@ -283,8 +264,9 @@ class LLMEngine:
         request.error = error
         request.metrics.finished_time = time.time()
         self.scheduler.finish_request(request, status)
+        self._forget_grammar(request)
         self._counters["finished"] += 1
-        self._dirty.add(request.parent_id)
+        self.outputs.mark(request.parent_id)
 
     # --- logprobs ------------------------------------------------------------------------------
 
@@ -325,6 +307,12 @@ class LLMEngine:
             self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.config)
         return self._structured
 
+    def _forget_grammar(self, request: Request) -> None:
+        if self._structured is not None and request.sampling_params.structured_outputs is not None:
+            remove = getattr(self._structured, "remove_request", None)
+            if remove is not None:
+                remove(request)
+
     def _has_compiling_grammar(self) -> bool:
         return any(r.status == RequestStatus.WAITING_FOR_GRAMMAR for r in self.scheduler.waiting)
 
@@ -362,58 +350,16 @@ class LLMEngine:
                     bitmask[row, word] &= ~(1 << bit) if bit < 31 else 0x7FFFFFFF
 
     def _accept_structured(self, request: Request, token_id: int) -> list[int]:
-        """Advances the request's matcher; returns tokens the grammar forces next."""
+        """Advances the request's matcher; returns the tokens the grammar forces next
+        (already accepted by the matcher: they go straight into the output)."""
         if request.sampling_params.structured_outputs is None:
             return []
-        manager = self._structured
         if token_id in request.sampling_params.all_stop_token_ids:
             return []
-        if not manager.accept_token(request, token_id):
+        if not self._structured.accept_token(request, token_id):
             logger.warning("request %s: token %d rejected by its grammar", request.request_id, token_id)
             return []
-        forced = list(manager.jump_forward_tokens(request) or [])
-        accepted = []
-        for token in forced:
-            if not manager.accept_token(request, token):
-                break
-            accepted.append(token)
-        return accepted
-
-    # --- outputs --------------------------------------------------------------------------------
-
-    def _collect_outputs(self) -> list[RequestOutput]:
-        outputs = []
-        for request_id in sorted(self._dirty, key=lambda rid: self._groups[rid].children[0].arrival_order):
-            group = self._groups[request_id]
-            if group.output_kind != RequestOutputKind.FINAL_ONLY or group.finished:
-                outputs.append(self._make_output(group))
-            if group.finished:
-                del self._groups[request_id]
-        self._dirty.clear()
-        return outputs
-
-    def _make_output(self, group: _Group) -> RequestOutput:
-        delta = group.output_kind == RequestOutputKind.DELTA
-        completions = []
-        for i, child in enumerate(group.children):
-            text = child.detokenizer.get_output_text(child.is_finished) if child.detokenizer else ""
-            tokens, logprobs = list(child.output_token_ids), child.output_logprobs
-            if delta:
-                text, tokens = text[group.sent_chars[i]:], tokens[group.sent_tokens[i]:]
-                logprobs = logprobs[group.sent_tokens[i]:] if logprobs is not None else None
-                group.sent_chars[i] += len(text)
-                group.sent_tokens[i] += len(tokens)
-            elif logprobs is not None:
-                logprobs = list(logprobs)
-            completions.append(CompletionOutput(child.index, text, tokens, child.cumulative_logprob,
-                                                logprobs, child.finish_reason, child.stop_reason))
-        leader = group.children[0]
-        errors = [c.error for c in group.children if c.error]
-        return RequestOutput(
-            request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
-            prompt_logprobs=list(leader.prompt_logprobs) if leader.prompt_logprobs is not None else None,
-            outputs=completions, finished=group.finished, metrics=leader.metrics,
-            error=errors[0] if errors else None, num_cached_tokens=leader.num_cached_tokens)
+        return list(self._structured.jump_forward_tokens(request) or [])
 
     # --- stats ------------------------------------------------------------------------------------
 

@@ -109,3 +109,40 @@ def test_stats_and_usage(tiny_checkpoint):
         engine.step()
     stats = engine.get_stats()
     assert stats.num_finished_requests == 1 and stats.kv_cache_usage == 0.0
+
+
+def test_structured_choice_and_failed_grammar(tiny_checkpoint, monkeypatch):
+    from tamis.constrain import StructuredOutputsParams
+    from tamis.engine.structured_output import StructuredOutputManager
+
+    engine = make_engine(tiny_checkpoint("llama"))
+    choice = SamplingParams(temperature=0.0, max_tokens=10,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    out = run_to_completion(engine, [[500, 600, 700]], choice)[0].outputs[0]
+    assert out.text in ("yes", "no") and out.finish_reason == "stop"
+
+    # A regex that cannot compile: refused at add_request (cheap syntax check) or, at the
+    # latest, that request alone finishes with finish_reason "error" and the message.
+    bad = SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed"))
+    try:
+        engine.add_request("bad-regex", [5, 6], bad)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        failed = None
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                failed = o if o.finished else failed
+        assert failed.outputs[0].finish_reason == "error" and failed.error
+
+    def broken(self, request):
+        raise RuntimeError("grammar exploded")
+    monkeypatch.setattr(StructuredOutputManager, "is_ready", broken)
+    engine.add_request("fails", [5, 6], choice)
+    engine.add_request("fine", [5, 6], GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert done["fails"].outputs[0].finish_reason == "error" and done["fails"].error == "grammar exploded"
+    assert len(done["fine"].outputs[0].token_ids) == GREEDY.max_tokens
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
