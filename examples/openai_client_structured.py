@@ -14,13 +14,14 @@ import argparse
 import json
 
 from openai import OpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Pet(BaseModel):
-    name: str
-    species: str
-    legs: int
+    # Bounded fields: a small model may otherwise ramble inside a string until max_tokens.
+    name: str = Field(max_length=16)
+    species: str = Field(max_length=16)
+    legs: int = Field(ge=0, le=8)
 
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -41,7 +42,7 @@ def main() -> None:
 
     def ask(content: str, **kwargs):
         return client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": content}], max_tokens=80,
+            model=model, messages=[{"role": "user", "content": content}], max_tokens=120,
             **kwargs).choices[0].message
 
     print("choice:", ask("Is the sky blue?", extra_body={
@@ -49,14 +50,15 @@ def main() -> None:
     print("regex: ", ask("Give a date.", extra_body={
         "structured_outputs": {"regex": r"20\d\d-[01]\d-[0-3]\d"}}).content)
     print("json:  ", ask("Describe a pet.", extra_body={
-        "structured_outputs": {"json": Pet.model_json_schema()}}).content)
+        "structured_outputs": {"json": {**Pet.model_json_schema(),
+                                        "additionalProperties": False}}}).content)
     grammar = 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= [0-9]+'
     print("grammar:", ask("Write an arithmetic sum.", extra_body={
         "structured_outputs": {"grammar": grammar}}).content)
 
     parsed = client.chat.completions.parse(
         model=model, messages=[{"role": "user", "content": "Describe a pet."}],
-        max_tokens=80, response_format=Pet)
+        max_tokens=120, response_format=Pet)
     print("parse: ", repr(parsed.choices[0].message.parsed))
 
     call = ask("What is the weather in Paris?", tools=[WEATHER_TOOL],
