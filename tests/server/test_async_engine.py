@@ -45,11 +45,11 @@ def test_generate_streams_cumulative_outputs_from_another_thread(tokenizer):
 
 
 def test_step_loop_does_not_block_the_event_loop(tokenizer):
-    fake = FakeEngine(tokenizer, step_seconds=0.05)
+    fake = FakeEngine(tokenizer, step_seconds=0.2)
     engine = AsyncEngine(fake)
 
     async def main():
-        gen = engine.generate([1, 2], SamplingParams(max_tokens=6), "slow")
+        gen = engine.generate([1, 2], SamplingParams(max_tokens=5), "slow")
         consumer = asyncio.ensure_future(_drain(gen))
         gaps, last = [], time.monotonic()
         while not consumer.done():
@@ -63,7 +63,8 @@ def test_step_loop_does_not_block_the_event_loop(tokenizer):
         worst_gap = _run(main())
     finally:
         engine.shutdown()
-    assert worst_gap < 0.04, f"event loop stalled for {worst_gap:.3f}s during 50 ms steps"
+    # A blocked loop would stall for a whole 200 ms step; the margin absorbs a busy CPU.
+    assert worst_gap < 0.1, f"event loop stalled for {worst_gap:.3f}s during 200 ms steps"
 
 
 async def _drain(gen):
