@@ -32,6 +32,16 @@ class NFA:
         self.edges: list[list[tuple[int, int, int]]] = []
         self.eps: list[list[int]] = []
 
+    def reserve(self, count: int) -> None:
+        """Appends ``count`` fresh states at once."""
+        if len(self.edges) + count > MAX_NFA_STATES:
+            raise ConstraintError(
+                f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
+                "(reduce repetition counts such as maxLength/maxItems or {m,n})")
+        deadline.check()
+        self.edges.extend([] for _ in range(count))
+        self.eps.extend([] for _ in range(count))
+
     def new_state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
             raise ConstraintError(
@@ -45,6 +55,10 @@ class NFA:
 
 
 def build_nfa(node) -> tuple[NFA, int, int]:
+    if ra.tree_size(node) > MAX_NFA_STATES:
+        raise ConstraintError(
+            f"constraint too large: its automaton would exceed {MAX_NFA_STATES} states "
+            "(reduce repetition counts such as maxLength/maxItems, or shared definitions)")
     nfa = NFA()
     start = nfa.new_state()
     accept = _build(nfa, node, start)
@@ -52,7 +66,67 @@ def build_nfa(node) -> tuple[NFA, int, int]:
     return nfa, start, accept
 
 
+# Fragments of shared sub-expressions, built once and then copied with an offset: the AST is
+# a DAG (one whitespace node, one string node... used in many places), and copying a list of
+# edges is far cheaper than rebuilding it node by node.
+_FRAGMENTS: dict = {}
+_FRAGMENT_MIN_SIZE = 8
+_FRAGMENTS_MAX = 4096
+
+
 def _build(nfa: NFA, node, start: int) -> int:
+    fragment = _FRAGMENTS.get(id(node))
+    if fragment is not None and fragment[0] is node:
+        return _paste(nfa, fragment, start)
+    if node[0] in ("chars", "rule") or _size(node) < _FRAGMENT_MIN_SIZE:
+        return _build_node(nfa, node, start)
+    fragment = _record(node)
+    if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
+        _FRAGMENTS.clear()
+    _FRAGMENTS[id(node)] = fragment
+    return _paste(nfa, fragment, start)
+
+
+_SIZES: dict = {}
+
+
+def _size(node) -> int:
+    found = _SIZES.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1]
+    if len(_SIZES) > 100_000:
+        _SIZES.clear()
+    size = ra.tree_size(node)
+    _SIZES[id(node)] = (node, size)
+    return size
+
+
+def _record(node) -> tuple:
+    """(node, edges, eps, end) of ``node`` built alone, states numbered from 0 (= its start)."""
+    local = NFA()
+    start = local.new_state()
+    end = _build_node(local, node, start)
+    return (node, local.edges, local.eps, end)
+
+
+def _paste(nfa: NFA, fragment, start: int) -> int:
+    _, edges, eps, end = fragment
+    offset = len(nfa.edges) - 1          # local state 0 is ``start``; others are appended
+    count = len(edges)
+    nfa.reserve(count - 1)
+
+    def shift(q: int) -> int:
+        return start if q == 0 else q + offset
+    for q in range(count):
+        target = start if q == 0 else q + offset
+        if edges[q]:
+            nfa.edges[target].extend([(lo, hi, shift(t)) for lo, hi, t in edges[q]])
+        if eps[q]:
+            nfa.eps[target].extend([shift(t) for t in eps[q]])
+    return shift(end)
+
+
+def _build_node(nfa: NFA, node, start: int) -> int:
     kind = node[0]
     if kind == "chars":
         end = nfa.new_state()

@@ -39,10 +39,10 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
             if ref not in rules:
                 raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
     recursive = _recursive_rules(rules)
-    inlined: dict[str, tuple] = {}
+    inlined: dict = {}
     bodies = {name: _inline(rules[name], rules, recursive, inlined) for name in rules
               if name in recursive or name == root}
-    if not ra.has_rules(bodies[root]) and not ignore:
+    if not ra.has_rules(bodies[root], {}) and not ignore:
         return bodies[root]
     return _Builder(bodies, root, ignore).build()
 
@@ -63,28 +63,37 @@ def _recursive_rules(rules: dict) -> set:
     return recursive
 
 
-def _inline(node, rules, recursive, memo) -> tuple:
+def _inline(node, rules, recursive, memo: dict) -> tuple:
+    """``node`` with references to non-recursive rules replaced by their bodies. ``memo`` maps
+    rule names and node ids (the AST is a DAG) to results; it also keeps the nodes alive."""
+    key = id(node)
+    if key in memo:
+        return memo[key][1]
     kind = node[0]
     if kind == "rule":
         name = node[1]
         if name in recursive:
-            return node
-        if name not in memo:
-            memo[name] = None   # guards against cycles (cannot happen: not recursive)
-            memo[name] = _inline(rules[name], rules, recursive, memo)
-        return memo[name]
-    if kind in ("seq", "alt"):
+            result = node
+        else:
+            if ("rule", name) not in memo:
+                memo[("rule", name)] = _inline(rules[name], rules, recursive, memo)
+            result = memo[("rule", name)]
+    elif kind in ("seq", "alt"):
         parts = [_inline(child, rules, recursive, memo) for child in node[1]]
-        return ra.seq(*parts) if kind == "seq" else ra.alt(*parts)
-    if kind == "rep":
-        return ra.rep(_inline(node[1], rules, recursive, memo), node[2], node[3])
-    if kind == "props":
-        if any(ra.has_rules(c) for c in ra.children(node)):
-            return _inline(ra.expand_props(node), rules, recursive, memo)
-        return node
-    if kind in ("and", "diff") and ra.has_rules(node):
-        raise GrammarError("an intersection cannot contain grammar rules")
-    return node
+        result = ra.seq(*parts) if kind == "seq" else ra.alt(*parts)
+    elif kind == "rep":
+        result = ra.rep(_inline(node[1], rules, recursive, memo), node[2], node[3])
+    elif kind == "props":
+        if ra.has_rules(node):
+            result = _inline(ra.expand_props(node), rules, recursive, memo)
+        else:
+            result = node
+    elif kind in ("and", "diff") and ra.has_rules(node):
+        raise GrammarError("an intersection or difference cannot contain grammar rules")
+    else:
+        result = node
+    memo[key] = (node, result)
+    return result
 
 
 class _Builder:
@@ -95,6 +104,8 @@ class _Builder:
         self.terminals: list[tuple] = []
         self.terminal_ids: dict[tuple, int] = {}
         self.optional_of: dict[int, int] = {}
+        self._rules_memo: dict = {}
+        self._keep_alive: list = []
         self.root = root
         self.ignore = tuple(self._terminal_id(node) - _T for node in ignore)
 
@@ -115,6 +126,9 @@ class _Builder:
         return GrammarSpec(self.terminals, earley, self.ignore,
                            {v: k for k, v in self.nonterminals.items()})
 
+    def _has_rules(self, node) -> bool:
+        return ra.has_rules(node, self._rules_memo)
+
     def _nonterminal(self, name: str) -> int:
         if name not in self.nonterminals:
             self.nonterminals[name] = len(self.nonterminals)
@@ -126,7 +140,7 @@ class _Builder:
     def _alternatives(self, node) -> list[tuple]:
         """Productions (symbol tuples) whose union is ``node``."""
         deadline.check()
-        if node[0] == "alt" and ra.has_rules(node):
+        if node[0] == "alt" and self._has_rules(node):
             out = []
             for child in node[1]:
                 out.extend(self._alternatives(child))
@@ -134,7 +148,7 @@ class _Builder:
         return [tuple(self._sequence(node))]
 
     def _sequence(self, node) -> list[int]:
-        if not ra.has_rules(node):
+        if not self._has_rules(node):
             return self._terminal_symbols(node)
         kind = node[0]
         if kind == "rule":
@@ -142,7 +156,7 @@ class _Builder:
         if kind == "seq":
             out, run = [], []
             for child in node[1]:
-                if ra.has_rules(child):
+                if self._has_rules(child):
                     if run:
                         out += self._terminal_symbols(ra.seq(*run))
                         run = []
@@ -184,7 +198,7 @@ class _Builder:
         if node == ra.NOTHING:
             return [self._fresh()]      # a nonterminal without productions: pruned later
         tid = self._terminal_id(node)
-        if not ra.matches_empty(node):
+        if not ra.matches_empty(node, {}):
             return [tid]
         if tid not in self.optional_of:
             optional = self._fresh()
@@ -194,10 +208,11 @@ class _Builder:
         return [self.optional_of[tid]]
 
     def _terminal_id(self, node) -> int:
-        if node not in self.terminal_ids:
-            self.terminal_ids[node] = len(self.terminals) + _T
-            self.terminals.append(node)
-        return self.terminal_ids[node]
+        key = id(node)
+        if key not in self.terminal_ids:
+            self.terminal_ids[key] = len(self.terminals) + _T
+            self.terminals.append(node)     # keeps the node (and its id) alive
+        return self.terminal_ids[key]
 
 
 _T = 1 << 30    # terminal marker while building (nonterminal count is unknown until the end)

@@ -33,7 +33,7 @@ class CompiledGrammar:
         self.spec = spec
         self.info = info
         self.description = description
-        self.dfas = [LazyDFA(node) for node in spec.terminals]
+        self.dfas = _LazyList(spec.terminals, LazyDFA)
         self.ignore = frozenset(spec.ignore)
         self._rows: dict = {}
         self._fresh_rows: dict = {}
@@ -197,6 +197,28 @@ class CompiledGrammar:
             alive[nodes] = True
             nodes, owner = trie.children(nodes)
             states = nxt[owner].astype(np.int64)
+
+
+class _LazyList:
+    """``items[i]`` built by ``factory(sources[i])`` on first access: a grammar's terminals are
+    compiled only once the lexer can reach them."""
+
+    def __init__(self, sources, factory):
+        self._sources, self._factory = sources, factory
+        self._items = [None] * len(sources)
+        self._lock = threading.Lock()
+
+    def __len__(self):
+        return len(self._items)
+
+    def __getitem__(self, index):
+        item = self._items[index]
+        if item is None:
+            with self._lock:
+                item = self._items[index]
+                if item is None:
+                    item = self._items[index] = self._factory(self._sources[index])
+        return item
 
 
 class GrammarMatcher(Matcher):

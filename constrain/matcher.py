@@ -48,6 +48,10 @@ class Matcher:
     def is_terminated(self) -> bool:
         raise NotImplementedError
 
+    def is_complete(self) -> bool:
+        """True if the text so far is a complete match (EOS would be accepted now)."""
+        raise NotImplementedError
+
     def jump_forward(self) -> str | None:
         data = self.forced_bytes()
         text = decodable_prefix(data)

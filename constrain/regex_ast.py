@@ -139,38 +139,75 @@ def children(node) -> tuple:
     return ()
 
 
-def has_rules(node) -> bool:
+# The AST is a DAG (a $ref used twice is one shared tuple), so every walk below memoises by
+# node identity: walking it as a tree could take exponential time. Tuples hash recursively
+# (without caching), so dicts keyed by node *value* are avoided for the same reason.
+
+def has_rules(node, memo: dict | None = None) -> bool:
     """True if ``node`` refers to a grammar rule anywhere inside."""
-    if node[0] == "rule":
-        return True
-    return any(has_rules(child) for child in children(node))
+    memo = {} if memo is None else memo
+    key = id(node)
+    found = memo.get(key)
+    if found is None:
+        found = node[0] == "rule" or any(has_rules(c, memo) for c in children(node))
+        memo[key] = found
+    return found
 
 
-def rule_refs(node, out: set) -> set:
+def rule_refs(node, out: set, seen: set | None = None) -> set:
+    seen = set() if seen is None else seen
+    if id(node) in seen:
+        return out
+    seen.add(id(node))
     if node[0] == "rule":
         out.add(node[1])
     for child in children(node):
-        rule_refs(child, out)
+        rule_refs(child, out, seen)
     return out
 
 
-def matches_empty(node) -> bool:
+def tree_size(node, memo: dict | None = None) -> int:
+    """Number of nodes if the DAG were unfolded into a tree (what an NFA build copies)."""
+    memo = {} if memo is None else memo
+    key = id(node)
+    size = memo.get(key)
+    if size is None:
+        size = 1 + sum(tree_size(c, memo) * _repeat_factor(node) for c in children(node))
+        memo[key] = size
+    return size
+
+
+def _repeat_factor(node) -> int:
+    if node[0] == "rep":
+        return max(node[2], 1 if node[3] is None else node[3], 1)
+    return 1
+
+
+def matches_empty(node, memo: dict | None = None) -> bool:
+    memo = {} if memo is None else memo
+    key = id(node)
+    if key in memo:
+        return memo[key]
     kind = node[0]
     if kind == "chars":
-        return False
-    if kind == "seq":
-        return all(matches_empty(child) for child in node[1])
-    if kind == "alt":
-        return any(matches_empty(child) for child in node[1])
-    if kind == "rep":
-        return node[2] == 0 or matches_empty(node[1])
-    if kind == "and":
-        return matches_empty(node[1]) and matches_empty(node[2])
-    if kind == "diff":
-        return matches_empty(node[1]) and not matches_empty(node[2])
-    if kind == "props":
-        return all(not req or matches_empty(m) for m, req in node[1]) and matches_empty(node[3])
-    raise ValueError(f"matches_empty on a rule reference {node!r}")
+        result = False
+    elif kind == "seq":
+        result = all(matches_empty(child, memo) for child in node[1])
+    elif kind == "alt":
+        result = any(matches_empty(child, memo) for child in node[1])
+    elif kind == "rep":
+        result = node[2] == 0 or matches_empty(node[1], memo)
+    elif kind == "and":
+        result = matches_empty(node[1], memo) and matches_empty(node[2], memo)
+    elif kind == "diff":
+        result = matches_empty(node[1], memo) and not matches_empty(node[2], memo)
+    elif kind == "props":
+        result = all(not req or matches_empty(m, memo) for m, req in node[1]) \
+            and matches_empty(node[3], memo)
+    else:
+        raise ValueError(f"matches_empty on a rule reference {node!r}")
+    memo[key] = result
+    return result
 
 
 def expand_props(node) -> tuple:

@@ -8,8 +8,9 @@
                                        unconstrained rows all ones) or None if none constrained;
                                        the tensor is reused: valid until the next call
       .accept_token(request, tok)      advances the request's matcher; False = violation
-      .is_terminated(request)          the constraint is complete and only EOS may follow
-                                       (or EOS was accepted): the request may stop
+      .is_terminated(request)          the output so far is a complete match: EOS may be
+                                       sampled now (the bitmask rows already allow EOS exactly
+                                       then; the engine uses this to keep EOS off otherwise)
       .jump_forward_tokens(request)    tokens the constraint forces next, ALREADY ACCEPTED by
                                        the matcher: the engine appends them to the output and
                                        computes them in the next forward pass (no sampling)
@@ -123,7 +124,7 @@ class StructuredOutputManager:
 
     def is_terminated(self, request) -> bool:
         m = self._matchers.get(request.request_id)
-        return False if m is None else m.is_terminated()
+        return False if m is None else (m.finished or m.is_complete())
 
     def jump_forward_tokens(self, request) -> list[int]:
         m = self._matchers.get(request.request_id)
