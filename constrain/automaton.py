@@ -80,6 +80,12 @@ def _build(nfa: NFA, node, start: int) -> int:
         return _paste(nfa, fragment, start)
     if node[0] in ("chars", "rule") or _size(node) < _FRAGMENT_MIN_SIZE:
         return _build_node(nfa, node, start)
+    if id(node) not in _SEEN_ONCE:
+        # record only shared nodes: recording copies every state once more per nesting level
+        _SEEN_ONCE[id(node)] = node
+        if len(_SEEN_ONCE) > 100_000:
+            _SEEN_ONCE.clear()
+        return _build_node(nfa, node, start)
     fragment = _record(node)
     if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
         _FRAGMENTS.clear()
@@ -88,6 +94,7 @@ def _build(nfa: NFA, node, start: int) -> int:
 
 
 _SIZES: dict = {}
+_SEEN_ONCE: dict = {}
 
 
 def _size(node) -> int:

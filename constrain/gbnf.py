@@ -144,7 +144,7 @@ class _GbnfParser:
         start = self.pos
         self.pos += 1
         negate = False
-        if self._peek() == "^":
+        if self._raw() == "^":
             negate, self.pos = True, self.pos + 1
         ranges = []
         while True:
@@ -156,7 +156,7 @@ class _GbnfParser:
                 break
             lo = self._class_char()
             hi = lo
-            if self._peek() == "-" and self.text[self.pos + 1:self.pos + 2] not in ("]", ""):
+            if self._raw() == "-" and self.text[self.pos + 1:self.pos + 2] not in ("]", ""):
                 self.pos += 1
                 hi = self._class_char()
                 if hi < lo:
@@ -204,6 +204,9 @@ class _GbnfParser:
                 self.pos = len(self.text) if end < 0 else end + 1
             else:
                 break
+
+    def _raw(self):
+        return self.text[self.pos] if self.pos < len(self.text) else None
 
     def _peek(self):
         self._skip()

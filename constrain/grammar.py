@@ -105,6 +105,7 @@ class _Builder:
         self.terminal_ids: dict[tuple, int] = {}
         self.optional_of: dict[int, int] = {}
         self._rules_memo: dict = {}
+        self._seq_memo: dict = {}      # id(node) -> (node, symbols): the AST is a DAG
         self._keep_alive: list = []
         self.root = root
         self.ignore = tuple(self._terminal_id(node) - _T for node in ignore)
@@ -148,6 +149,13 @@ class _Builder:
         return [tuple(self._sequence(node))]
 
     def _sequence(self, node) -> list[int]:
+        found = self._seq_memo.get(id(node))
+        if found is None:
+            found = (node, self._sequence_uncached(node))
+            self._seq_memo[id(node)] = found
+        return list(found[1])
+
+    def _sequence_uncached(self, node) -> list[int]:
         if not self._has_rules(node):
             return self._terminal_symbols(node)
         kind = node[0]
