@@ -87,11 +87,11 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
             raise SchemaError(f"the JSON schema is not valid JSON: {exc}") from None
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
-    compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
     try:
+        compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
         node = compiler.value(schema, "#", 0)
     except RecursionError:
-        raise SchemaError("schema nesting is too deep to compile") from None
+        raise SchemaError(f"schema nesting deeper than {MAX_DEPTH} levels is not supported") from None
     if node == ra.NOTHING:
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
     return node, compiler.rules

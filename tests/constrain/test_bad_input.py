@@ -1,0 +1,72 @@
+"""Bad constraints fail at compile time, fast, with a message naming the problem."""
+import time
+
+import pytest
+
+from conformance import smollm2
+from tamis.constrain import (CompileTimeout, ConstraintCompiler, ConstraintError, RegexError,
+                             SchemaError, StructuredOutputsParams, compile_constraint)
+
+
+def _compile(**kwargs):
+    return compile_constraint(StructuredOutputsParams(**kwargs), smollm2()[1])
+
+
+@pytest.mark.parametrize("kwargs, error, fragment", [
+    ({"json": '{"type": "object", "properties": '}, ValueError, "not valid JSON"),
+    ({"json": {"type": "strin"}}, SchemaError, "unknown type 'strin'"),
+    ({"json": {"type": "object", "properties": {"a": {"if": {}, "then": {}}}}}, SchemaError,
+     "'if' is not supported.*#/properties/a/if"),
+    ({"json": {"type": "array", "uniqueItems": True}}, SchemaError, "uniqueItems"),
+    ({"json": {"type": "string", "format": "telepathy"}}, SchemaError, "format 'telepathy'"),
+    ({"json": {"$ref": "http://example.com/other.json"}}, SchemaError, "remote \\$ref"),
+    ({"regex": "(a)\\1"}, RegexError, "backreferences"),
+    ({"regex": "a(?=b)"}, RegexError, "look-around"),
+    ({"regex": "a(b"}, RegexError, "missing '\\)'"),
+    ({"regex": "[z-a]"}, RegexError, "end before start"),
+    ({"choice": []}, ValueError, "non-empty list"),
+    ({"grammar": "not a grammar"}, ValueError, "Failed to convert the grammar"),
+    ({"json": False}, SchemaError, "accepts no value"),
+])
+def test_bad_constraints_raise_clear_errors(kwargs, error, fragment):
+    with pytest.raises(error, match=fragment):
+        _compile(**kwargs)
+
+
+def test_two_constraints_at_once():
+    with pytest.raises(ValueError, match="only use one kind"):
+        StructuredOutputsParams(json={"type": "string"}, regex="a")
+
+
+def test_deeply_nested_schema_is_refused_quickly():
+    schema = {"type": "string"}
+    for _ in range(500):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    start = time.monotonic()
+    with pytest.raises(SchemaError, match="nesting deeper"):
+        _compile(json=schema)
+    assert time.monotonic() - start < 5
+
+
+def test_huge_enum_is_refused_quickly():
+    start = time.monotonic()
+    with pytest.raises(SchemaError, match="enum with 100000 values"):
+        _compile(json={"enum": list(range(100_000))})
+    assert time.monotonic() - start < 5
+
+
+def test_huge_repetition_is_refused():
+    with pytest.raises(ConstraintError, match="too large"):
+        _compile(json={"type": "array", "items": {"type": "string", "maxLength": 9000},
+                       "minItems": 50})
+
+
+def test_time_limit_fails_the_compile_not_the_process():
+    compiler = ConstraintCompiler(time_limit_s=0.001)
+    params = StructuredOutputsParams(regex="(a|b|c|d){1,3000}x{1,3000}")
+    future = compiler.submit(params, smollm2()[1])
+    with pytest.raises((CompileTimeout, ConstraintError)):
+        future.result(timeout=30)
+    ok = compiler.submit(StructuredOutputsParams(regex="ok"), smollm2()[1]).result(timeout=30)
+    assert ok.matcher().accept_bytes(b"ok")
+    compiler.shutdown()
