@@ -163,6 +163,8 @@ def _build_node(nfa: NFA, node, start: int) -> int:
         return _build_product(nfa, node[1], node[2], start, kind)
     if kind == "props":
         return _build_props(nfa, node, start)
+    if kind == "multiple":
+        return _build_multiple(nfa, node[1], node[2], start)
     raise ConstraintError(f"rule reference {node[1]!r} cannot be compiled into a regular automaton")
 
 
@@ -208,6 +210,52 @@ def _build_props(nfa: NFA, node, start: int) -> int:
         nfa.eps[_build(nfa, tail_none, none_track)].append(end)
     if some_track is not None:
         nfa.eps[_build(nfa, tail_some, some_track)].append(end)
+    return end
+
+
+MAX_MULTIPLE = 10_000
+
+
+def _build_multiple(nfa: NFA, m: int, p: int, start: int) -> int:
+    """Unsigned decimals x (no exponent, no leading zeros) with x * 10**p divisible by m:
+    states track the value mod m of the digits read, then of the first p fraction digits;
+    further fraction digits must be 0."""
+    if m > MAX_MULTIPLE:
+        raise ConstraintError(f"multipleOf step too large to enforce (residues above {MAX_MULTIPLE})")
+    end = nfa.new_state()
+    integer = [nfa.new_state() for _ in range(m)]          # residue after >= 1 integer digit
+    zero = nfa.new_state()                                  # the integer part "0"
+    nfa.edges[start].append((0x30, 0x30, zero))
+    for d in range(1, 10):
+        nfa.edges[start].append((0x30 + d, 0x30 + d, integer[d % m]))
+    for r in range(m):
+        for d in range(10):
+            nfa.edges[integer[r]].append((0x30 + d, 0x30 + d, integer[(r * 10 + d) % m]))
+    fraction = [[nfa.new_state() for _ in range(m)] for _ in range(p + 1)]   # [digits read][residue]
+    tail_zeros = nfa.new_state()
+    for r, state in [(0, zero)] + list(enumerate(integer)):
+        if (r * 10 ** p) % m == 0:
+            nfa.eps[state].append(end)
+        if p > 0:
+            dot = nfa.new_state()
+            nfa.edges[state].append((0x2E, 0x2E, dot))
+            for d in range(10):
+                nfa.edges[dot].append((0x30 + d, 0x30 + d, fraction[1][(r * 10 + d) % m]))
+        elif r == 0:
+            nfa.edges[state].append((0x2E, 0x2E, tail_zeros_first := nfa.new_state()))
+            nfa.edges[tail_zeros_first].append((0x30, 0x30, tail_zeros))
+    for j in range(1, p + 1):
+        for r in range(m):
+            state = fraction[j][r]
+            if (r * 10 ** (p - j)) % m == 0:
+                nfa.eps[state].append(end)
+            if j < p:
+                for d in range(10):
+                    nfa.edges[state].append((0x30 + d, 0x30 + d, fraction[j + 1][(r * 10 + d) % m]))
+            elif r == 0:
+                nfa.edges[state].append((0x30, 0x30, tail_zeros))
+    nfa.edges[tail_zeros].append((0x30, 0x30, tail_zeros))
+    nfa.eps[tail_zeros].append(end)
     return end
 
 

@@ -33,7 +33,7 @@ class CompiledGrammar:
         self.spec = spec
         self.info = info
         self.description = description
-        self.dfas = _LazyList(spec.terminals, LazyDFA)
+        self.dfas = _LazyList(spec.terminals, lambda node: LazyDFA(node, allow_empty_language=True))
         self.ignore = frozenset(spec.ignore)
         self._rows: dict = {}
         self._fresh_rows: dict = {}
@@ -54,7 +54,8 @@ class CompiledGrammar:
         return earley_set.expected | self.ignore
 
     def fresh_hypothesis(self, earley_set) -> tuple:
-        lexeme = tuple((t, self.dfas[t].start) for t in sorted(self.expected(earley_set)))
+        lexeme = tuple((t, self.dfas[t].start) for t in sorted(self.expected(earley_set))
+                       if self.dfas[t].start != DEAD)
         return (earley_set, lexeme, False)
 
     def after_lexeme(self, earley_set, terminal: int):

@@ -62,18 +62,19 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not",
+    "_patterns", "not", "propertyNames", "patternProperties",
 }
 UNSUPPORTED = {
     "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "propertyNames", "patternProperties", "$dynamicRef", "$recursiveRef",
+    "$dynamicRef", "$recursiveRef",
 }
 TYPE_KEYWORDS = {
     "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "propertyNames", "patternProperties"},
 }
 
 
@@ -455,12 +456,21 @@ class _SchemaCompiler:
         return ("rule", name)
 
     def _number(self, schema: dict, path: str, integer: bool) -> tuple:
+        node = self._number_range(schema, path, integer)
         step = schema.get("multipleOf")
-        if step is not None:
-            if not (isinstance(step, (int, float)) and step == 1 or integer and step == 1):
-                raise SchemaError("JSON-schema keyword 'multipleOf' is only supported with value 1",
-                                  f"{path}/multipleOf")
-            integer = True
+        if step is None:
+            return node
+        if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
+            raise SchemaError("multipleOf must be a positive number", f"{path}/multipleOf")
+        multiple = _multiple_node(step, path)
+        if ra.has_rules(node):
+            raise SchemaError("multipleOf on an unbounded value", f"{path}/multipleOf")
+        if integer or node is ANY_NUMBER:
+            # canonical forms only: integers plain, numbers without exponent
+            node = int_range(None, None) if integer else number_range(None, True, None, True)
+        return ("and", node, multiple)
+
+    def _number_range(self, schema: dict, path: str, integer: bool) -> tuple:
         lo, lo_incl, hi, hi_incl = _bounds(schema, path)
         fmt = schema.get("format")
         if integer and fmt in ("int32", "int64", "uint32", "uint64"):
@@ -525,45 +535,92 @@ class _SchemaCompiler:
         required = schema.get("required", [])
         if not isinstance(required, list):
             raise SchemaError("required must be an array", f"{path}/required")
+        patterns = schema.get("patternProperties", {})
+        names_schema = schema.get("propertyNames", True)
         extra_schema = schema.get("additionalProperties", True)
         if not self.allow_additional and "additionalProperties" not in schema:
             extra_schema = False
-        names = list(props)
-        for name in required:
-            if name not in props:
-                names.append(name)
+        names = list(props) + [n for n in required if n not in props]
         sep = ra.seq(self.ws, ra.char(","), self.ws)
         members = []
         for name in names:
-            sub = props[name] if name in props else extra_schema
-            value = self.value(sub, f"{path}/properties/{_escape_pointer(name)}", depth + 1)
+            sub = self._member_schema(name, props, patterns, extra_schema, path)
+            allowed_name = names_schema is True or self._valid(name, names_schema)
+            value = self.value(sub, f"{path}/properties/{_escape_pointer(name)}", depth + 1) \
+                if allowed_name else ra.NOTHING
             if value == ra.NOTHING:
                 if name in required:
                     return ra.NOTHING
                 continue
             key = _json_string_literal(name)
             members.append((ra.seq(key, self.ws, ra.char(":"), self.ws, value), name in required))
-        extra_value = self.value(extra_schema, f"{path}/additionalProperties", depth + 1)
-        self._check_property_counts(schema, path, members, extra_value)
-        if extra_value == ra.NOTHING:
+        extra = self._extra_members(names, patterns, extra_schema, names_schema, path, depth)
+        lo = _nonneg_int(schema, "minProperties", path, 0)
+        hi = _nonneg_int(schema, "maxProperties", path, None)
+        if hi is not None and hi < sum(1 for _, req in members if req):
+            return ra.NOTHING
+        if extra == ra.NOTHING:
+            if hi is not None and hi < len(members):
+                raise SchemaError("maxProperties below the number of declared properties is "
+                                  "not supported", f"{path}/maxProperties")
             tail_none, tail_some = ra.EMPTY, ra.EMPTY
         else:
-            extra_key = ra.seq(QUOTE, _string_not_in(names, path), QUOTE)
-            extra = ra.seq(extra_key, self.ws, ra.char(":"), self.ws, extra_value)
-            tail_some = ra.rep(ra.seq(sep, extra), 0, None)
-            tail_none = ra.opt(ra.seq(extra, tail_some))
+            # sound bound: declared members plus extras never exceed maxProperties
+            extra_hi = None if hi is None else max(hi - len(members), 0)
+            tail_some = ra.rep(ra.seq(sep, extra), 0, extra_hi)
+            tail_none = ra.EMPTY if extra_hi == 0 else \
+                ra.opt(ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, None if extra_hi is None else extra_hi - 1)))
+        required_count = sum(1 for _, req in members if req)
+        if lo > required_count:
+            if lo > 1:
+                raise SchemaError("minProperties above 1 (beyond the required properties) is "
+                                  "not supported", f"{path}/minProperties")
+            # at least one member: the "nothing emitted" path must emit an extra
+            tail_none = ra.NOTHING if extra == ra.NOTHING else ra.seq(extra, tail_some)
         body = ("props", tuple(members), sep, tail_none, tail_some) if members else tail_none
         return ra.seq(ra.char("{"), self.ws, body, self.ws, ra.char("}"))
 
-    def _check_property_counts(self, schema, path, members, extra_value) -> None:
-        lo = _nonneg_int(schema, "minProperties", path, 0)
-        hi = _nonneg_int(schema, "maxProperties", path, None)
-        if lo > sum(1 for _, req in members if req):
-            raise SchemaError("minProperties above the number of required properties is not "
-                              "supported", f"{path}/minProperties")
-        if hi is not None and (extra_value != ra.NOTHING or hi < len(members)):
-            raise SchemaError("maxProperties is only supported when it cannot be exceeded",
-                              f"{path}/maxProperties")
+    def _member_schema(self, name: str, props: dict, patterns: dict, extra_schema, path: str):
+        """A declared (or required) property's schema, with every matching patternProperty."""
+        matching = [sub for pattern, sub in patterns.items() if _search(pattern, name, path)]
+        base = props[name] if name in props else (extra_schema if not matching else True)
+        return {"allOf": [base] + matching} if matching else base
+
+    def _extra_members(self, names, patterns, extra_schema, names_schema, path, depth) -> tuple:
+        """Members whose key is not declared: keys matching one pattern take its schema, the
+        others take additionalProperties. Keys matching two patterns are left out (sound)."""
+        free_key = _string_not_in(names, path)
+        if names_schema is not True:
+            as_string = {"allOf": [names_schema, {"type": "string"}]} \
+                if isinstance(names_schema, dict) else names_schema   # keys are strings
+            name_node = self.value(as_string, f"{path}/propertyNames", depth + 1)
+            if ra.has_rules(name_node):
+                raise SchemaError("propertyNames must be a string schema", f"{path}/propertyNames")
+            free_key = ("and", ra.seq(QUOTE, free_key, QUOTE), name_node)
+        else:
+            free_key = ra.seq(QUOTE, free_key, QUOTE)
+        pattern_nodes = []
+        for pattern in patterns:
+            try:
+                node = parse_regex(pattern, universe=SAFE_CHARS, anchored=False)
+            except ConstraintError as exc:
+                raise SchemaError(f"unsupported patternProperties pattern: {exc}",
+                                  f"{path}/patternProperties") from None
+            pattern_nodes.append(ra.seq(QUOTE, node, QUOTE))
+        alternatives = []
+        for i, (pattern, sub) in enumerate(patterns.items()):
+            key = ("and", free_key, pattern_nodes[i])
+            others = [n for j, n in enumerate(pattern_nodes) if j != i]
+            if others:
+                key = ("diff", key, ra.alt(*others))
+            value = self.value(sub, f"{path}/patternProperties/{_escape_pointer(pattern)}", depth + 1)
+            if value != ra.NOTHING:
+                alternatives.append(ra.seq(key, self.ws, ra.char(":"), self.ws, value))
+        value = self.value(extra_schema, f"{path}/additionalProperties", depth + 1)
+        if value != ra.NOTHING:
+            key = ("diff", free_key, ra.alt(*pattern_nodes)) if pattern_nodes else free_key
+            alternatives.append(ra.seq(key, self.ws, ra.char(":"), self.ws, value))
+        return ra.alt(*alternatives)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -615,6 +672,10 @@ def _merge_keyword(key, x, y, a, b, path):
         return [{"allOf": [p, q]} for p in x for q in y]
     if key == "allOf":
         return list(x) + list(y)
+    if key == "not":
+        return {"anyOf": [x, y]}
+    if key not in HANDLED and key not in UNSUPPORTED:
+        return x                           # an annotation or unknown keyword: no effect
     if json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True):
         return x
     raise SchemaError(f"cannot combine two different values of {key!r} in allOf", path)
@@ -665,6 +726,17 @@ def _bounds(schema: dict, path: str):
     elif isinstance(ex_hi, (int, float)) and not isinstance(ex_hi, bool) and (hi is None or ex_hi <= hi):
         hi, hi_incl = ex_hi, False
     return lo, lo_incl, hi, hi_incl
+
+
+def _multiple_node(step, path: str) -> tuple:
+    """Numbers (either sign, no exponent) that are integer multiples of ``step``."""
+    from decimal import Decimal
+    exact = Decimal(repr(step)) if isinstance(step, float) else Decimal(step)
+    p = max(0, -exact.as_tuple().exponent)
+    m = int(exact * (10 ** p))
+    unsigned = ("multiple", m, p)
+    zero = parse_regex(r"0(\.0+)?")
+    return ra.alt(unsigned, ra.seq(ra.char("-"), ("diff", unsigned, zero)))
 
 
 def _nonneg_int(schema: dict, key: str, path: str, default):
@@ -736,6 +808,15 @@ def _string_not_in(names: list, path: str) -> tuple:
             branches.append(ra.EMPTY)
         return ra.alt(*branches)
     return build(trie)
+
+
+def _search(pattern: str, name: str, path: str) -> bool:
+    import re
+    try:
+        return re.search(pattern, name) is not None
+    except re.error as exc:
+        raise SchemaError(f"invalid patternProperties pattern {pattern!r}: {exc}",
+                          f"{path}/patternProperties") from None
 
 
 def _escape_pointer(name: str) -> str:

@@ -189,7 +189,7 @@ def matches_empty(node, memo: dict | None = None) -> bool:
     if key in memo:
         return memo[key]
     kind = node[0]
-    if kind == "chars":
+    if kind in ("chars", "multiple"):
         result = False
     elif kind == "seq":
         result = all(matches_empty(child, memo) for child in node[1])
