@@ -66,6 +66,11 @@ PPL_METHODS = {
     "gptq-4bit-g128": ["--method", "gptq", "--bits", "4", "--group-size", "128"],
     "gptq-4bit-g128-act-order": ["--method", "gptq", "--bits", "4", "--group-size", "128",
                                  "--desc-act"],
+    "gptq-4bit-g128-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128", "--no-sym"],
+    "gptq-4bit-g128-act-order-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128",
+                                      "--desc-act", "--no-sym"],
+    "rtn-4bit-g128-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128", "--no-sym",
+                           "--rtn"],
     "fp8-dynamic": ["--method", "fp8"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
 }
