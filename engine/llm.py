@@ -58,6 +58,25 @@ class LLM:
                                      chat_template_kwargs or {}, tools) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
+    def extract(self, texts: str | Sequence[str], schema: Any,
+                sampling_params: SamplingParams | None = None, instruction: str | None = None,
+                use_tqdm: bool = False) -> list[Any]:
+        """Extracts one object per text, constrained by ``schema`` (a JSON-schema dict or a
+        pydantic model class). Returns validated objects in input order: pydantic instances
+        for a model class, parsed JSON otherwise. Raises ValueError naming the text whose
+        output did not finish (raise ``max_tokens``) or did not validate."""
+        from tamis.constrain import StructuredOutputsParams
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        model = schema if hasattr(schema, "model_json_schema") else None
+        json_schema = model.model_json_schema() if model is not None else schema
+        params = (sampling_params or SamplingParams(temperature=0.0, max_tokens=512)).clone()
+        params.structured_outputs = StructuredOutputsParams(json=json_schema)
+        ask = instruction or "Extract the information from the text as JSON matching this schema"
+        conversations = [[{"role": "user", "content":
+                           f"{ask}:\n{_json_dumps(json_schema)}\n\nText:\n{text}"}] for text in texts]
+        outputs = self.chat(conversations, params, use_tqdm=use_tqdm)
+        return [_validated(output, i, json_schema, model) for i, output in enumerate(outputs)]
+
     def _render_chat(self, conversation: list[Message], add_generation_prompt: bool,
                      continue_final_message: bool, chat_template: str | None,
                      kwargs: dict[str, Any], tools: list[dict] | None) -> dict:
@@ -103,6 +122,28 @@ class LLM:
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]
+
+
+def _json_dumps(value: Any) -> str:
+    import json
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _validated(output: RequestOutput, index: int, schema: dict, model: Any) -> Any:
+    import json
+    completion = output.outputs[0]
+    if completion.finish_reason != "stop":
+        raise ValueError(f"extraction of text {index} did not finish "
+                         f"(finish_reason={completion.finish_reason!r}); raise max_tokens")
+    try:
+        if model is not None:
+            return model.model_validate_json(completion.text)
+        import jsonschema
+        value = json.loads(completion.text)
+        jsonschema.validate(value, schema)
+        return value
+    except Exception as exc:
+        raise ValueError(f"extraction of text {index} does not validate: {exc}") from None
 
 
 def _as_prompt_list(prompts: Any) -> list[Prompt]:
