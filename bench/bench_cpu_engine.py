@@ -45,10 +45,11 @@ class Timer:
         self.cpu = time.process_time() - self.cpu
 
 
-def run_tamis(prompts: list[list[int]], max_tokens: int) -> tuple[Timer, list[list[int]]]:
+def run_tamis(model_dir, prompts: list[list[int]], max_tokens: int) -> tuple[Timer, list[list[int]]]:
     from tamis import LLM, SamplingParams
 
-    llm = LLM(max_model_len=1024, kv_cache_memory_bytes="1GiB", max_num_seqs=len(prompts))
+    llm = LLM(str(model_dir), device="cpu", max_model_len=1024, kv_cache_memory_bytes="1GiB",
+              max_num_seqs=len(prompts))
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up
     with Timer() as timer:
@@ -86,17 +87,18 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--hf-batch-size", type=int, default=None, help="default: all requests")
+    parser.add_argument("--model", default=None, help="HF folder (default: the embedded SmolLM2)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from transformers import AutoTokenizer
 
     from tamis.engine.embedded import default_model_path
-    model_dir = default_model_path()
+    model_dir = args.model or default_model_path()
     prompts = make_prompts(AutoTokenizer.from_pretrained(model_dir), args.requests)
     generated = args.requests * args.max_tokens
 
-    tamis_t, tamis_out = run_tamis(prompts, args.max_tokens)
+    tamis_t, tamis_out = run_tamis(model_dir, prompts, args.max_tokens)
     hf_t, hf_out = run_transformers(model_dir, prompts, args.max_tokens,
                                     args.hf_batch_size or args.requests)
     same = sum(a == b for a, b in zip(tamis_out, hf_out))
