@@ -2,7 +2,7 @@
 maskbench-dev schemas at temperature 1.0 with 3 seeds, all in one batched ``generate``;
 every finished output must validate (jsonschema / re.fullmatch / lark parse / membership).
 
-The default run keeps CI fast (TAMIS_MODEL_SCHEMAS=12 schemas, 48 tokens); set
+The default run keeps CI fast (TAMIS_MODEL_SCHEMAS=6 schemas, 48 tokens); set
 TAMIS_MODEL_SCHEMAS=50 for the full check of the issue."""
 import json
 import os
@@ -14,7 +14,7 @@ from conformance import CONFORMANCE, maskbench_sample
 
 CASES = CONFORMANCE / "vllm-cases"
 SEEDS = (0, 1, 2)
-NUM_SCHEMAS = int(os.environ.get("TAMIS_MODEL_SCHEMAS", "12"))
+NUM_SCHEMAS = int(os.environ.get("TAMIS_MODEL_SCHEMAS", "6"))
 MAX_TOKENS = int(os.environ.get("TAMIS_MODEL_MAX_TOKENS", "48"))
 
 
@@ -38,8 +38,10 @@ def _vllm_cases():
     cases.append(("choice", {"choice": choices}, lambda t: t in choices))
     lark_sql = read("grammars/sample_sql.lark")
     cases.append(("sql.lark", {"grammar": lark_sql}, lambda t: bool(lark.Lark(lark_sql).parse(t))))
+    # vLLM also compares with one exact string, which depends on the model; the EBNF and the
+    # Lark fixture describe the same language, so the reference Lark parser judges both.
     cases.append(("sql.ebnf", {"grammar": read("grammars/sample_sql.ebnf")},
-                  lambda t: t.strip() == "SELECTcol_1fromtable_1wherecol_1=1"))
+                  lambda t: bool(lark.Lark(lark_sql).parse(t))))
     return cases
 
 
