@@ -16,7 +16,9 @@ Policies (each tested in tests/constrain/test_json_policies.py):
   replaces it; never before the value or after it;
 - **numbers**: see ``json_numbers``; **strings** constrained by ``pattern`` or ``format``
   are written without escape sequences; **formats**: see ``json_formats``;
-- **oneOf** is enforced only when its branches are provably disjoint (else compile error).
+- **oneOf** is exact for regular branches (each branch minus the others);
+- **long bounds**: ``maxLength`` above 256 and ``maxItems`` above 128 are enforced as 256 / 128
+  (sound: outputs still satisfy the schema; longer valid values are refused).
 
 Keywords that constrain values but cannot be enforced (``not``, ``if``/``then``/``else``,
 ``uniqueItems: true``, ``contains``, ``patternProperties``, ``propertyNames``,
@@ -48,6 +50,11 @@ QUOTE = ra.char('"')
 ANY_STRING = ra.seq(QUOTE, ra.rep(STRING_UNIT, 0, None), QUOTE)
 SCALARS = ra.alt(ra.literal("null"), ra.literal("true"), ra.literal("false"), ANY_NUMBER, ANY_STRING)
 MAX_DEPTH = 60
+# Policy: upper bounds above these are enforced as these (sound: every output still meets
+# the schema's bound; only longer valid values are out of reach). Unrolling maxLength 4096
+# would cost thousands of automaton states per field.
+MAX_STRING_LENGTH = 256
+MAX_ARRAY_ITEMS = 128
 MAX_ENUM = 5_000
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
@@ -489,6 +496,8 @@ class _SchemaCompiler:
     def _string(self, schema: dict, path: str) -> tuple:
         lo = _nonneg_int(schema, "minLength", path, 0)
         hi = _nonneg_int(schema, "maxLength", path, None)
+        if hi is not None and hi > MAX_STRING_LENGTH and lo <= MAX_STRING_LENGTH:
+            hi = MAX_STRING_LENGTH
         patterns = list(schema.get("_patterns", []))
         if "pattern" in schema:
             patterns.append(schema["pattern"])
@@ -518,6 +527,8 @@ class _SchemaCompiler:
     def _array(self, schema: dict, path: str, depth: int) -> tuple:
         lo = _nonneg_int(schema, "minItems", path, 0)
         hi = _nonneg_int(schema, "maxItems", path, None)
+        if hi is not None and hi > MAX_ARRAY_ITEMS and lo <= MAX_ARRAY_ITEMS:
+            hi = MAX_ARRAY_ITEMS
         items = schema.get("items", True)
         prefix = schema.get("prefixItems", [])
         if isinstance(items, list):          # draft 7 tuple form

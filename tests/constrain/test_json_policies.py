@@ -69,3 +69,9 @@ def test_one_of_is_exclusive():
     schema = {"oneOf": [{"type": "integer", "minimum": 5}, {"type": "integer", "maximum": 10}]}
     assert _ok("3", json=schema) and _ok("12", json=schema)
     assert not _ok("7", json=schema)                        # matches both branches
+
+
+def test_long_max_length_is_capped_soundly():
+    schema = {"type": "string", "maxLength": 4096}
+    assert _ok('"' + "x" * 256 + '"', json=schema)
+    assert not _ok('"' + "x" * 257 + '"', json=schema)      # valid, but beyond the cap
