@@ -146,3 +146,34 @@ def test_structured_choice_and_failed_grammar(tiny_checkpoint, monkeypatch):
     assert done["fails"].outputs[0].finish_reason == "error" and done["fails"].error == "grammar exploded"
     assert len(done["fine"].outputs[0].token_ids) == GREEDY.max_tokens
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
+def test_output_kinds_and_abort(tiny_checkpoint):
+    from tamis.engine.sampling_params import RequestOutputKind
+    engine = make_engine(tiny_checkpoint("llama"))
+    prompt = [500, 600, 700, 800]
+    full = run_to_completion(engine, [prompt], GREEDY, prefix="c")[0].outputs[0]
+
+    delta = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    final_only = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+    engine.add_request("d", prompt, delta)
+    engine.add_request("f", prompt, final_only)
+    engine.add_request("gone", list(range(100, 140)), GREEDY)
+    first_step = engine.step()
+    engine.abort_request(["gone", "unknown-id"])
+    seen = {"d": [], "f": [], "gone": []}
+    text = ""
+    steps = [first_step]
+    while engine.has_unfinished_requests():
+        steps.append(engine.step())
+    for outputs in steps:
+        for output in outputs:
+            seen[output.request_id].append(output)
+            if output.request_id == "d":
+                text += output.outputs[0].text
+    assert all(not o.finished for o in seen["gone"])           # aborted: never reported finished
+    tokens = [t for o in seen["d"] for t in o.outputs[0].token_ids]
+    assert tokens == full.token_ids and text == full.text and len(seen["d"]) > 1
+    assert len(seen["f"]) == 1 and seen["f"][0].outputs[0].token_ids == full.token_ids
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
