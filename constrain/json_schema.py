@@ -685,6 +685,11 @@ def _merge_keyword(key, x, y, a, b, path):
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
+    if key == "patternProperties":
+        out = dict(x)
+        for pattern, sub in y.items():
+            out[pattern] = {"allOf": [out[pattern], sub]} if pattern in out else sub
+        return out
     if key not in HANDLED and key not in UNSUPPORTED:
         return x                           # an annotation or unknown keyword: no effect
     if json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True):
@@ -703,6 +708,9 @@ def _apply_additional(out: dict, side: dict, other: dict) -> None:
     extra = side.get("additionalProperties", True)
     if extra is True:
         return
+    if set(other.get("patternProperties", {})) - set(side.get("patternProperties", {})):
+        raise SchemaError("allOf: additionalProperties in one branch and patternProperties in "
+                          "another cannot be combined")
     own = set(side.get("properties", {}))
     props = dict(out.get("properties", {}))
     for name in other.get("properties", {}):
