@@ -107,3 +107,17 @@ def test_generated_outputs_validate(llm):
     print(f"\n{len(outputs)} outputs, {finished} finished, {failures} invalid")
     assert finished > 0
     assert failures == 0
+
+
+def test_extract_returns_validated_objects(llm):
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    people = llm.extract(["Alice Martin is 34 years old."], Person)
+    assert len(people) == 1 and isinstance(people[0], Person)
+    plain = llm.extract("Bob is 27.", {"type": "object", "properties": {"age": {"type": "integer"}},
+                                        "required": ["age"], "additionalProperties": False})
+    assert isinstance(plain[0]["age"], int)
