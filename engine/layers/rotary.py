@@ -8,8 +8,12 @@ the type. Dynamic NTK scaling only changes the frequencies for positions past
 ``max_position_embeddings`` (transformers recomputes them there); the engine never goes
 that far (``max_model_len`` is capped at it), so inside that range it is the default.
 
-cos/sin are computed per call from the positions in float32 (``positions x inv_freq``,
-the same product transformers forms), so there is no length limit and no cache to size.
+cos/sin are computed from the positions in float32 (``positions x inv_freq``, the same
+product transformers forms), so there is no length limit and no table to size. The layers
+of a model share one ``CosSinCache`` (their rotary modules are identical), which keeps the
+cos/sin of the last positions tensor seen (the same object): a forward pass computes them
+once instead of once per layer. The model clears it at the start of each pass, so a
+positions buffer rewritten in place between passes is never read stale.
 """
 from __future__ import annotations
 
@@ -106,6 +110,27 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any],
     raise ValueError(f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
 
 
+class CosSinCache:
+    """cos/sin of one positions tensor, shared by rotary modules with the same frequencies."""
+
+    def __init__(self):
+        self._entry: tuple | None = None   # (positions, dtype, cos, sin)
+
+    def clear(self) -> None:
+        """Forgets the entry; call once per forward pass, before the layers."""
+        self._entry = None
+
+    def get(self, positions: torch.Tensor, dtype: torch.dtype, compute) -> tuple:
+        """(cos, sin) for ``positions`` (the same tensor object) in ``dtype``; ``compute()``
+        makes them on a miss."""
+        entry = self._entry
+        if entry is not None and entry[0] is positions and entry[1] == dtype:
+            return entry[2], entry[3]
+        cos, sin = compute()
+        self._entry = (positions, dtype, cos, sin)
+        return cos, sin
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates q [T, Hq, D] and k [T, Hk, D] by their positions [T] (first ``rotary_dim`` dims)."""
 
@@ -116,6 +141,8 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = rotary_dim
         self.attention_scaling = attention_scaling
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        # Replace by the model's shared cache (only among modules of equal inv_freq/scaling).
+        self.cache = CosSinCache()
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
@@ -131,9 +158,14 @@ class RotaryEmbedding(nn.Module):
             if q.stride(-1) != 1 or k.stride(-1) != 1:
                 q, k = q.contiguous(), k.contiguous()
             return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling)
-        cos, sin = self.cos_sin(positions)
-        cos, sin = cos.to(q.dtype)[:, None, :], sin.to(q.dtype)[:, None, :]
+        cos, sin = self.cache.get(positions, q.dtype, lambda: self._cos_sin_as(positions, q.dtype))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _cos_sin_as(self, positions: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, rotary_dim] in ``dtype``, ready to broadcast over heads."""
+        cos, sin = self.cos_sin(positions)
+        return cos.to(dtype)[:, None, :], sin.to(dtype)[:, None, :]
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]

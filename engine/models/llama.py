@@ -16,7 +16,7 @@ from tamis.engine.layers.embedding import LMHead, VocabEmbedding
 from tamis.engine.layers.layernorm import RMSNorm
 from tamis.engine.layers.linear import MergedColumnLinear, QKVLinear, RowLinear
 from tamis.engine.layers.quant_method import QuantizationConfig
-from tamis.engine.layers.rotary import get_rope
+from tamis.engine.layers.rotary import CosSinCache, get_rope
 from tamis.engine.models.base import CausalLMBase, head_dim_of, layer_sliding_windows
 
 
@@ -39,7 +39,8 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config, layer_idx: int, quant_config: QuantizationConfig | None,
                  prefix: str, backend: AttentionBackend, sliding_window: int | None = None,
-                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False):
+                 qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
+                 rope_cache: CosSinCache | None = None):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -53,6 +54,8 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
         self.rotary_emb = get_rope(config, self.head_dim)
+        if rope_cache is not None:   # every layer's rope is the same: compute cos/sin once
+            self.rotary_emb.cache = rope_cache
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, layer_idx,
                               self.head_dim ** -0.5, backend, sliding_window)
 
@@ -95,13 +98,16 @@ class LlamaModel(nn.Module):
                  sliding_windows: list[int | None], prefix: str = "model", **attention_options):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.rope_cache = CosSinCache()   # shared by all layers' rotary modules
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, quant_config, f"{prefix}.layers.{i}", backend,
-                              sliding_windows[i], **attention_options)
+                              sliding_windows[i], rope_cache=self.rope_cache,
+                              **attention_options)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.rope_cache.clear()
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
