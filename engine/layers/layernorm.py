@@ -19,10 +19,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Same operations and order as transformers' LlamaRMSNorm (bit-identical results),
+        # with fewer temporaries: in place on the fresh tensors only, never on x.
         dtype = x.dtype
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        variance = x32.square().mean(-1, keepdim=True).add_(self.eps)
+        y = torch.mul(x32, torch.rsqrt(variance)).to(dtype)
+        if self.weight.dtype == y.dtype:
+            return y.mul_(self.weight)
+        return self.weight * y
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.is_cuda:
