@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -107,6 +108,10 @@ class ConstraintCompiler:
         self._cache: OrderedDict = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        # Cumulative counters for metrics (read without the lock: monotone ints/floats).
+        self.num_compiles = 0
+        self.num_cache_hits = 0
+        self.compile_seconds = 0.0
 
     def submit(self, params: StructuredOutputsParams, info) -> Future:
         key = (params.spec_key(), info.cache_key)
@@ -114,6 +119,7 @@ class ConstraintCompiler:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
+                self.num_cache_hits += 1
                 return future
             future = self._pool.submit(self._compile, params, info)
             self._cache[key] = future
@@ -127,8 +133,14 @@ class ConstraintCompiler:
         return self.submit(params, info).result()
 
     def _compile(self, params, info):
-        with deadline.deadline(self.time_limit_s):
-            return compile_constraint(params, info)
+        start = time.perf_counter()
+        try:
+            with deadline.deadline(self.time_limit_s):
+                return compile_constraint(params, info)
+        finally:
+            with self._lock:
+                self.num_compiles += 1
+                self.compile_seconds += time.perf_counter() - start
 
     def _forget_failure(self, key, future: Future) -> None:
         # timeouts are not cached: a later request may get a less busy machine

@@ -371,7 +371,8 @@ class LLMEngine:
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_prompt_tokens=self._counters["prompt"], num_generation_tokens=self._counters["generation"],
-            num_finished_requests=self._counters["finished"])
+            num_finished_requests=self._counters["finished"],
+            **(self._structured.stats() if self._structured is not None else {}))
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()

@@ -17,6 +17,10 @@ class EngineStats:
     num_prompt_tokens: int = 0       # prompt tokens computed (cumulative, recomputes included)
     num_generation_tokens: int = 0   # tokens sampled (cumulative)
     num_finished_requests: int = 0   # cumulative
+    structured_output_compiles: int = 0          # grammars compiled (cumulative)
+    structured_output_cache_hits: int = 0        # compilations served from the cache
+    structured_output_compile_seconds: float = 0.0
+    structured_output_mask_seconds: float = 0.0  # time filling token bitmasks
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -48,6 +48,7 @@ class StructuredOutputManager:
         self._submitted_at: dict = {}
         self._matchers: dict = {}
         self._bitmask = None
+        self.mask_seconds = 0.0      # cumulative time filling bitmasks, for metrics
 
     # ---- lifecycle ------------------------------------------------------------------------
     @staticmethod
@@ -111,12 +112,21 @@ class StructuredOutputManager:
         if self._bitmask is None or self._bitmask.shape[0] < len(requests):
             self._bitmask = np.empty((max(len(requests), 8), words), dtype=np.int32)
         bitmask = self._bitmask[:len(requests)]
+        start = time.perf_counter()
         for i, m in enumerate(rows):
             if m is None:
                 bitmask[i] = -1
             else:
                 m.fill_bitmask(bitmask, i)
+        self.mask_seconds += time.perf_counter() - start
         return torch.from_numpy(bitmask)
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters under EngineStats' field names."""
+        return {"structured_output_compiles": self.compiler.num_compiles,
+                "structured_output_cache_hits": self.compiler.num_cache_hits,
+                "structured_output_compile_seconds": self.compiler.compile_seconds,
+                "structured_output_mask_seconds": self.mask_seconds}
 
     def accept_token(self, request, token_id: int) -> bool:
         m = self._matchers.get(request.request_id)
