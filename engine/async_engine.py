@@ -52,6 +52,8 @@ class RequestTimes:
     last_output: float | None = None
     finished: float | None = None
     num_output_tokens: int = 0
+    # Gap before each output step after the first (vLLM's inter-token latency: one per step).
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 class _Stream:
@@ -325,5 +327,7 @@ def _record_progress(stream: _Stream, output) -> None:
     if num_tokens > times.num_output_tokens:
         if times.first_output is None:
             times.first_output = now
+        else:
+            times.inter_token_latencies.append(now - times.last_output)
         times.last_output = now
         times.num_output_tokens = num_tokens

@@ -139,11 +139,8 @@ class ServerMetrics:
             self.request_success.labels(m, choice.finish_reason or "abort").inc()
         if times.first_output is not None:
             self.ttft.labels(m).observe(times.first_output - times.arrival)
-        if times.first_output is not None and times.num_output_tokens > 1:
-            per_choice = times.num_output_tokens / max(1, len(output.outputs))
-            if per_choice > 1:
-                self.itl.labels(m).observe(
-                    (times.last_output - times.first_output) / (per_choice - 1))
+        for gap in times.inter_token_latencies:
+            self.itl.labels(m).observe(gap)
         if times.finished is not None:
             self.e2e.labels(m).observe(times.finished - times.arrival)
         metrics = getattr(output, "metrics", None)
