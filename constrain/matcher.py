@@ -95,12 +95,7 @@ class RegexMatcher(Matcher):
         data = self.info.token_bytes[token_id] if 0 <= token_id < self.info.vocab_size else None
         if not data:
             return False
-        nxt = self.dfa.walk(self.state, data)
-        if nxt == DEAD:
-            return False
-        self.history.append(self.state)
-        self.state = nxt
-        return True
+        return self.accept_bytes(data)
 
     def accept_bytes(self, data: bytes) -> bool:
         nxt = self.dfa.walk(self.state, data)
