@@ -55,7 +55,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", choices=cfg.DEVICES)
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--attention-backend", default="auto", choices=cfg.ATTENTION_BACKENDS)
-    g.add_argument("--structured-outputs-backend", default=_default("structured_outputs_backend"))
+    g.add_argument("--structured-outputs-backend", default=_default("structured_outputs_backend"),
+                   choices=("auto", "tamis", "xgrammar", "llguidance"),
+                   help="constraint compiler: tamis (= auto); xgrammar / llguidance if installed")
     g.add_argument("--max-logprobs", type=int, default=_default("max_logprobs"))
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--kv-cache-dtype", default="auto", choices=cfg.KV_CACHE_DTYPES)

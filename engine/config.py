@@ -75,7 +75,7 @@ class EngineConfig:
     device: str = "auto"
     enforce_eager: bool = False
     attention_backend: str = "auto"
-    structured_outputs_backend: str = "tamis"
+    structured_outputs_backend: str = "tamis"     # auto|tamis (ours), xgrammar|llguidance if installed
     max_logprobs: int = 20
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"
@@ -98,6 +98,8 @@ class EngineConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{flag(name)} must be one of {', '.join(allowed)}; got {value!r}")
+        from tamis.constrain.backends import check_installed   # ValueError: unknown / not installed
+        check_installed(self.structured_outputs_backend)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("--device cuda was asked for but no CUDA device is available")
 

@@ -17,7 +17,9 @@
       .remove_request(request)         forgets the request's matcher (call when it finishes)
 
 A request is constrained when ``request.sampling_params.structured_outputs`` is set. The
-manager keys its state by ``request.request_id``.
+manager keys its state by ``request.request_id``. ``config.structured_outputs_backend`` picks
+the compiler: "tamis"/"auto" (ours), or "xgrammar"/"llguidance" when installed
+(``tamis.constrain.backends``); ValueError if the named one is not installed.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ import time
 
 import numpy as np
 
-from tamis.constrain import ConstraintCompiler, StructuredOutputsParams, TokenizerInfo
+from tamis.constrain import StructuredOutputsParams, TokenizerInfo
+from tamis.constrain.backends import check_installed, make_compiler
 from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
 
 
@@ -35,15 +38,12 @@ class StructuredOutputError(ValueError):
 
 class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, config=None):
-        backend = getattr(config, "structured_outputs_backend", "tamis") or "tamis"
-        if backend not in ("tamis", "auto"):
-            raise ValueError(f"structured_outputs_backend={backend!r} is not available: only "
-                             "'tamis' is implemented")
+        self.backend = check_installed(getattr(config, "structured_outputs_backend", None))
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.info = TokenizerInfo.from_hf(tokenizer, vocab_size=vocab_size)
         self.time_limit_s = getattr(config, "structured_outputs_time_limit_s", DEFAULT_TIME_LIMIT_S)
-        self.compiler = ConstraintCompiler(time_limit_s=self.time_limit_s)
+        self.compiler = make_compiler(self.backend, tokenizer, vocab_size, self.info, self.time_limit_s)
         self._futures: dict = {}
         self._submitted_at: dict = {}
         self._matchers: dict = {}

@@ -84,6 +84,6 @@ def test_jump_forward_tokens_are_accepted_and_hold_back_the_last():
 
 def test_unknown_backend_is_refused():
     tokenizer, info = smollm2()
-    with pytest.raises(ValueError, match="xgrammar"):
+    with pytest.raises(ValueError, match="outlines"):
         StructuredOutputManager(tokenizer, info.vocab_size,
-                                SimpleNamespace(structured_outputs_backend="xgrammar"))
+                                SimpleNamespace(structured_outputs_backend="outlines"))

@@ -1,0 +1,71 @@
+"""Structured-output backends behind one interface (``structured_outputs_backend``).
+
+    "tamis" (= "auto")  tamis's own compiler (constrain/compiler.py); always available
+    "xgrammar"          xgrammar, when installed (optional yardstick)
+    "llguidance"        llguidance, when installed (optional yardstick)
+
+A backend is built once per tokenizer: ``load_backend(name, tokenizer, vocab_size, info)``;
+``backend.compile(params)`` returns a compiled constraint whose ``matcher()`` follows the
+contract of ``constrain/matcher.py`` (fill_bitmask / accept / rollback / is_terminated /
+is_complete / jump_forward, plus ``finished`` = EOS accepted). Compile errors are
+``ConstraintError`` naming the backend. ``make_compiler`` wraps a backend in the thread pool
+and cache of ``ConstraintCompiler`` (what the engine's manager uses).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from ..errors import ConstraintError
+
+BACKENDS = ("tamis", "xgrammar", "llguidance")
+ALIASES = {"auto": "tamis"}
+CHOICES = ("auto",) + BACKENDS
+
+
+def resolve_name(name: str | None) -> str:
+    """"auto"/None -> "tamis"; ValueError for an unknown name."""
+    name = ALIASES.get(name or "auto", name)
+    if name not in BACKENDS:
+        raise ValueError("structured_outputs_backend (--structured-outputs-backend) must be one "
+                         f"of {', '.join(CHOICES)}; got {name!r}")
+    return name
+
+
+def is_installed(name: str) -> bool:
+    name = resolve_name(name)
+    return name == "tamis" or importlib.util.find_spec(name) is not None
+
+
+def check_installed(name: str) -> str:
+    """The resolved name; ValueError saying how to install it when it is missing."""
+    name = resolve_name(name)
+    if not is_installed(name):
+        raise ValueError(f"structured_outputs_backend={name!r} is not installed: "
+                         f"`pip install {name}` (optional yardstick), or use 'tamis'")
+    return name
+
+
+def load_backend(name: str, tokenizer, vocab_size: int, info):
+    """The backend object for ``name`` over this tokenizer (``info``: tamis's TokenizerInfo)."""
+    name = check_installed(name)
+    if name == "xgrammar":
+        from .xgrammar_backend import XGrammarBackend
+        return XGrammarBackend(tokenizer, vocab_size, info)
+    if name == "llguidance":
+        from .llguidance_backend import LLGuidanceBackend
+        return LLGuidanceBackend(tokenizer, vocab_size, info)
+    from .tamis_backend import TamisBackend
+    return TamisBackend(info)
+
+
+def make_compiler(name: str, tokenizer, vocab_size: int, info, time_limit_s: float):
+    """A ``ConstraintCompiler`` (submit/compile/counters/shutdown) for the named backend."""
+    from ..compiler import ConstraintCompiler
+    if resolve_name(name) == "tamis":
+        return ConstraintCompiler(time_limit_s=time_limit_s)
+    from .pool import BackendCompiler
+    return BackendCompiler(load_backend(name, tokenizer, vocab_size, info), time_limit_s=time_limit_s)
+
+
+__all__ = ["BACKENDS", "CHOICES", "ConstraintError", "resolve_name", "is_installed",
+           "check_installed", "load_backend", "make_compiler"]
