@@ -4,11 +4,13 @@
         SmolLM2-135M quantized by `tamis quantize` (AWQ 4-bit, GPTQ 4-bit g128 with and
         without act-order, FP8 dynamic), perplexity in tamis on pydoc_data.topics (ships
         with Python) against the unquantized model. Targets: FP8 <= +1%, 4-bit <= +10%.
-    python bench/bench_quant.py gemm [--sweep]
-        W4A16 (group 128) and FP8 (per-token dynamic) GEMMs at Llama-3.1-8B layer shapes for
-        M = 1, 16, 64, 256, 2048 against bf16 F.linear, CUDA events, median of repeats;
-        each result is checked against its reference first. --sweep also times a grid of
-        W4A16 tile configs and prints the best per shape.
+    python bench/bench_quant.py gemm [--sweep] [--eager] [--ms 1 4 16 ...]
+        W4A16 (group 128) and FP8 (per-channel weights; W8A16 GEMV for M <= 4, per-token
+        dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes for M = 1, 4, 16, 64, 256,
+        2048 against bf16 F.linear, timed by CUDA-graph replay (--eager: CUDA events on
+        eager calls), median of repeats; each result is checked against its reference
+        first. --sweep also times grids of W4A16 and FP8-GEMV tile configs and prints the
+        best per cell.
 The table comes last: workload, ours, baseline, ratio.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from types import SimpleNamespace
 import torch
 
 SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N)
-MS = [1, 16, 64, 256, 2048]
+MS = [1, 4, 16, 64, 256, 2048]
 
 
 # ---------------------------------------------------------------- perplexity (CPU)
@@ -139,7 +141,8 @@ def _print_ppl_table(work: Path, tokens: int, window: int) -> None:
 # ---------------------------------------------------------------- GEMMs (GPU)
 
 def cuda_time(fn, reps: int = 50, warmup: int = 10) -> float:
-    """Median milliseconds of ``fn()`` over ``reps`` CUDA-event timed calls."""
+    """Median milliseconds of ``fn()`` over ``reps`` CUDA-event timed eager calls (includes
+    the host's launch time when that exceeds the GPU's)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -154,23 +157,70 @@ def cuda_time(fn, reps: int = 50, warmup: int = 10) -> float:
     return statistics.median(times)
 
 
+def graph_time(fn, inner: int = 20, reps: int = 7) -> float:
+    """Median milliseconds per call of ``fn`` replayed from a CUDA graph of ``inner``
+    back-to-back calls (how the engine runs decode): GPU time, no host launch cost."""
+    fn()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / inner)
+    del graph
+    return statistics.median(times)
+
+
 def w4a16_operands(k: int, n: int, group: int = 128):
     from tamis.quant.packing import pack_int32
     codes = torch.randint(0, 16, (k, n), device="cuda")
     qweight = pack_int32(codes, 4, dim=0)
     scales = (torch.rand(k // group, n, device="cuda") * 0.002 + 0.001).half()
-    zeros = torch.full((k // group, n), 8.0, device="cuda").half()
+    zeros = torch.randint(0, 16, (k // group, n), device="cuda").half()
     return qweight, scales, zeros
 
 
 def sweep_configs(m: int):
-    from tamis.kernels.w4a16 import GemmConfig
+    """W4A16 candidates: GEMV tiles for M <= GEMV_MAX_M, tl.dot tiles above."""
+    from tamis.kernels.w4a16 import GEMV_MAX_M, GemmConfig, GemvConfig
+    if m <= GEMV_MAX_M:
+        return [GemvConfig(bn, kw, sk, w) for bn, kw, w in
+                ((64, 16, 4), (128, 8, 4), (128, 16, 4), (128, 32, 4), (256, 8, 4), (256, 16, 8))
+                for sk in (1, 2, 4, 8, 16)]
     if m <= 16:
-        return [GemmConfig(16, bn, bk, sk, 4, 4) for bn in (32, 64, 128) for bk in (64, 128)
-                for sk in (1, 2, 4, 8)]
-    return [GemmConfig(bm, bn, 64, 1, w, st) for bm, bn, w in
-            ((32, 64, 4), (64, 64, 4), (64, 128, 4), (128, 128, 8), (64, 256, 8), (128, 256, 8))
-            for st in (3, 4)]
+        tiles = [(16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 3),
+                 (16, 64, 64, 2, 4, 4)]
+    elif m <= 64:
+        tiles = [(32, 64, 64, 1, 4, 4), (64, 64, 64, 1, 4, 4), (64, 128, 64, 1, 4, 3),
+                 (64, 128, 128, 1, 8, 3)]
+    else:
+        tiles = [(64, 128, 64, 1, 4, 3), (128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3),
+                 (64, 256, 64, 1, 8, 3)]
+    return [GemmConfig(*tile, unpack_once=once) for tile in tiles for once in (False, True)]
+
+
+def fp8_sweep_configs():
+    from tamis.kernels.fp8 import Fp8GemvConfig
+    return [Fp8GemvConfig(bn, bk, sk, w) for bn, bk, w in
+            ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 512, 8), (64, 128, 4), (64, 256, 8))
+            for sk in (1, 2, 4, 8, 16)]
+
+
+def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
 def run_gemm(args) -> None:
@@ -179,38 +229,46 @@ def run_gemm(args) -> None:
     from tamis.kernels import fp8, w4a16
     assert torch.cuda.is_available(), "gemm mode needs a CUDA GPU"
     torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), "fp8:", fp8.fp8_supported("cuda"), flush=True)
+    timer = cuda_time if args.eager else graph_time
+    print(torch.cuda.get_device_name(), "fp8:", fp8.fp8_supported("cuda"),
+          "timing:", "eager CUDA events" if args.eager else "CUDA graph replay", flush=True)
     rows = []
     for k, n in SHAPES:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         qweight, scales, zeros = w4a16_operands(k, n)
-        dense_w4 = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k).t().contiguous().to(torch.bfloat16)
+        dense_w4 = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)  # [K, N] fp32
         w8, w8_scale = _fp8_weight(weight)
-        for m in MS:
+        dense_w8 = w8.float() * w8_scale[:, None]  # [N, K] fp32
+        for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            # correctness first
-            got = w4a16.w4a16_gemm(x, qweight, scales, zeros, 128)
-            ref = F.linear(x, dense_w4)
-            err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+            # Correctness first: W4A16 against the fp32 product with its dequantized weight;
+            # FP8 against W8A16 (GEMV rows) or the W8A8 fp32 emulation (_scaled_mm rows).
+            err = _rel_err(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128),
+                           x.float() @ dense_w4)
             assert err < 2e-2, f"W4A16 mismatch at M={m} {k}x{n}: rel err {err}"
-            got8 = fp8.fp8_linear(x, w8, w8_scale)
-            ref8 = fp8.fp8_linear_ref(x.float(), w8, w8_scale)
-            err8 = ((got8.float() - ref8).abs().max() / ref8.abs().max()).item()
+            ref8 = (x.float() @ dense_w8.t() if m <= fp8.GEMV_MAX_M
+                    else fp8.fp8_linear_ref(x.float(), w8, w8_scale))
+            err8 = _rel_err(fp8.fp8_linear(x, w8, w8_scale), ref8)
             assert err8 < 2e-2, f"FP8 mismatch at M={m} {k}x{n}: rel err {err8}"
-            t_bf16 = cuda_time(lambda: F.linear(x, weight))
-            t_w4 = cuda_time(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128))
-            t_fp8 = cuda_time(lambda: fp8.fp8_linear(x, w8, w8_scale))
-            t_best, best = (_sweep(x, qweight, scales, zeros, m) if args.sweep
-                            else (float("nan"), ""))
-            rows.append((f"{k}x{n}", m, t_bf16, t_w4, t_fp8, t_best))
+            t_bf16 = timer(lambda: F.linear(x, weight))
+            t_w4 = timer(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128))
+            t_fp8 = timer(lambda: fp8.fp8_linear(x, w8, w8_scale))
+            best4 = best8 = (float("nan"), "")
+            if args.sweep and m in args.sweep_ms:
+                best4 = _sweep_w4(x, qweight, scales, zeros, dense_w4, timer)
+                if m <= fp8.GEMV_MAX_M:
+                    best8 = _sweep_fp8(x, w8, w8_scale, dense_w8, timer)
+            rows.append((f"{k}x{n}", m, t_bf16, t_w4, t_fp8, best4[0], best8[0]))
             print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f}us w4a16 {t_w4 * 1e3:.1f}us "
-                  f"fp8 {t_fp8 * 1e3:.1f}us {best}", flush=True)
-    print("\nus per GEMM (median); x = bf16 time / ours; W4A16 best = fastest swept tile config")
-    print(f"{'KxN':12s} {'M':>5s} {'bf16':>8s} {'W4A16':>8s} {'x':>6s} {'W4best':>8s} {'x':>6s} "
-          f"{'FP8':>8s} {'x':>6s}")
-    for shape, m, tb, t4, t8, tbest in rows:
+                  f"fp8 {t_fp8 * 1e3:.1f}us | W4 {best4[1]} | FP8 {best8[1]}", flush=True)
+    print(f"\nus per GEMM (median, {'eager' if args.eager else 'CUDA graph'}); "
+          "x = bf16 time / ours; best = fastest swept config (--sweep)")
+    print(f"{'KxN':12s} {'M':>5s} {'bf16':>8s} {'W4A16':>8s} {'x':>6s} {'FP8':>8s} {'x':>6s} "
+          f"{'W4best':>8s} {'x':>6s} {'F8best':>8s} {'x':>6s}")
+    for shape, m, tb, t4, t8, b4, b8 in rows:
         print(f"{shape:12s} {m:5d} {tb * 1e3:8.1f} {t4 * 1e3:8.1f} {tb / t4:6.2f} "
-              f"{tbest * 1e3:8.1f} {tb / tbest:6.2f} {t8 * 1e3:8.1f} {tb / t8:6.2f}")
+              f"{t8 * 1e3:8.1f} {tb / t8:6.2f} {b4 * 1e3:8.1f} {tb / b4:6.2f} "
+              f"{b8 * 1e3:8.1f} {tb / b8:6.2f}")
 
 
 def _fp8_weight(weight):
@@ -218,20 +276,48 @@ def _fp8_weight(weight):
     return quantize_weight_per_channel(weight)
 
 
-def _sweep(x, qweight, scales, zeros, m) -> tuple[float, str]:
-    from tamis.kernels import w4a16
+def _label(config) -> str:
+    """GemvConfig(block_n=128, block_kw=16, ...) -> 'n128 kw16 sk4 w4 s3'."""
+    from dataclasses import astuple, fields
+    short = {"block_m": "m", "block_n": "n", "block_k": "k", "block_kw": "kw", "split_k": "sk",
+             "num_warps": "w", "num_stages": "s", "unpack_once": "once"}
+    return " ".join(f"{short[f.name]}{int(v)}" for f, v in zip(fields(config), astuple(config)))
+
+
+def _best(candidates, timer) -> tuple[float, str]:
+    """Times each (label, fn, check) candidate whose check passes; the fastest."""
     results = []
-    for config in sweep_configs(m):
+    for label, fn, check in candidates:
         try:
-            t = cuda_time(lambda: w4a16.w4a16_gemm_triton(x, qweight, scales, zeros, 128, 4,
-                                                          config=config), reps=20, warmup=3)
+            err = check(fn())
+            if err >= 2e-2:
+                print(f"  {label}: WRONG (rel err {err:.3g})", flush=True)
+                continue
+            results.append((timer(fn), label))
         except Exception as exc:  # out of shared memory etc.: skip that config
-            print(f"  config {config} failed: {type(exc).__name__}", file=sys.stderr)
-            continue
-        results.append((t, config))
-    t, config = min(results, key=lambda r: r[0])
-    return t, (f"best {t * 1e3:.1f}us bm={config.block_m} bn={config.block_n} bk={config.block_k} "
-            f"sk={config.split_k} w={config.num_warps} st={config.num_stages}")
+            print(f"  {label} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
+    if not results:
+        return float("nan"), "none"
+    t, label = min(results)
+    return t, f"best {t * 1e3:.1f}us {label}"
+
+
+def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
+    from tamis.kernels import w4a16
+    ref = x.float() @ dense
+    gemv = x.shape[0] <= w4a16.GEMV_MAX_M
+    run = w4a16.w4a16_gemv_triton if gemv else w4a16.w4a16_gemm_triton
+    candidates = [(_label(c), (lambda c=c: run(x, qweight, scales, zeros, 128, 4, config=c)),
+                   lambda got: _rel_err(got, ref)) for c in sweep_configs(x.shape[0])]
+    return _best(candidates, timer)
+
+
+def _sweep_fp8(x, w8, w8_scale, dense, timer) -> tuple[float, str]:
+    from tamis.kernels import fp8
+    ref = x.float() @ dense.t()
+    candidates = [(_label(c), (lambda c=c: fp8.fp8_gemv_triton(x, w8, w8_scale, config=c)),
+                   lambda got: _rel_err(got, ref)) for c in fp8_sweep_configs()]
+    return _best(candidates, timer)
 
 
 def main() -> None:
@@ -250,6 +336,11 @@ def main() -> None:
     ppl.add_argument("--workdir", default=None, help="keep / reuse quantized checkpoints here")
     gemm = sub.add_parser("gemm")
     gemm.add_argument("--sweep", action="store_true")
+    gemm.add_argument("--eager", action="store_true",
+                      help="time eager calls with CUDA events (default: CUDA-graph replay)")
+    gemm.add_argument("--ms", type=int, nargs="+", default=MS)
+    gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 16, 64, 256],
+                      help="the M values --sweep sweeps (2048 takes 256's tiles)")
     args = parser.parse_args()
     run_ppl(args) if args.mode == "ppl" else run_gemm(args)
 

@@ -9,14 +9,24 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
 
 - ``per_token_quant_fp8`` (Triton on CUDA; ``per_token_quant_fp8_ref`` otherwise): one
   scale per row, ``amax(row) / 448``.
-- ``fp8_linear`` dispatches: a GPU with FP8 (compute capability >= 8.9) runs W8A8 through
-  ``torch._scaled_mm``; any other device runs W8A16 (the weight upcast to x's dtype),
-  which is also the CPU reference. ``fp8_linear_ref`` emulates W8A8 exactly in fp32.
+- ``fp8_gemv_triton``: W8A16 for M <= ``GEMV_MAX_M`` (decode). Each program streams a
+  [BLOCK_N, BLOCK_K] tile of e4m3 weights (16-byte loads along K), converts it in
+  registers and accumulates ``w * x`` in fp32; the per-channel scale is applied once at
+  the end. No activation quantization, so the weight bytes are all it reads. K is split
+  over programs and reduced in the same launch (``tamis.kernels.splitk``).
+- ``fp8_linear`` dispatches: on CUDA, M <= ``GEMV_MAX_M`` runs that GEMV (any CUDA GPU);
+  larger M on a GPU with FP8 (compute capability >= 8.9) runs W8A8 through
+  ``torch._scaled_mm``; anything else runs W8A16 (the weight upcast to x's dtype), which
+  is also the CPU reference. ``fp8_linear_ref`` emulates W8A8 exactly in fp32.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from tamis.kernels.splitk import even_split, split_counters
 
 try:
     import triton
@@ -131,11 +141,149 @@ def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     return out.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class Fp8GemvConfig:
+    block_n: int   # weight rows (output columns) per program
+    block_k: int   # K elements per loop step
+    split_k: int   # programs along K per row block (reduced in the same launch)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+GEMV_MAX_M = 4
+
+
+def pick_fp8_gemv_config(n: int, k: int, num_sms: int = 132) -> Fp8GemvConfig:
+    """32 rows x 256 K per step, and enough K splits for about four programs per SM."""
+    block_n, block_k = 32, 256
+    blocks = -(-n // block_n)
+    split_k = 1
+    while blocks * split_k * 2 <= 4 * num_sms and split_k < 16:
+        split_k *= 2
+    return Fp8GemvConfig(block_n, block_k, split_k)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
+                         M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         SPLIT, HAS_SPLIT: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        m_k = tl.zeros((BLOCK_K,), dtype=tl.int32) + M  # M as tensors: row masks
+        m_n = tl.zeros((BLOCK_N,), dtype=tl.int32) + M
+        acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        k_lo = pid_k * K_SPLIT
+        k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            kmask = kk < k_hi
+            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + kk[None, :],
+                        mask=mask_n[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            x0 = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+            acc0 += w * x0[None, :]
+            if BLOCK_M > 1:
+                x1 = tl.load(x_ptr + stride_xm + kk, mask=kmask & (m_k > 1),
+                             other=0.0).to(tl.float32)
+                acc1 += w * x1[None, :]
+            if BLOCK_M > 2:
+                x2 = tl.load(x_ptr + 2 * stride_xm + kk, mask=kmask & (m_k > 2),
+                             other=0.0).to(tl.float32)
+                acc2 += w * x2[None, :]
+            if BLOCK_M > 3:
+                x3 = tl.load(x_ptr + 3 * stride_xm + kk, mask=kmask & (m_k > 3),
+                             other=0.0).to(tl.float32)
+                acc3 += w * x3[None, :]
+        scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
+        for m in tl.static_range(BLOCK_M):
+            if m == 0:
+                col = tl.sum(acc0, axis=1)
+            elif m == 1:
+                col = tl.sum(acc1, axis=1)
+            elif m == 2:
+                col = tl.sum(acc2, axis=1)
+            else:
+                col = tl.sum(acc3, axis=1)
+            if not HAS_SPLIT:
+                tl.store(out_ptr + m * stride_om + offs_n,
+                         (col * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
+            else:
+                tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n, col, mask=mask_n)
+        if HAS_SPLIT:
+            # Every thread's partials are stored before the (releasing) count.
+            tl.debug_barrier()
+            done = tl.atomic_add(count_ptr + pid_n, 1)
+            if done == SPLIT - 1:
+                for m in tl.static_range(BLOCK_M):
+                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                    for sk in range(SPLIT):
+                        total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
+                                         mask=mask_n, other=0.0, cache_modifier=".cg")
+                    tl.store(out_ptr + m * stride_om + offs_n,
+                             (total * scale).to(out_ptr.dtype.element_ty),
+                             mask=mask_n & (m_n > m))
+                tl.store(count_ptr + pid_n, 0)
+
+
+def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                    config: Fp8GemvConfig | None = None) -> torch.Tensor:
+    """W8A16 ``x @ (weight * weight_scale).T`` for x [M, K], M <= GEMV_MAX_M, weight
+    float8 [N, K] contiguous, weight_scale float32 [N]; out in x's dtype."""
+    if triton is None:
+        raise RuntimeError("fp8_gemv_triton needs triton installed")
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > GEMV_MAX_M:
+        raise ValueError(f"fp8_gemv_triton takes M <= {GEMV_MAX_M}, got {m}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if weight.stride(1) != 1:
+        weight = weight.contiguous()
+    scale = weight_scale.float().reshape(-1)
+    if scale.numel() == 1:
+        scale = scale.expand(n).contiguous()
+    if config is None:
+        sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
+               if x.is_cuda else 4)
+        config = pick_fp8_gemv_config(n, k, sms)
+    splits, k_split = even_split(k, config.block_k, config.split_k)
+    blocks = triton.cdiv(n, config.block_n)
+    block_m = 1 if m == 1 else (2 if m == 2 else 4)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if splits > 1:
+        partials = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, blocks)
+    else:
+        partials = counters = out  # unused
+    _fp8_gemv_kernel[(blocks, splits)](
+        x, weight, scale, out, partials, counters, m, n, k, k_split,
+        x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N]: W8A8 on an FP8 GPU (K, N multiples of 16), else W8A16."""
+    """x [..., K] -> [..., N]: on CUDA the W8A16 GEMV for M <= GEMV_MAX_M (the static
+    input scale is then unused: activations stay in x's dtype); W8A8 on an FP8 GPU
+    (K, N multiples of 16) above that; else W8A16 through a dequantized weight."""
     n, k = weight.shape
+    m = x.numel() // k if k else 0
+    if x.is_cuda and triton is not None and 0 < m <= GEMV_MAX_M:
+        out = fp8_gemv_triton(x.reshape(m, k), weight, weight_scale)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out.reshape(*x.shape[:-1], n)
     if fp8_supported(x.device) and k % 16 == 0 and n % 16 == 0:
         x2 = x.reshape(-1, k)
         return fp8_scaled_mm(x2, weight, weight_scale, input_scale, bias).reshape(

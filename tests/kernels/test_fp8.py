@@ -76,3 +76,51 @@ def test_scaled_mm_matches_emulation(static):
     got = fp8.fp8_linear(x.cuda(), weight.cuda(), scale.cuda(),
                          None if input_scale is None else input_scale.cuda())
     torch.testing.assert_close(got.float().cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("m,n,k,config", [
+    (1, 40, 300, fp8.Fp8GemvConfig(16, 64, 1)),    # K and N tails, no split
+    (2, 33, 520, fp8.Fp8GemvConfig(16, 64, 3)),    # split-K reduced in-kernel
+    (3, 64, 256, fp8.Fp8GemvConfig(32, 128, 2)),
+    (4, 16, 64, fp8.Fp8GemvConfig(16, 128, 4)),    # more splits asked than tiles
+])
+def test_w8a16_gemv_matches_dequantized_weight(m, n, k, config):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight, scale = _weight(n, k, seed=k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = x.float() @ (weight.float() * scale[:, None]).t()
+    got = fp8.fp8_gemv_triton(x.to(device), weight.to(device), scale.to(device), config)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # fp32 accumulation on both sides; the bf16 output rounding is the difference.
+    tol = 8e-3 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=8e-3, atol=tol)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+def test_w8a16_gemv_takes_a_per_tensor_scale():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight, scale = _weight(24, 96)
+    tensor_scale = scale.max().reshape(1)
+    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(5))
+    expected = x @ (weight.float() * tensor_scale).t()
+    got = fp8.fp8_gemv_triton(x.to(device), weight.to(device), tensor_scale.to(device),
+                              fp8.Fp8GemvConfig(16, 32, 2))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 4, 5])
+def test_fp8_linear_dispatch_on_cuda(m):
+    """M <= GEMV_MAX_M takes the W8A16 GEMV (matches the dequantized weight); above, W8A8."""
+    weight, scale = _weight(512, 1024)
+    x = torch.randn(m, 1024, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    got = fp8.fp8_linear(x.cuda(), weight.cuda(), scale.cuda()).float().cpu()
+    if m <= fp8.GEMV_MAX_M:
+        expected = x.float() @ (weight.float() * scale[:, None]).t()
+    else:
+        expected = fp8.fp8_linear_ref(x.float(), weight, scale)
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

@@ -45,6 +45,8 @@ def _interpreted():
     (5, 80, 32, 32, 4, w4a16.GemmConfig(16, 32, 32, 2, 4, 1)),     # K tail (ceil groups), split-K
     (17, 64, 32, 16, 4, w4a16.GemmConfig(16, 32, 32, 1, 4, 1)),    # group < BLOCK_K: gather path
     (4, 64, 32, 64, 8, w4a16.GemmConfig(16, 32, 32, 1, 4, 1)),     # 8-bit
+    (5, 96, 48, 32, 4, w4a16.GemmConfig(16, 32, 64, 1, 4, 1, True)),  # words loaded once, K tail
+    (3, 64, 32, 64, 8, w4a16.GemmConfig(16, 32, 32, 2, 4, 1, True)),  # ... 8-bit, split-K
 ])
 def test_triton_matches_reference(dtype, m, k, n, group_size, bits, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -72,3 +74,89 @@ def test_dispatcher_tile_choice_is_correct(m):
     got = w4a16.w4a16_gemm_triton(x.to(device), qweight.to(device), scales.to(device),
                                   zeros.to(device), group_size)
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
+
+
+GEMV_CASES = [  # m, k, n, group_size, bits, config
+    (1, 256, 64, 128, 4, w4a16.GemvConfig(32, 16, 1)),   # one group per tile, no split
+    (2, 256, 64, 128, 4, w4a16.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
+    (3, 256, 40, 32, 4, w4a16.GemvConfig(32, 8, 4)),     # group 32 < tile: per-row groups, N tail
+    (4, 320, 64, 64, 4, w4a16.GemvConfig(64, 16, 2)),    # group 64 < tile, K tail past a group
+    (1, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
+    (4, 200, 32, 200, 4, w4a16.GemvConfig(32, 8, 2)),    # one group over K (group -1)
+    (3, 96, 40, 32, 8, w4a16.GemvConfig(16, 8, 2)),      # 8-bit
+]
+
+
+@pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("m,k,n,group_size,bits,config", GEMV_CASES)
+def test_gemv_matches_reference(m, k, n, group_size, bits, config):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, bits, torch.float16, seed=k + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size, bits)
+    got = w4a16.w4a16_gemv_triton(x.to(device), qweight.to(device), scales.to(device),
+                                  zeros.to(device), group_size, bits, config=config)
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    # Only the bf16 output rounding separates them (fp32 accumulation in both).
+    tol = 8e-3 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=8e-3, atol=tol)
+
+
+@pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+def test_gemv_split_counters_reset_between_calls():
+    """The split-K counters must be back at 0 after a launch, or the next launch's
+    reduction would fire early (wrong sums)."""
+    from tamis.kernels.splitk import split_counters
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    k, n, group_size = 256, 64, 64
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=3)
+    args = (qweight.to(device), scales.to(device), zeros.to(device), group_size, 4)
+    config = w4a16.GemvConfig(32, 8, 4)
+    for seed in range(3):
+        x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed))
+        expected = w4a16.w4a16_gemm_ref(x, qweight, scales.float(), zeros.float(), group_size)
+        got = w4a16.w4a16_gemv_triton(x.to(device), *args, config=config)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+    assert int(split_counters(torch.device(device), 1).abs().sum()) == 0
+
+
+def test_gemv_refuses_partial_word_groups():
+    assert w4a16.gemv_supported(1, 4096, 128, 4)
+    assert not w4a16.gemv_supported(w4a16.GEMV_MAX_M + 1, 4096, 128, 4)
+    assert not w4a16.gemv_supported(1, 4096, 12, 4)  # a group that splits a word
+    assert w4a16.gemv_supported(1, 100, 100, 4)      # ... unless it spans all of K
+
+
+@pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_act_order_layer_through_gemv(group_size):
+    """A GPTQ act-order layer repacked by finalize_wna16 (K sorted by group), fed x
+    permuted by ``wna16_perm`` as apply_wna16's CUDA path does, gives the checkpoint's
+    product through the GEMV."""
+    from types import SimpleNamespace
+
+    from tamis.quant import wna16
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    k, n, bits = 2 * group_size + 24, 48, 4   # K not a multiple of the group
+    gen = torch.Generator().manual_seed(group_size)
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    groups = -(-k // group_size)
+    g_idx = (torch.arange(k) // group_size)[torch.randperm(k, generator=gen)].int()
+    scales = torch.rand(groups, n, generator=gen) * 0.02 + 0.001
+    zeros = torch.randint(0, 16, (groups, n), generator=gen).float()
+    layer = torch.nn.Module()
+    layer.prefix = "layer"
+    wna16.finalize_wna16(layer, codes, scales.half().float(), zeros, group_size, bits, g_idx)
+    assert layer.wna16_perm is not None
+    x = torch.randn(2, k, generator=gen)
+    expected = x @ ((codes.float() - zeros[g_idx.long()]) * scales.half().float()[g_idx.long()])
+    layer.to(device)
+    perm = layer.wna16_perm
+    got = w4a16.w4a16_gemv_triton(x.to(device)[..., perm], layer.wna16_qweight,
+                                  layer.wna16_scales, layer.wna16_zeros, group_size, bits,
+                                  config=w4a16.GemvConfig(16, 8, 2))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,40 @@
+"""Host side of the single-launch split-K reduction the GEMV kernels share.
+
+A split-K GEMV launches ``blocks x splits`` programs. Each program writes its fp32
+partial sums to ``partials[split, m, n]`` (a fresh ``torch.empty``), then increments the
+counter of its column block; the program that sees ``splits - 1`` sums the partials in
+split order (so the result is deterministic), writes the output and puts the counter
+back to 0. One launch, no zero-initialised output, no cast kernel afterwards.
+
+The counters live in one int32 buffer per device that stays all-zero between launches.
+Kernels on one stream serialize, so every GEMV shares it; GEMVs running at the same time
+on two streams of one device would race on it (tamis runs its model on one stream).
+"""
+from __future__ import annotations
+
+import torch
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MIN_COUNTERS = 4096
+
+
+def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """An all-zero int32 buffer of at least ``blocks`` counters on ``device``.
+
+    Grows (and is then reallocated) only when a launch needs more column blocks than
+    ever before; call once outside CUDA-graph capture (any warm-up does) so capture
+    never allocates it."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < blocks:
+        buf = torch.zeros(max(blocks, _MIN_COUNTERS), dtype=torch.int32, device=device)
+        _COUNTERS[device] = buf
+    return buf
+
+
+def even_split(k: int, block_k: int, splits: int) -> tuple[int, int]:
+    """(splits, K per split): each split a whole number of ``block_k`` tiles, none empty."""
+    tiles = -(-k // block_k)
+    splits = max(1, min(splits, tiles))
+    per_split = -(-tiles // splits)
+    splits = -(-tiles // per_split)
+    return splits, per_split * block_k
