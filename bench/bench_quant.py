@@ -198,7 +198,8 @@ def sweep_configs(m: int):
     from tamis.kernels.w4a16 import GEMV_MAX_M, GemmConfig, GemvConfig
     if m <= GEMV_MAX_M:
         return [GemvConfig(bn, kw, sk, w) for bn, kw, w in
-                ((64, 16, 4), (128, 8, 4), (128, 16, 4), (128, 32, 4), (256, 8, 4), (256, 16, 8))
+                ((64, 16, 4), (128, 8, 4), (128, 16, 4), (128, 16, 8), (128, 32, 4), (128, 32, 8),
+                 (256, 8, 4), (256, 16, 8))
                 for sk in (1, 2, 4, 8, 16)]
     if m <= 16:
         tiles = [(16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 3),
@@ -215,7 +216,8 @@ def sweep_configs(m: int):
 def fp8_sweep_configs():
     from tamis.kernels.fp8 import Fp8GemvConfig
     return [Fp8GemvConfig(bn, bk, sk, w) for bn, bk, w in
-            ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 512, 8), (64, 128, 4), (64, 256, 8))
+            ((16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (32, 512, 8),
+             (64, 128, 4), (64, 256, 8))
             for sk in (1, 2, 4, 8, 16)]
 
 
