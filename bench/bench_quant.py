@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import torch
 
 SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)]  # (K, N)
-MS = [1, 4, 16, 64, 256, 2048]
+MS = [1, 2, 4, 16, 64, 256, 2048]
 
 
 # ---------------------------------------------------------------- perplexity (CPU)
@@ -194,31 +194,35 @@ def w4a16_operands(k: int, n: int, group: int = 128):
 
 
 def sweep_configs(m: int):
-    """W4A16 candidates: GEMV tiles for M <= GEMV_MAX_M, tl.dot tiles above."""
+    """W4A16 candidates: GEMV tiles for M <= GEMV_MAX_M (and 16-row tl.dot tiles for
+    M >= 2, to place the crossover), tl.dot tiles with split-K above."""
     from tamis.kernels.w4a16 import GEMV_MAX_M, GemmConfig, GemvConfig
-    if m <= GEMV_MAX_M:
+    dot16 = [GemmConfig(16, bn, 128, sk, 4, 4, True) for bn, sks in
+             ((32, (1, 2, 4)), (64, (1, 2, 4, 8)), (128, (1, 2, 4, 8))) for sk in sks]
+    if m == 1:
         return [GemvConfig(bn, kw, sk, w) for bn, kw, w in
-                ((64, 16, 4), (128, 8, 4), (128, 16, 4), (128, 16, 8), (128, 32, 4), (128, 32, 8),
-                 (256, 8, 4), (256, 16, 8))
-                for sk in (1, 2, 4, 8, 16)]
+                ((64, 16, 4), (128, 16, 4), (128, 32, 4), (128, 32, 8), (256, 16, 4),
+                 (256, 32, 8), (512, 8, 4), (512, 16, 4), (1024, 4, 4), (1024, 8, 8))
+                for sk in (1, 2, 4, 8, 16, 32)]
+    if m <= GEMV_MAX_M:
+        return [GemvConfig(bn, kw, sk, 4) for bn, kw in
+                ((64, 8), (128, 8), (128, 16), (256, 8), (512, 4)) for sk in (2, 4, 8, 16)] + dot16
     if m <= 16:
-        tiles = [(16, 32, 128, 1, 4, 4), (16, 64, 128, 1, 4, 4), (16, 128, 128, 1, 4, 3),
-                 (16, 64, 64, 2, 4, 4)]
-    elif m <= 64:
-        tiles = [(32, 64, 64, 1, 4, 4), (64, 64, 64, 1, 4, 4), (64, 128, 64, 1, 4, 3),
-                 (64, 128, 128, 1, 8, 3)]
-    else:
-        tiles = [(64, 128, 64, 1, 4, 3), (128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3),
-                 (64, 256, 64, 1, 8, 3)]
-    return [GemmConfig(*tile, unpack_once=once) for tile in tiles for once in (False, True)]
+        return dot16 + [GemmConfig(16, 64, 64, sk, 4, 4, True) for sk in (2, 4, 8)]
+    if m <= 64:
+        return [GemmConfig(bm, bn, bk, sk, w, 4 if bk == 64 else 3, True) for bm, bn, bk, w in
+                ((32, 64, 64, 4), (64, 64, 64, 4), (64, 128, 64, 4), (64, 128, 128, 8))
+                for sk in (1, 2, 4, 8)]
+    return [GemmConfig(bm, bn, 64, sk, w, 3, True) for bm, bn, w in
+            ((64, 128, 4), (128, 128, 8), (128, 256, 8)) for sk in (1, 2)]
 
 
-def fp8_sweep_configs():
+def fp8_sweep_configs(m: int = 1):
     from tamis.kernels.fp8 import Fp8GemvConfig
-    return [Fp8GemvConfig(bn, bk, sk, w) for bn, bk, w in
-            ((16, 256, 4), (16, 512, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (32, 512, 8),
-             (64, 128, 4), (64, 256, 8))
-            for sk in (1, 2, 4, 8, 16)]
+    tiles = (((16, 256, 4), (16, 512, 4), (32, 256, 4), (32, 512, 8), (16, 1024, 4),
+              (8, 512, 4)) if m == 1 else
+             ((8, 256, 4), (16, 256, 4), (16, 128, 4), (32, 128, 4)))
+    return [Fp8GemvConfig(bn, bk, sk, w) for bn, bk, w in tiles for sk in (1, 2, 4)]
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -296,6 +300,7 @@ def _best(candidates, timer) -> tuple[float, str]:
                 print(f"  {label}: WRONG (rel err {err:.3g})", flush=True)
                 continue
             results.append((timer(fn), label))
+            print(f"  {label}: {results[-1][0] * 1e3:.1f}us", flush=True)
         except Exception as exc:  # out of shared memory etc.: skip that config
             print(f"  {label} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
     if not results:
@@ -307,10 +312,14 @@ def _best(candidates, timer) -> tuple[float, str]:
 def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
     from tamis.kernels import w4a16
     ref = x.float() @ dense
-    gemv = x.shape[0] <= w4a16.GEMV_MAX_M
-    run = w4a16.w4a16_gemv_triton if gemv else w4a16.w4a16_gemm_triton
-    candidates = [(_label(c), (lambda c=c: run(x, qweight, scales, zeros, 128, 4, config=c)),
-                   lambda got: _rel_err(got, ref)) for c in sweep_configs(x.shape[0])]
+
+    def run(c):
+        gemv = isinstance(c, w4a16.GemvConfig)
+        fn = w4a16.w4a16_gemv_triton if gemv else w4a16.w4a16_gemm_triton
+        return fn(x, qweight, scales, zeros, 128, 4, config=c)
+
+    candidates = [(_label(c), (lambda c=c: run(c)), lambda got: _rel_err(got, ref))
+                  for c in sweep_configs(x.shape[0])]
     return _best(candidates, timer)
 
 
@@ -318,7 +327,7 @@ def _sweep_fp8(x, w8, w8_scale, dense, timer) -> tuple[float, str]:
     from tamis.kernels import fp8
     ref = x.float() @ dense.t()
     candidates = [(_label(c), (lambda c=c: fp8.fp8_gemv_triton(x, w8, w8_scale, config=c)),
-                   lambda got: _rel_err(got, ref)) for c in fp8_sweep_configs()]
+                   lambda got: _rel_err(got, ref)) for c in fp8_sweep_configs(x.shape[0])]
     return _best(candidates, timer)
 
 
@@ -341,7 +350,7 @@ def main() -> None:
     gemm.add_argument("--eager", action="store_true",
                       help="time eager calls with CUDA events (default: CUDA-graph replay)")
     gemm.add_argument("--ms", type=int, nargs="+", default=MS)
-    gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 16, 64, 256],
+    gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 2, 4, 16, 64, 256],
                       help="the M values --sweep sweeps (2048 takes 256's tiles)")
     args = parser.parse_args()
     run_ppl(args) if args.mode == "ppl" else run_gemm(args)

@@ -236,13 +236,13 @@ if triton is not None:
 
     @triton.jit
     def _wna16_gemm_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr,
+        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K,
         stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn,
         stride_om, stride_on,
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUPS_ALIGNED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        SPLIT_K: tl.constexpr, UNPACK_ONCE: tl.constexpr,
+        SPLIT_K, HAS_SPLIT: tl.constexpr, UNPACK_ONCE: tl.constexpr,
     ):
         PACK: tl.constexpr = 32 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
@@ -289,10 +289,22 @@ if triton is not None:
                 acc += tl.dot(x, w)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
         out_mask = mask_m[:, None] & mask_n[None, :]
-        if SPLIT_K == 1:
+        if not HAS_SPLIT:
             tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
         else:
-            tl.atomic_add(out_ptrs, acc, mask=out_mask)
+            # partials [SPLIT_K, M, N] fp32; the last split of this tile reduces them.
+            part_ptrs = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
+            tl.debug_barrier()
+            tile = pid_m * tl.num_programs(1) + pid_n
+            done = tl.atomic_add(count_ptr + tile, 1)
+            if done == SPLIT_K - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for sk in range(SPLIT_K):
+                    total += tl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                tl.store(count_ptr + tile, 0)
 
 
 def _num_sms(x: torch.Tensor) -> int:
@@ -346,21 +358,24 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     if config is None:
         config = pick_config(m, n, k, group_size, _num_sms(x))
     aligned = group_size % config.block_k == 0
-    if config.split_k > 1:
-        out = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    splits = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), splits)
+    if splits > 1:
+        partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, grid[0] * grid[1])
     else:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), config.split_k)
+        partials = counters = out  # unused
     _wna16_gemm_kernel[grid](
-        x, qweight, scales, zeros, out, m, n, k,
+        x, qweight, scales, zeros, out, partials, counters, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1),
         scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),
         GROUP_SIZE=group_size, BITS=bits, GROUPS_ALIGNED=aligned,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=config.split_k, UNPACK_ONCE=config.unpack_once,
+        SPLIT_K=splits, HAS_SPLIT=splits > 1, UNPACK_ONCE=config.unpack_once,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out.to(x.dtype) if config.split_k > 1 else out
+    return out
 
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
