@@ -1,19 +1,32 @@
 """Structured-output benchmark (BENCHMARKS.md W4, model-free part + optional throughput).
 
-    python bench/bench_structured.py [--per-subset 40] [--throughput]
+    python bench/bench_structured.py [--per-subset 40] [--backend tamis|xgrammar|llguidance|all]
+                                     [--throughput [--batch 32 --max-tokens 64 --repeats 2
+                                                    --no-jump-forward]]
+                                     [--skip-maskbench]
 
 - coverage, cold compile time and accept/reject agreement over the maskbench-dev sample of
   BENCHMARKS.md (up to N files per subset, sorted, ``random.Random(0).shuffle``); instances
   serialised compactly and walked token by token (SmolLM2 tokenizer), the mask filled at
-  every step;
+  every step; the same sample and walk for every backend asked for (xgrammar / llguidance
+  only where installed: ``tamis.constrain.backends``);
 - per-step mask fill time p50/p99 for JSON schemas (those walks), a regex and a grammar;
-- with ``--throughput``: constrained vs unconstrained decode tokens/s at batch 32 on CPU.
-Prints a table last.
+- with ``--throughput``: constrained (JSON schema) vs unconstrained decode tokens/s at batch
+  32 on CPU, SmolLM2, same prompts and max_tokens; unconstrained runs with ignore_eos and the
+  schema cannot complete inside max_tokens, so both sides generate max_tokens per request
+  (actual tokens are counted). A warm-up pass of each runs first; the reported figure is the
+  median of ``--repeats`` alternating passes. Jump-forward lets the constrained side append
+  forced tokens without sampling them (fewer engine steps); ``--no-jump-forward`` turns it off
+  so both sides run the same steps, and "s per engine step" compares the steps themselves.
+  Every pass reports where the time went (forward, bitmask fill, EOS clearing, bitmask
+  apply, accept, jump-forward).
+Prints markdown tables last.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections import Counter, defaultdict
@@ -24,9 +37,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "constrain"))
 from conformance import CONFORMANCE, compact, maskbench_sample, smollm2  # noqa: E402
 
-from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint  # noqa: E402
+from tamis.constrain import ConstraintError, StructuredOutputsParams  # noqa: E402
+from tamis.constrain import backends as backend_registry  # noqa: E402
 from tamis.constrain import deadline  # noqa: E402
 
+THROUGHPUT_SCHEMA = {
+    "type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                         "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+                                         "ok": {"type": "boolean"}},
+        "required": ["name", "qty", "ok"], "additionalProperties": False}}},
+    "required": ["items"], "additionalProperties": False}
+
+
+# ---- model-free: maskbench and mask fill ---------------------------------------------------
 
 def timed_walk(compiled, text: str, mask_times: list) -> bool:
     tokenizer, info = smollm2()
@@ -45,19 +69,25 @@ def pct(values, q):
     return 1e3 * float(np.percentile(values, q)) if values else float("nan")
 
 
-def maskbench(per_subset: int):
-    _, info = smollm2()
+def compile_with(backend, params):
+    """tamis compiles under its cooperative 10 s deadline; the others run native code that
+    cannot be interrupted (none came near 10 s on this sample)."""
+    with deadline.deadline(10):
+        return backend.compile(params)
+
+
+def maskbench(backend, per_subset: int):
     per = defaultdict(Counter)
-    compile_ms, first_mask_ms, mask_times = [], [], []
+    compile_ms, first_mask_ms, mask_times, refused = [], [], [], Counter()
     for subset, path in maskbench_sample(per_subset):
         doc = json.loads(path.read_text())
         row = per[subset]
         row["schemas"] += 1
         start = time.perf_counter()
         try:
-            with deadline.deadline(10):
-                compiled = compile_constraint(StructuredOutputsParams(json=doc["schema"]), info)
-        except ConstraintError:
+            compiled = compile_with(backend, StructuredOutputsParams(json=doc["schema"]))
+        except ConstraintError as exc:
+            refused[str(exc)[:60]] += 1
             continue
         compile_ms.append(time.perf_counter() - start)
         row["compiled"] += 1
@@ -70,11 +100,11 @@ def maskbench(per_subset: int):
             kind = "valid" if test["valid"] else "invalid"
             row[kind] += 1
             row[kind + "_ok"] += accepted == test["valid"]
-    return per, compile_ms, first_mask_ms, mask_times
+    return per, compile_ms, first_mask_ms, mask_times, refused
 
 
-def regex_and_grammar_masks():
-    _, info = smollm2()
+def regex_and_grammar_masks(backend):
+    """name -> list of mask-fill seconds, or the compile error's text."""
     out = {}
     regex = StructuredOutputsParams(regex=r"(([a-z]{2,10}) ){20}")
     gbnf = (CONFORMANCE / "grammars/gbnf/llama.cpp-grammars/json.gbnf").read_text()
@@ -82,7 +112,11 @@ def regex_and_grammar_masks():
                     "nested": {"ok": True, "none": None}})
     for name, params, sample in (("regex", regex, "lorem ipsum dolor sit amet " * 4),
                                  ("grammar (json.gbnf)", StructuredOutputsParams(grammar=gbnf), text)):
-        compiled = compile_constraint(params, info)
+        try:
+            compiled = compile_with(backend, params)
+        except ConstraintError as exc:
+            out[name] = str(exc)
+            continue
         times: list = []
         for _ in range(3):              # first pass cold, then warm caches
             timed_walk(compiled, sample.strip()[:200], times)
@@ -90,62 +124,173 @@ def regex_and_grammar_masks():
     return out
 
 
-def throughput(batch: int = 32, max_tokens: int = 64):
-    import torch
-    torch.set_num_threads(2)
-    from tamis.engine.llm import LLM
+def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
+    tokenizer, info = smollm2()
+    backend = backend_registry.load_backend(name, tokenizer, info.vocab_size, info)
+    per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset)
+    others = regex_and_grammar_masks(backend)
+    total = Counter()
+    print(f"\n[{name}] subset                schemas compiled valid-accepted invalid-rejected")
+    for subset, row in sorted(per.items()):
+        total.update(row)
+        print(f"{subset:34s} {row['schemas']:4d} {row['compiled']:8d} {row['valid_ok']:6d}/{row['valid']:<6d}"
+              f" {row['invalid_ok']:6d}/{row['invalid']}")
+    for message, count in refused.most_common(8):
+        print(f"[{name}] refused x{count}: {message}")
+    fig = {
+        "schemas compiled": f"{total['compiled']}/{total['schemas']} "
+                            f"({100 * total['compiled'] / max(total['schemas'], 1):.1f}%)",
+        "invalid instances accepted": f"{total['invalid'] - total['invalid_ok']}/{total['invalid']}",
+        "valid instances accepted": f"{100 * total['valid_ok'] / max(total['valid'], 1):.1f}% "
+                                    f"({total['valid_ok']}/{total['valid']})",
+        "cold compile ms p50 / p99": f"{pct(compile_ms, 50):.1f} / {pct(compile_ms, 99):.1f}",
+        "first mask after compile ms p50 / p99": f"{pct(first_mask, 50):.2f} / {pct(first_mask, 99):.1f}",
+        "JSON mask fill us p50 / p99": f"{1e3 * pct(mask_times, 50):.0f} / {1e3 * pct(mask_times, 99):.0f}",
+    }
+    for other, times in others.items():
+        fig[f"{other} mask fill us p50 / p99"] = (
+            f"n/a: {times[:70]}" if isinstance(times, str)
+            else f"{1e3 * pct(times, 50):.0f} / {1e3 * pct(times, 99):.0f}")
+    return fig
+
+
+# ---- with the model: constrained vs unconstrained decode throughput ------------------------
+
+class HostTimers:
+    """Wraps the engine's structured-output calls with timers (seconds, calls)."""
+
+    def __init__(self):
+        self.seconds = Counter()
+        self.calls = Counter()
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - start
+                self.calls[label] += 1
+        setattr(owner, attr, timed)
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+
+def _instrument(llm, jump_forward: bool) -> HostTimers:
+    from tamis.engine import sampler as sampler_module
+    timers = HostTimers()
+    engine = llm.llm_engine
+    manager = engine._structured_manager()
+    if not jump_forward:        # every token sampled: both sides run the same number of steps
+        manager.jump_forward_tokens = lambda request: []
+    timers.wrap(manager, "fill_bitmask", "bitmask fill")
+    timers.wrap(engine, "_forbid_early_eos", "EOS clearing")
+    timers.wrap(manager, "accept_token", "accept")
+    timers.wrap(manager, "jump_forward_tokens", "jump-forward")
+    timers.wrap(sampler_module, "apply_bitmask", "bitmask apply")
+    timers.wrap(engine.runner, "execute_model", "forward (model)")
+    return timers
+
+
+def _one_pass(llm, constrained, batch: int, max_tokens: int, seed0: int, timers: HostTimers):
     from tamis.engine.sampling_params import SamplingParams
-    llm = LLM()
-    schema = {"type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
-        "type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
-                                         "qty": {"type": "integer", "minimum": 0, "maximum": 999},
-                                         "ok": {"type": "boolean"}},
-        "required": ["name", "qty", "ok"], "additionalProperties": False}}},
-        "required": ["items"], "additionalProperties": False}
-    results = {}
-    for name, so in (("unconstrained", None), ("json schema", StructuredOutputsParams(json=schema))):
-        params = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens, ignore_eos=so is None,
-                                 structured_outputs=so) for i in range(batch)]
-        prompts = [f"List {i} items as JSON: " for i in range(batch)]
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - start
-        tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-        results[name] = tokens / elapsed
-    return results
+    so = StructuredOutputsParams(json=THROUGHPUT_SCHEMA) if constrained else None
+    params = [SamplingParams(temperature=1.0, seed=seed0 + i, max_tokens=max_tokens,
+                             ignore_eos=not constrained, structured_outputs=so) for i in range(batch)]
+    prompts = [f"List {i} items as JSON: " for i in range(batch)]
+    timers.reset()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    bad = [o.outputs[0].finish_reason for o in outputs if o.outputs[0].finish_reason != "length"]
+    steps = timers.calls["forward (model)"]
+    return {"tokens": tokens, "seconds": elapsed, "tok/s": tokens / elapsed, "steps": steps,
+            "s/step": elapsed / max(steps, 1),
+            "timers": dict(timers.seconds), "calls": dict(timers.calls), "not_length": bad}
+
+
+def throughput(backend: str, batch: int, max_tokens: int, repeats: int, threads: int,
+               jump_forward: bool = True):
+    import torch
+    torch.set_num_threads(threads)
+    from tamis.engine.llm import LLM
+    llm = LLM(structured_outputs_backend=backend)
+    timers = _instrument(llm, jump_forward)
+    _one_pass(llm, False, batch, 8, 1000, timers)           # warm-up: compile, caches, allocator
+    _one_pass(llm, True, batch, max_tokens, 1000, timers)
+    runs = {"unconstrained": [], "json schema": []}
+    for r in range(repeats):
+        for name, constrained in (("unconstrained", False), ("json schema", True)):
+            result = _one_pass(llm, constrained, batch, max_tokens, 100 * r, timers)
+            runs[name].append(result)
+            print(f"[throughput {backend}] pass {r} {name}: {result['tokens']} tokens, "
+                  f"{result['steps']} steps in {result['seconds']:.2f}s = {result['tok/s']:.1f} tok/s; "
+                  "host timers "
+                  + ", ".join(f"{k} {v:.3f}s/{result['calls'][k]}" for k, v in result["timers"].items())
+                  + (f"; finish != length: {result['not_length']}" if result["not_length"] else ""))
+    return runs
+
+
+def throughput_rows(backend: str, runs: dict) -> list[str]:
+    median = {name: statistics.median(r["tok/s"] for r in rs) for name, rs in runs.items()}
+    step = {name: statistics.median(r["s/step"] for r in rs) for name, rs in runs.items()}
+    ratio = median["json schema"] / median["unconstrained"]
+    rows = [f"| decode tok/s unconstrained / JSON ({backend}) | "
+            f"{median['unconstrained']:.1f} / {median['json schema']:.1f} (ratio {ratio:.3f}) | >= 0.95 |",
+            f"| s per engine step unconstrained / JSON ({backend}) | {step['unconstrained']:.3f} / "
+            f"{step['json schema']:.3f} (ratio {step['unconstrained'] / step['json schema']:.3f}) | |"]
+    for name, rs in runs.items():
+        secs = Counter()
+        for r in rs:
+            secs.update(r["timers"])
+        total = sum(r["seconds"] for r in rs)
+        parts = ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in sorted(secs.items()))
+        rows.append(f"| {name} ({backend}): share of wall time | {parts} | |")
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per-subset", type=int, default=40)
+    parser.add_argument("--backend", default="tamis",
+                        choices=("all",) + backend_registry.CHOICES,
+                        help="'all' = tamis plus every installed yardstick")
+    parser.add_argument("--skip-maskbench", action="store_true")
     parser.add_argument("--throughput", action="store_true")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (shared box: 1)")
+    parser.add_argument("--no-jump-forward", action="store_true",
+                        help="sample every constrained token (same steps as unconstrained)")
     args = parser.parse_args()
+    names = ([n for n in backend_registry.BACKENDS if backend_registry.is_installed(n)]
+             if args.backend == "all" else [backend_registry.check_installed(args.backend)])
     smollm2()
-    per, compile_ms, first_mask, mask_times = maskbench(args.per_subset)
-    others = regex_and_grammar_masks()
-    total = Counter()
-    print("subset                     schemas compiled valid-accepted invalid-rejected")
-    for subset, row in sorted(per.items()):
-        total.update(row)
-        print(f"{subset:26s} {row['schemas']:7d} {row['compiled']:8d} {row['valid_ok']:6d}/{row['valid']:<6d}"
-              f" {row['invalid_ok']:6d}/{row['invalid']}")
-    print("\n| workload | tamis | target |\n|---|---|---|")
-    print(f"| schemas compiled | {total['compiled']}/{total['schemas']} "
-          f"({100 * total['compiled'] / max(total['schemas'], 1):.1f}%) | >= 99% |")
-    print(f"| invalid instances accepted | {total['invalid'] - total['invalid_ok']}/{total['invalid']} | 0 |")
-    print(f"| valid instances accepted | {100 * total['valid_ok'] / max(total['valid'], 1):.1f}% | >= 99% |")
-    print(f"| cold compile ms p50 / p99 | {pct(compile_ms, 50):.1f} / {pct(compile_ms, 99):.1f} | <= 20 (p50) |")
-    print(f"| first mask after compile ms p50 / p99 | {pct(first_mask, 50):.1f} / {pct(first_mask, 99):.1f} | |")
-    print(f"| JSON mask fill us p50 / p99 | {1e3 * pct(mask_times, 50):.0f} / {1e3 * pct(mask_times, 99):.0f} "
-          f"| <= 30 / <= 300 |")
-    for name, times in others.items():
-        print(f"| {name} mask fill us p50 / p99 | {1e3 * pct(times, 50):.0f} / {1e3 * pct(times, 99):.0f} "
-              f"| <= 30 / <= 300 |")
+    if not args.skip_maskbench:
+        figures = {name: model_free_figures(name, args.per_subset) for name in names}
+        print("\n| workload | " + " | ".join(names) + " | target |")
+        print("|---|" + "---|" * len(names) + "---|")
+        targets = {"schemas compiled": ">= 99%", "invalid instances accepted": "0",
+                   "valid instances accepted": ">= 99%", "cold compile ms p50 / p99": "<= 20 (p50)"}
+        for row in figures[names[0]]:
+            target = targets.get(row, "<= 30 / <= 300" if "mask fill" in row else "")
+            print(f"| {row} | " + " | ".join(figures[n][row] for n in names) + f" | {target} |")
     if args.throughput:
-        tput = throughput()
-        ratio = tput["json schema"] / tput["unconstrained"]
-        print(f"| decode tok/s batch 32 unconstrained / JSON | {tput['unconstrained']:.1f} / "
-              f"{tput['json schema']:.1f} (ratio {ratio:.2f}) | ratio >= 0.95 |")
+        rows = []
+        for name in names:
+            runs = throughput(name, args.batch, args.max_tokens, args.repeats, args.threads,
+                              not args.no_jump_forward)
+            rows += throughput_rows(name, runs)
+        print(f"\n| throughput (batch {args.batch}, max_tokens {args.max_tokens}, "
+              f"{args.threads} thread(s), median of {args.repeats}"
+              f"{', no jump-forward' if args.no_jump_forward else ''}) | value | target |\n|---|---|---|")
+        print("\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ unless ``disable_additional_properties`` (xgrammar ``strict_mode``), and
 from __future__ import annotations
 
 import json
+import re
 
 from ..errors import ConstraintError
 from ..gbnf import is_gbnf
@@ -40,7 +41,9 @@ class XGrammarBackend:
         except ConstraintError:
             raise
         except Exception as exc:      # xgrammar raises RuntimeError / InvalidJSONError
-            message = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            lines = str(exc).strip().splitlines()
+            # drop xgrammar's "[hh:mm:ss] /project/cpp/file.cc:NN: " prefix
+            message = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", lines[-1]) if lines else type(exc).__name__
             raise ConstraintError(f"xgrammar cannot compile this {kind} constraint: {message}") from None
         return XGrammarCompiled(compiled, self)
 
