@@ -14,7 +14,7 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
   registers and accumulates ``w * x`` in fp32; the per-channel scale is applied once at
   the end. No activation quantization, so the weight bytes are all it reads. K is split
   over programs and reduced in the same launch (``tamis.kernels.splitk``).
-- ``fp8_linear`` dispatches: on CUDA, M <= ``GEMV_MAX_M`` runs that GEMV (any CUDA GPU);
+- ``fp8_linear`` dispatches: on CUDA, M <= ``GEMV_DISPATCH_M`` runs that GEMV (any CUDA GPU);
   larger M on a GPU with FP8 (compute capability >= 8.9) runs W8A8 through
   ``torch._scaled_mm``; anything else runs W8A16 (the weight upcast to x's dtype), which
   is also the CPU reference. ``fp8_linear_ref`` emulates W8A8 exactly in fp32.
@@ -150,15 +150,19 @@ class Fp8GemvConfig:
     num_stages: int = 3
 
 
-GEMV_MAX_M = 4
+GEMV_MAX_M = 4      # rows the GEMV kernel takes
+GEMV_DISPATCH_M = 2  # rows fp8_linear sends to it (at M = 4 _scaled_mm was faster on the H200)
 
 
-def pick_fp8_gemv_config(n: int, k: int, num_sms: int = 132) -> Fp8GemvConfig:
-    """32 rows x 256 K per step, and enough K splits for about four programs per SM."""
-    block_n, block_k = 32, 256
+def pick_fp8_gemv_config(m: int, n: int, k: int, num_sms: int = 132) -> Fp8GemvConfig:
+    """From the H200 sweep (bench/results/quant.md): 16 rows per program; 512 K per step
+    unless N alone gives 8 programs per SM (then 256, fewer live registers); K split
+    until there are 2 programs per SM. Several rows take 256 K per step."""
+    block_n = 16
     blocks = -(-n // block_n)
+    block_k = 512 if m == 1 and blocks < 8 * num_sms else 256
     split_k = 1
-    while blocks * split_k * 2 <= 4 * num_sms and split_k < 16:
+    while blocks * split_k < 2 * num_sms and split_k < 16:
         split_k *= 2
     return Fp8GemvConfig(block_n, block_k, split_k)
 
@@ -253,7 +257,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     if config is None:
         sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
                if x.is_cuda else 4)
-        config = pick_fp8_gemv_config(n, k, sms)
+        config = pick_fp8_gemv_config(m, n, k, sms)
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = triton.cdiv(n, config.block_n)
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
@@ -274,12 +278,12 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None,
                bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] -> [..., N]: on CUDA the W8A16 GEMV for M <= GEMV_MAX_M (the static
+    """x [..., K] -> [..., N]: on CUDA the W8A16 GEMV for M <= GEMV_DISPATCH_M (the static
     input scale is then unused: activations stay in x's dtype); W8A8 on an FP8 GPU
     (K, N multiples of 16) above that; else W8A16 through a dequantized weight."""
     n, k = weight.shape
     m = x.numel() // k if k else 0
-    if x.is_cuda and triton is not None and 0 < m <= GEMV_MAX_M:
+    if x.is_cuda and triton is not None and 0 < m <= GEMV_DISPATCH_M:
         out = fp8_gemv_triton(x.reshape(m, k), weight, weight_scale)
         if bias is not None:
             out = out + bias.to(out.dtype)

@@ -27,9 +27,11 @@ same permutation (``x[..., perm]``).
   K is split over programs; the last program of a column block reduces the splits
   (``tamis.kernels.splitk``).
 - ``w4a16_gemm_triton``: tl.dot on a dequantized [BLOCK_K, BLOCK_N] tile, tile configs
-  by M bucket (``pick_config``).
+  by M bucket (``pick_config``), split-K reduced in the same launch for small M.
+- ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
+  (``tamis.kernels.wna16_dequant``), then cuBLAS.
 
-``w4a16_gemm`` dispatches (Triton on CUDA, reference elsewhere).
+``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere).
 """
 from __future__ import annotations
 
@@ -84,31 +86,47 @@ class GemvConfig:
     num_stages: int = 3
 
 
-GEMV_MAX_M = 4
+GEMV_MAX_M = 4      # rows the GEMV kernel takes
+GEMV_DISPATCH_M = 1  # rows w4a16_gemm sends to it: at M = 2..4 the 16-row tl.dot with
+                     # split-K was as fast or faster on the H200 (bench/results/quant.md)
+DEQUANT_MIN_M = 128  # from here on: dequantize to a dense weight, then a cuBLAS GEMM
+
+
+def _pow2_split(blocks: int, target: int, cap: int) -> int:
+    """The smallest power of two s <= cap with blocks * s >= target."""
+    split = 1
+    while blocks * split < target and split < cap:
+        split *= 2
+    return split
 
 
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> GemmConfig:
-    """Tile choice by M bucket, from the H200 sweep in bench/results/quant.md: decode
-    (M <= 16) likes thin 32-column tiles with BLOCK_K 128 and split-K only for long K;
-    M <= 64 a 32x64 tile; prefill 128x128 with 8 warps."""
+    """tl.dot tiles by M bucket, from the H200 sweep in bench/results/quant.md. Small M
+    has few column tiles, so K is split until there are enough programs: M <= 16 a
+    16x64 tile aiming at 4 programs per SM; M <= 64 a 64x64 tile aiming at 2 (or, when
+    N alone gives that many, a 64x128x128 8-warp tile); larger M 128x128 with 8 warps."""
     block_k = 128 if group_size % 128 == 0 else (64 if group_size % 64 == 0 else 32)
+    n64 = -(-n // 64)
     if m <= 16:
-        split_k = 2 if k >= 8192 else 1
-        return GemmConfig(16, 32, block_k, split_k, num_warps=4, num_stages=4)
+        return GemmConfig(16, 64, block_k, _pow2_split(n64, 4 * num_sms, 8), 4, 4, True)
     if m <= 64:
-        return GemmConfig(32, 64, min(block_k, 64), 1, num_warps=4, num_stages=4)
-    return GemmConfig(128, 128, min(block_k, 64), 1, num_warps=8, num_stages=3)
+        if n64 >= 2 * num_sms:
+            return GemmConfig(64, 128, block_k, 1, 8, 3, True)
+        return GemmConfig(64, 64, min(block_k, 64), _pow2_split(n64, 2 * num_sms, 8), 4, 4,
+                          True)
+    blocks = -(-m // 128) * -(-n // 128)
+    return GemmConfig(128, 128, min(block_k, 64), 2 if 2 * blocks <= num_sms else 1, 8, 3,
+                      True)
 
 
-def pick_gemv_config(n: int, k: int, bits: int, num_sms: int = 132) -> GemvConfig:
-    """GEMV tiles: 128 columns x 16 word rows per step, and enough K splits for about
-    four programs per SM."""
-    block_n, block_kw = 128, 16
-    blocks = -(-n // block_n)
-    split_k = 1
-    while blocks * split_k * 2 <= 4 * num_sms and split_k < 16:
-        split_k *= 2
-    return GemvConfig(block_n, block_kw, split_k)
+def pick_gemv_config(m: int, n: int, k: int, bits: int, num_sms: int = 132) -> GemvConfig:
+    """GEMV tiles from the H200 sweep: M = 1 streams 128 columns x 32 word rows per step
+    with 8 K splits (4 once N alone gives more than one column block per SM); more rows
+    take thinner 64 x 8 tiles (fewer live registers per row)."""
+    if m > 1:
+        return GemvConfig(64, 8, 4)
+    blocks = -(-n // 128)
+    return GemvConfig(128, 32, 8 if blocks < num_sms else 4)
 
 
 def gemv_supported(m: int, k: int, group_size: int, bits: int) -> bool:
@@ -325,7 +343,7 @@ def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
                          f"group {group_size}, {bits} bits")
     if x.stride(1) != 1:
         x = x.contiguous()
-    config = config or pick_gemv_config(n, k, bits, _num_sms(x))
+    config = config or pick_gemv_config(m, n, k, bits, _num_sms(x))
     block_k = config.block_kw * (32 // bits)
     splits, k_split = even_split(k, block_k, config.split_k)
     blocks = triton.cdiv(n, config.block_n)
@@ -378,15 +396,28 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     return out
 
 
+def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                       zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
+    """Large-M path (same contract as ``w4a16_gemm_ref``, x 2-D on CUDA): the dense
+    weight in x's dtype, then a cuBLAS GEMM. Needs K x N x 2 bytes of scratch."""
+    from tamis.kernels.wna16_dequant import dequantize_wna16_triton
+    weight = dequantize_wna16_triton(qweight, scales, zeros, group_size, bits, x.shape[1],
+                                     x.dtype)
+    return torch.matmul(x, weight)
+
+
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
-    """x [..., K] -> [..., N]: on CUDA the GEMV for M <= GEMV_MAX_M, else the tl.dot
-    kernel; the reference elsewhere."""
+    """x [..., K] -> [..., N]. On CUDA: the GEMV for M <= GEMV_DISPATCH_M, the tl.dot
+    kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above; the reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
+    m, k = x2.shape
     if x2.is_cuda and triton is not None:
-        if gemv_supported(x2.shape[0], x2.shape[1], group_size, bits):
+        if m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
             out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
+        elif m >= DEQUANT_MIN_M:
+            out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits)
         else:
             out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits)
     else:

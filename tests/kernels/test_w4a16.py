@@ -160,3 +160,44 @@ def test_act_order_layer_through_gemv(group_size):
                                   layer.wna16_scales, layer.wna16_zeros, group_size, bits,
                                   config=w4a16.GemvConfig(16, 8, 2))
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("k,n,group_size,bits", [
+    (256, 300, 128, 4),   # N tail past a 256-column tile
+    (200, 64, 40, 4),     # K not a multiple of the group
+    (96, 40, 12, 4),      # a group that splits a word: per-row scales
+    (64, 32, 64, 8),
+])
+def test_dequant_kernel_matches_reference(k, n, group_size, bits):
+    from tamis.kernels.wna16_dequant import dequantize_wna16_triton
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, bits, torch.float16, seed=k)
+    expected = w4a16.dequantize_wna16(qweight, scales, zeros, group_size, bits, k)
+    got = dequantize_wna16_triton(qweight.to(device), scales.to(device), zeros.to(device),
+                                  group_size, bits, k, torch.float32)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_pick_config_splits_k_only_when_columns_are_few():
+    few = w4a16.pick_config(16, 4096, 4096, 128, num_sms=132)
+    many = w4a16.pick_config(16, 28672, 4096, 128, num_sms=132)
+    assert few.split_k > many.split_k >= 1
+    assert w4a16.pick_config(2048, 4096, 4096, 128).split_k == 1
+    assert w4a16.pick_gemv_config(1, 4096, 4096, 4).split_k > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 3, 40, 200])
+def test_dispatcher_paths_on_cuda(m):
+    """GEMV (M = 1), tl.dot with split-K (M = 3, 40), dequantize + cuBLAS (M = 200)."""
+    k, n, group_size = 4096, 1024, 128
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    got = w4a16.w4a16_gemm(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), group_size)
+    tol = 2e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
