@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels.splitk import even_split, split_counters
+from tamis.kernels.splitk import even_split, sm_count, split_counters
 
 try:
     import triton
@@ -254,10 +254,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     scale = weight_scale.float().reshape(-1)
     if scale.numel() == 1:
         scale = scale.expand(n).contiguous()
-    if config is None:
-        sms = (torch.cuda.get_device_properties(x.device).multi_processor_count
-               if x.is_cuda else 4)
-        config = pick_fp8_gemv_config(m, n, k, sms)
+    config = config or pick_fp8_gemv_config(m, n, k, sm_count(x))
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = triton.cdiv(n, config.block_n)
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
@@ -270,7 +267,8 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     _fp8_gemv_kernel[(blocks, splits)](
         x, weight, scale, out, partials, counters, m, n, k, k_split,
         x.stride(0), weight.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        SPLIT=splits, HAS_SPLIT=splits > 1,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 

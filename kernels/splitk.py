@@ -38,3 +38,10 @@ def even_split(k: int, block_k: int, splits: int) -> tuple[int, int]:
     per_split = -(-tiles // splits)
     splits = -(-tiles // per_split)
     return splits, per_split * block_k
+
+
+def sm_count(tensor: torch.Tensor) -> int:
+    """Streaming multiprocessors of ``tensor``'s GPU (4 for CPU tensors: interpreter runs)."""
+    if not tensor.is_cuda:
+        return 4
+    return torch.cuda.get_device_properties(tensor.device).multi_processor_count
