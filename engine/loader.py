@@ -196,15 +196,23 @@ def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     """Random weights drawn on the parameters' device (fast for big models on a GPU),
     the same for the same seed and device type: normal(0, 0.02), norm weights 1,
-    integer (packed quantized) tensors 0."""
+    integer (packed quantized) tensors 0. A parameter whose values must be consistent
+    (a quantized layer's group index, shapes, FP8 codes) carries its own
+    ``dummy_init(tensor, generator)`` attribute, which is used instead."""
     generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(device: torch.device) -> torch.Generator:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return generators[device]
+
     for name, param in model.named_parameters():
-        if not param.dtype.is_floating_point:
+        init = getattr(param, "dummy_init", None)
+        if init is not None:
+            init(param.data, generator(param.device))
+        elif not param.dtype.is_floating_point:
             param.data.zero_()
         elif name.endswith("norm.weight"):
             param.data.fill_(1.0)
         else:
-            device = param.device
-            if device not in generators:
-                generators[device] = torch.Generator(device=device).manual_seed(seed)
-            param.data.normal_(0.0, DUMMY_STD, generator=generators[device])
+            param.data.normal_(0.0, DUMMY_STD, generator=generator(param.device))

@@ -27,6 +27,7 @@ from torch import nn
 from tamis.engine.layers.quant_method import LinearMethodBase, QuantizationConfig
 from tamis.quant.base import (add_param, is_layer_skipped, matches, require, shard_index_of,
                               unfused_names, unquantized_method)
+from tamis.quant.dummy import group_index_init, values_init
 from tamis.quant.fp8 import Fp8LinearMethod
 from tamis.quant.packing import unpack_int32
 from tamis.quant.wna16 import apply_wna16, finalize_wna16
@@ -131,9 +132,10 @@ class CTWNA16LinearMethod(LinearMethodBase):
                   input_dim=1, output_dim=0, packed_dim=1, packed_factor=pack)
         add_param(layer, "weight_scale", torch.empty(n, groups, dtype=torch.float32),
                   input_dim=1, output_dim=0, group_dim=1, group_size=group)
+        shapes = [[size, input_size] for size in output_partition_sizes]
         add_param(layer, "weight_shape",
                   torch.zeros(len(output_partition_sizes), 2, dtype=torch.int64),
-                  weight_loader=_weight_shape_loader(layer))
+                  weight_loader=_weight_shape_loader(layer), dummy_init=values_init(shapes))
         if not self.sym:
             for size in output_partition_sizes:
                 require(size % pack == 0, layer, f"packed zero points need shard N={size} to be "
@@ -143,7 +145,8 @@ class CTWNA16LinearMethod(LinearMethodBase):
                       group_dim=1, group_size=group)
         if self.act_order:
             add_param(layer, "weight_g_idx", torch.empty(input_size, dtype=torch.int32),
-                      input_dim=0, ignore_shard=True)
+                      input_dim=0, ignore_shard=True,
+                      dummy_init=group_index_init(group, act_order=True))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         n, k = layer.output_size, layer.input_size

@@ -24,6 +24,7 @@ from tamis.engine.layers.quant_method import LinearMethodBase, QuantizationConfi
 from tamis.kernels.fp8 import FP8_DTYPE, FP8_MAX, fp8_linear, fp8_supported, quantize_fp8
 from tamis.quant.base import (add_param, is_layer_skipped, replace_param, require,
                               shard_index_of, shard_slice, unquantized_method)
+from tamis.quant.dummy import fp8_scale_init, fp8_weight_init, input_scale_init
 
 ACTIVATION_SCHEMES = ("static", "dynamic")
 
@@ -104,13 +105,14 @@ class Fp8LinearMethod(LinearMethodBase):
                        output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
         n = sum(output_partition_sizes)
         add_param(layer, "weight", torch.empty(n, input_size, dtype=FP8_DTYPE),
-                  input_dim=1, output_dim=0)
+                  input_dim=1, output_dim=0, dummy_init=fp8_weight_init)
         add_param(layer, "weight_scale", torch.full((n,), float("nan"), dtype=torch.float32),
-                  output_dim=0, weight_loader=_per_channel_scale_loader(layer))
+                  output_dim=0, weight_loader=_per_channel_scale_loader(layer),
+                  dummy_init=fp8_scale_init)
         if self.static:
             add_param(layer, "input_scale",
                       torch.full((len(output_partition_sizes),), float("nan")),
-                      is_per_shard_scalar=True,
+                      is_per_shard_scalar=True, dummy_init=input_scale_init,
                       weight_loader=_per_shard_scalar_loader(layer, "input_scale"))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

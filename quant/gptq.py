@@ -20,6 +20,7 @@ from torch import nn
 
 from tamis.engine.layers.quant_method import LinearMethodBase, QuantizationConfig
 from tamis.quant.base import add_param, is_layer_skipped, require, unquantized_method
+from tamis.quant.dummy import group_index_init
 from tamis.quant.packing import unpack_int32
 from tamis.quant.wna16 import apply_wna16, finalize_wna16
 
@@ -99,7 +100,8 @@ class GPTQLinearMethod(LinearMethodBase):
         add_param(layer, "scales", torch.empty(groups, n, dtype=torch.float32),
                   input_dim=0, output_dim=1, group_dim=0, group_size=group)
         add_param(layer, "g_idx", torch.empty(input_size, dtype=torch.int32),
-                  input_dim=0, ignore_shard=True)
+                  input_dim=0, ignore_shard=True,
+                  dummy_init=group_index_init(group, self.config.desc_act))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         bits, k = self.config.bits, layer.g_idx.numel()
