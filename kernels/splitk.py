@@ -15,18 +15,21 @@ from __future__ import annotations
 import torch
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # kept alive: captured CUDA graphs still point at them
 _MIN_COUNTERS = 4096
 
 
 def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
     """An all-zero int32 buffer of at least ``blocks`` counters on ``device``.
 
-    Grows (and is then reallocated) only when a launch needs more column blocks than
-    ever before; call once outside CUDA-graph capture (any warm-up does) so capture
-    never allocates it."""
+    Grows only when a launch needs more column blocks than ever before; an outgrown
+    buffer is kept alive, since CUDA graphs captured with it still use it."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < blocks:
-        buf = torch.zeros(max(blocks, _MIN_COUNTERS), dtype=torch.int32, device=device)
+        old = 0 if buf is None else buf.numel()
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = torch.zeros(max(blocks, _MIN_COUNTERS, 2 * old), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
 
