@@ -2,15 +2,24 @@
 rounding error over the columns not yet quantized, weighted by the inverse Hessian of the
 layer's inputs (H = 2/n sum x x^T), in blocks of ``block_size`` columns (lazy batch updates).
 
-With ``act_order`` columns are visited in decreasing order of H's diagonal; groups are
-formed in that visiting order, so ``g_idx`` maps each original column to its group and
-groups are no longer contiguous in K (what GPTQ checkpoints call ``desc_act``).
+``gptq_solve`` is the error-feedback loop over any column rounding (the 4/8-bit integer
+grids of ``gptq_quantize``, or the FP8 grid of ``gptq_fp8``). With ``act_order`` columns
+are visited in decreasing order of H's diagonal; groups are formed in that visiting order,
+so ``g_idx`` maps each original column to its group and groups are no longer contiguous
+in K (what GPTQ checkpoints call ``desc_act``).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from tamis.quant.quantizer.grid import QuantizedWeight, fit_grid, quantize_codes
+
+# round_column(position, column, pending) -> dequantized column [N]: ``column`` [N] is the
+# error-updated column at ``position``; ``pending()`` [N, K - position] builds (on demand:
+# it copies) the error-updated weights of every column not yet quantized, in visiting order.
+RoundColumn = Callable[[int, torch.Tensor, Callable[[], torch.Tensor]], torch.Tensor]
 
 
 class HessianAccumulator:
@@ -28,46 +37,63 @@ class HessianAccumulator:
         self.count = total
 
 
-def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,
-                  sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
-                  min_zero: int = 0) -> QuantizedWeight:
-    """weight [N, K] float; hessian [K, K]. Returns codes in the original column order."""
+def visiting_order(hessian: torch.Tensor, act_order: bool) -> torch.Tensor:
+    k = hessian.shape[0]
+    return torch.argsort(torch.diag(hessian), descending=True) if act_order else torch.arange(k)
+
+
+def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
+               round_column: RoundColumn, damp: float = 0.01, block_size: int = 128) -> None:
+    """Visits the columns of ``weight`` [N, K] in the order ``perm``, calling
+    ``round_column`` for each (which records the rounded column); returns nothing."""
     w = weight.detach().to(torch.float64).clone()
     h = hessian.to(torch.float64).clone()
-    n, k = w.shape
+    k = w.shape[1]
     dead = torch.diag(h) == 0
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(k)
     w, h = w[:, perm], h[perm][:, perm]
     h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-
-    group = k if group_size == -1 else group_size
-    groups = -(-k // group)
-    codes = torch.empty(n, k, dtype=torch.int32)
-    scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
-    scale = zero = None
     for start in range(0, k, block_size):
         end = min(start + block_size, k)
         block = w[:, start:end].clone()
         errors = torch.zeros_like(block)
         hinv_block = hinv[start:end, start:end]
         for i in range(end - start):
-            col = start + i
-            if col % group == 0:
-                # Fit the group on its current (error-updated) values.
-                pending = torch.cat([block[:, i:], w[:, end:]], dim=1)[:, :group]
-                scale, zero = fit_grid(pending, bits, sym, min_zero)
-                scales[:, col // group], zeros[:, col // group] = scale, zero
-            q = quantize_codes(block[:, i:i + 1], scale, zero, bits)[:, 0]
-            codes[:, col] = q
-            dq = (q.to(torch.float64) - zero.double()) * scale.double()
+            pending = lambda i=i: torch.cat([block[:, i:], w[:, end:]], dim=1)  # noqa: E731
+            dq = round_column(start + i, block[:, i], pending).to(torch.float64)
             err = (block[:, i] - dq) / hinv_block[i, i]
             block[:, i:] -= err[:, None] * hinv_block[i, i:][None, :]
             errors[:, i] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
 
+
+def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,
+                  sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
+                  min_zero: int = 0, search: bool = True) -> QuantizedWeight:
+    """weight [N, K] float; hessian [K, K]. Returns codes in the original column order.
+    Each group's grid is fitted (``fit_grid``, clipping search unless ``search`` is
+    False) on its error-updated weights when the solve reaches the group's first column."""
+    n, k = weight.shape
+    perm = visiting_order(hessian, act_order)
+    group = k if group_size == -1 else group_size
+    groups = -(-k // group)
+    codes = torch.empty(n, k, dtype=torch.int32)
+    scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
+    grid = {}
+
+    def round_column(position: int, column: torch.Tensor, pending) -> torch.Tensor:
+        if position % group == 0:
+            grid["scale"], grid["zero"] = fit_grid(pending()[:, :group], bits, sym, min_zero,
+                                                   search=search)
+            scales[:, position // group], zeros[:, position // group] = grid["scale"], grid["zero"]
+        scale, zero = grid["scale"], grid["zero"]
+        q = quantize_codes(column[:, None], scale, zero, bits)[:, 0]
+        codes[:, position] = q
+        return (q.float() - zero) * scale
+
+    gptq_solve(weight, hessian, perm, round_column, damp, block_size)
     inverse = torch.argsort(perm)
     g_idx = (inverse // group).to(torch.int32)  # column c was visited at position inverse[c]
     return QuantizedWeight(codes[:, inverse].contiguous(), scales, zeros, g_idx, bits, group_size)

@@ -31,16 +31,46 @@ class QuantizedWeight:
         return (self.codes.float() - self.zeros[:, g]) * self.scales[:, g]
 
 
-def fit_grid(w: torch.Tensor, bits: int, sym: bool, min_zero: int = 0
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (scale [R], zero [R]) covering ``w`` [R, C] and 0 (GPTQ's grid).
+# Clipping search: the range [lo, hi] is shrunk by each factor and the factor with the
+# least (importance-weighted) squared rounding error is kept per row, like GPTQ's ``mse``
+# option and AutoAWQ's clip search. Shrinking trades clipping the few extreme weights for
+# a finer step on all the others.
+SHRINK_FACTORS = tuple(1.0 - 0.025 * i for i in range(17))  # 1.0 ... 0.6
 
-    Symmetric grids put the zero point at 2**(bits-1); ``min_zero`` lifts asymmetric
-    zero points (GPTQ's v1 format cannot store a zero point of 0)."""
-    maxq = 2**bits - 1
+
+def fit_grid(w: torch.Tensor, bits: int, sym: bool, min_zero: int = 0,
+             importance: torch.Tensor | None = None, search: bool = True
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (scale [R], zero [R]) of a grid for ``w`` [R, C] that contains 0.
+
+    With ``search`` the grid's range is the shrink of w's [min, max] (``SHRINK_FACTORS``)
+    minimizing sum_c importance[c] * (Q(w) - w)[:, c]**2 (importance [C] or [R, C],
+    default 1); without, it covers all of w (GPTQ's grid). Symmetric grids put the zero
+    point at 2**(bits-1); ``min_zero`` lifts asymmetric zero points (GPTQ's v1 format
+    cannot store a zero point of 0)."""
     w = w.float()
-    lo = torch.clamp(w.amin(dim=1), max=0)
-    hi = torch.clamp(w.amax(dim=1), min=0)
+    if not search:
+        return _grid_for_range(w.amin(dim=1), w.amax(dim=1), bits, sym, min_zero)
+    lo, hi = w.amin(dim=1), w.amax(dim=1)
+    weight = torch.ones_like(w) if importance is None else importance.float().expand_as(w)
+    best = best_loss = None
+    for factor in SHRINK_FACTORS:
+        scale, zero = _grid_for_range(lo * factor, hi * factor, bits, sym, min_zero)
+        error = (quantize_codes(w, scale, zero, bits) - zero[:, None]) * scale[:, None] - w
+        loss = (error.square() * weight).sum(dim=1)
+        if best is None:
+            best, best_loss = (scale, zero), loss
+            continue
+        better = loss < best_loss
+        best = (torch.where(better, scale, best[0]), torch.where(better, zero, best[1]))
+        best_loss = torch.where(better, loss, best_loss)
+    return best
+
+
+def _grid_for_range(lo: torch.Tensor, hi: torch.Tensor, bits: int, sym: bool,
+                    min_zero: int) -> tuple[torch.Tensor, torch.Tensor]:
+    maxq = 2**bits - 1
+    lo, hi = torch.clamp(lo, max=0), torch.clamp(hi, min=0)
     if sym:
         hi = torch.maximum(lo.abs(), hi)
         lo = -hi
@@ -63,15 +93,20 @@ def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bit
 
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
-                 min_zero: int = 0) -> QuantizedWeight:
-    """Round-to-nearest per group of ``group_size`` input columns (-1: whole rows)."""
+                 min_zero: int = 0, importance: torch.Tensor | None = None,
+                 search: bool = True) -> QuantizedWeight:
+    """Round-to-nearest per group of ``group_size`` input columns (-1: whole rows);
+    ``importance`` [K] (e.g. the inputs' mean square) weights the clipping search."""
     n, k = weight.shape
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
     # Zero padding leaves each group's grid unchanged: the grid always covers 0.
-    padded = torch.nn.functional.pad(weight.float(), (0, groups * group - k))
-    rows = padded.reshape(n * groups, group)
-    scale, zero = fit_grid(rows, bits, sym, min_zero)
+    pad = groups * group - k
+    rows = torch.nn.functional.pad(weight.float(), (0, pad)).reshape(n * groups, group)
+    if importance is not None:
+        importance = torch.nn.functional.pad(importance.float(), (0, pad)).reshape(groups, group)
+        importance = importance.repeat(n, 1)
+    scale, zero = fit_grid(rows, bits, sym, min_zero, importance, search)
     codes = quantize_codes(rows, scale, zero, bits).reshape(n, groups * group)[:, :k]
     g_idx = (torch.arange(k) // group).to(torch.int32)
     return QuantizedWeight(codes.contiguous(), scale.reshape(n, groups),

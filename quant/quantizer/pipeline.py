@@ -22,6 +22,7 @@ from torch import nn
 
 from tamis.quant.quantizer import awq as awq_search
 from tamis.quant.quantizer import calibration, writer
+from tamis.quant.quantizer.fp8 import Fp8Weight, gptq_fp8, rtn_fp8
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
 
@@ -67,15 +68,6 @@ class QuantizeOptions:
 
 
 @dataclass
-class Fp8Weight:
-    weight: torch.Tensor  # float8 [N, K]
-    scale: torch.Tensor   # float32 scalar
-
-    def dequantize(self) -> torch.Tensor:
-        return self.weight.float() * self.scale
-
-
-@dataclass
 class QuantizeResult:
     weights: dict[str, QuantizedWeight | Fp8Weight] = field(default_factory=dict)
     reference_model: nn.Module | None = None  # transformers model, dequantized weights
@@ -94,7 +86,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
     _check_shapes(layers, options)
     result = QuantizeResult(reference_model=model)
     bar = _progress(len(layers), f"{options.method} {options.bits}-bit", progress)
-    if options.method == "fp8" or options.rtn:
+    if options.rtn:
         for index, layer in enumerate(layers):
             _quantize_layer_rtn(layer, f"model.layers.{index}", options, result)
             bar.update(1)
@@ -103,7 +95,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             samples = _calibration_samples(model_path, options)
         inputs, kwargs = calibration.capture_layer_inputs(model, samples)
         for index, layer in enumerate(layers):
-            quantize = _quantize_layer_gptq if options.method == "gptq" else _quantize_layer_awq
+            quantize = _quantize_layer_awq if options.method == "awq" else _quantize_layer_gptq
             quantize(layer, f"model.layers.{index}", inputs, kwargs, options, result)
             inputs = calibration.run_layer(layer, inputs, kwargs)
             bar.update(1)
@@ -154,11 +146,9 @@ def _store(linear: nn.Linear, name: str, quantized, result: QuantizeResult) -> N
 
 def _quantize_layer_rtn(layer: nn.Module, prefix: str, options: QuantizeOptions,
                         result: QuantizeResult) -> None:
-    from tamis.quant.fp8 import quantize_weight_per_tensor
-
     for name, linear in _linears(layer).items():
         if options.method == "fp8":
-            quantized = Fp8Weight(*quantize_weight_per_tensor(linear.weight.data))
+            quantized = rtn_fp8(linear.weight.data)
         else:
             quantized = rtn_quantize(linear.weight.data, options.bits, options.group_size,
                                      options.sym, min_zero=_min_zero(options))
@@ -177,9 +167,13 @@ def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
     calibration.collect_linear_inputs(layer, inputs, kwargs,
                                       lambda name, x: hessians[name].add(x))
     for name, linear in linears.items():
-        quantized = gptq_quantize(linear.weight.data, hessians[name].hessian, options.bits,
-                                  options.group_size, options.sym, options.desc_act,
-                                  damp=options.damp, min_zero=_min_zero(options))
+        if options.method == "fp8":  # no groups: act-order changes nothing in the format
+            quantized = gptq_fp8(linear.weight.data, hessians[name].hessian, act_order=True,
+                                 damp=options.damp)
+        else:
+            quantized = gptq_quantize(linear.weight.data, hessians[name].hessian, options.bits,
+                                      options.group_size, options.sym, options.desc_act,
+                                      damp=options.damp, min_zero=_min_zero(options))
         _store(linear, f"{prefix}.{name}", quantized, result)
 
 

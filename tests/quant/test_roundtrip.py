@@ -105,19 +105,20 @@ def test_rtn_round_trip(tiny, tmp_path, bits, sym):
     _round_trip(tiny, tmp_path, QuantizeOptions("gptq", bits=bits, group_size=64, sym=sym, rtn=True))
 
 
-def test_fp8_round_trip(tiny, tmp_path):
-    _round_trip(tiny, tmp_path, QuantizeOptions("fp8"))
+@pytest.mark.parametrize("rtn", [False, True])
+def test_fp8_round_trip(tiny, samples, tmp_path, rtn):
+    _round_trip(tiny, tmp_path, QuantizeOptions("fp8", rtn=rtn), samples)
 
 
-def test_gptq_beats_round_to_nearest(one_layer, samples, tmp_path):
+@pytest.mark.parametrize("method,options", [("gptq", dict(bits=4, group_size=32)), ("fp8", {})])
+def test_gptq_beats_round_to_nearest(one_layer, samples, tmp_path, method, options):
     """GPTQ minimizes a layer's output error on its calibration inputs: there, its
-    down_proj output error must be below round-to-nearest's."""
+    down_proj output error must be below round-to-nearest's (integer and FP8 grids)."""
     from transformers import AutoModelForCausalLM
-    options = dict(bits=4, group_size=32)
-    gptq = quantize_checkpoint(one_layer, tmp_path / "g", QuantizeOptions("gptq", **options),
+    gptq = quantize_checkpoint(one_layer, tmp_path / "g", QuantizeOptions(method, **options),
                                False, samples)
     rtn = quantize_checkpoint(one_layer, tmp_path / "r",
-                              QuantizeOptions("gptq", rtn=True, **options), False)
+                              QuantizeOptions(method, rtn=True, **options), False)
     original = AutoModelForCausalLM.from_pretrained(one_layer, dtype=torch.float32)
     down = original.model.layers[0].mlp.down_proj
     seen = []
