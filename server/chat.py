@@ -21,8 +21,7 @@ from tamis.server.logprobs import chat_logprobs
 from tamis.server.protocol import ChatCompletionRequest
 from tamis.server.sampling import (build_sampling_params, check_stream_options,
                                    max_tokens_for)
-from tamis.server.streaming import (SSE_DONE, Cursor, merge, sse, start_generations,
-                                    stream_error)
+from tamis.server.streaming import Cursor, merge, sse, sse_body, start_generations
 from tamis.server.structured import resolve_structured_outputs
 from tamis.server.tools import ToolPlan, ToolStreamer, extract_tool_calls, plan_tools
 
@@ -157,13 +156,13 @@ class _ChatWriter:
         body["usage"] = self.usage(output)
         return body
 
-    def _chunk(self, choices, output=None) -> str:
+    def _chunk(self, choices, output=None) -> dict:
         chunk = self._envelope(choices)
         if self._include_usage:
             options = self.body.stream_options
             chunk["usage"] = (self.usage(output) if options.continuous_usage_stats
                               and output is not None else None)
-        return sse(chunk)
+        return chunk
 
     @property
     def _include_usage(self) -> bool:
@@ -172,33 +171,25 @@ class _ChatWriter:
 
     async def stream(self, gens):
         n = self.body.n
-        yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None} for i in range(n)])
+        yield sse(self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None} for i in range(n)]))
         cursors = [Cursor() for _ in range(n)]
         streamers = [ToolStreamer(self.plan) for _ in range(n)]
-        latest = None
-        try:
-            async for _, output in merge(gens):
-                latest = output
-                choices = []
-                for choice in output.outputs:
-                    choices += self._deltas(choice, cursors[choice.index],
-                                            streamers[choice.index])
-                if choices:
-                    yield self._chunk(choices, output)
-        except Exception as exc:  # noqa: BLE001 - the status line is already sent
-            yield sse(stream_error(exc))
-            yield SSE_DONE
-            return
-        finally:  # a client that left: free its requests now, not when GC finalizes us
-            for gen in gens:
-                gen.abort()
-        usage = self.usage(latest)
-        if self._include_usage:
-            chunk = self._envelope([])
-            chunk["usage"] = usage
-            yield sse(chunk)
-        yield SSE_DONE
+        latest = [None]
+
+        def chunks(_, output):
+            latest[0] = output
+            choices = []
+            for choice in output.outputs:
+                choices += self._deltas(choice, cursors[choice.index], streamers[choice.index])
+            return [self._chunk(choices, output)] if choices else []
+
+        def closing_chunk():
+            usage = self.usage(latest[0])   # also recorded for the access log
+            return {**self._envelope([]), "usage": usage} if self._include_usage else None
+
+        async for line in sse_body(gens, chunks, closing_chunk):
+            yield line
 
     def _deltas(self, choice, cursor: Cursor, streamer: ToolStreamer) -> list[dict]:
         """At most one entry for this choice: its new content / tool calls, logprobs,

@@ -18,7 +18,7 @@ from tamis.server.logprobs import completion_logprobs
 from tamis.server.protocol import CompletionRequest
 from tamis.server.sampling import (build_sampling_params, check_stream_options,
                                    max_tokens_for)
-from tamis.server.streaming import SSE_DONE, Cursor, merge, sse, start_generations, stream_error
+from tamis.server.streaming import Cursor, merge, sse_body, start_generations
 from tamis.server.structured import resolve_structured_outputs
 
 
@@ -128,35 +128,31 @@ class _CompletionWriter:
     async def stream(self, gens):
         cursors: dict[tuple[int, int], Cursor] = {}
         latest = {}
-        try:
-            async for p, output in merge(gens):
-                latest[p] = output
-                choices = []
-                for choice in output.outputs:
-                    cursor = cursors.setdefault((p, choice.index), Cursor())
-                    delta = self._delta(p, output, choice, cursor)
-                    if delta is not None:
-                        choices.append(delta)
-                if choices:
-                    chunk = self._envelope(choices)
-                    options = self.body.stream_options
-                    if options is not None and options.continuous_usage_stats:
-                        chunk["usage"] = self.usage(list(latest.values()))
-                    yield sse(chunk)
-        except Exception as exc:  # noqa: BLE001 - the status line is already sent
-            yield sse(stream_error(exc))
-            yield SSE_DONE
-            return
-        finally:  # a client that left: free its requests now, not when GC finalizes us
-            for gen in gens:
-                gen.abort()
-        usage = self.usage(list(latest.values()))
         options = self.body.stream_options
-        if options is not None and options.include_usage:
-            chunk = self._envelope([])
-            chunk["usage"] = usage
-            yield sse(chunk)
-        yield SSE_DONE
+
+        def chunks(p, output):
+            latest[p] = output
+            choices = []
+            for choice in output.outputs:
+                cursor = cursors.setdefault((p, choice.index), Cursor())
+                delta = self._delta(p, output, choice, cursor)
+                if delta is not None:
+                    choices.append(delta)
+            if not choices:
+                return []
+            chunk = self._envelope(choices)
+            if options is not None and options.continuous_usage_stats:
+                chunk["usage"] = self.usage(list(latest.values()))
+            return [chunk]
+
+        def closing_chunk():
+            usage = self.usage(list(latest.values()))   # also recorded for the access log
+            if options is not None and options.include_usage:
+                return {**self._envelope([]), "usage": usage}
+            return None
+
+        async for line in sse_body(gens, chunks, closing_chunk):
+            yield line
 
     def _delta(self, p, output, choice, cursor: "Cursor") -> dict | None:
         if cursor.done or not cursor.has_news(choice):

@@ -4,6 +4,8 @@
 - ``start_generations`` starts several engine generations and awaits each one's first
   output, so a request the engine refuses becomes a 400 before any byte is streamed.
 - ``merge`` interleaves several generations as ``(index, output)``.
+- ``sse_body`` is the streamed body both endpoints share: chunks, the error event, the
+  closing usage chunk and ``[DONE]``, with every request aborted when the body ends.
 - ``cancel_on_disconnect`` runs a handler while watching the connection; a client that
   leaves cancels the handler, which aborts its engine requests at once.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable, Iterable
 
 from fastapi import Request
 
@@ -52,6 +54,30 @@ def stream_error(exc: BaseException) -> dict:
 
 def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def sse_body(gens: list["Generation"], chunks: Callable[[int, Any], Iterable[dict]],
+                   closing_chunk: Callable[[], dict | None]) -> AsyncIterator[str]:
+    """Frames a streamed generation. ``chunks(index, output)`` turns each merged output into
+    zero or more chunk dicts; after the last output, ``closing_chunk()`` gives the usage chunk
+    to send (or None). A failure after the status line went out becomes one error event and
+    ``[DONE]``. Every request is aborted when the body ends for any reason, so a client that
+    left frees its KV blocks now, not when the generator is garbage-collected."""
+    try:
+        async for index, output in merge(gens):
+            for chunk in chunks(index, output):
+                yield sse(chunk)
+    except Exception as exc:  # noqa: BLE001 - the status line is already sent
+        yield sse(stream_error(exc))
+        yield SSE_DONE
+        return
+    finally:
+        for gen in gens:
+            gen.abort()
+    closing = closing_chunk()
+    if closing is not None:
+        yield sse(closing)
+    yield SSE_DONE
 
 
 class Generation:
