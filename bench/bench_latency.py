@@ -11,7 +11,10 @@ One set of weights serves both engines: transformers builds the model with rando
 weights on the GPU, and tamis (``load_format="dummy"``) then loads that state dict
 through ``model.load_weights``. ``--check-greedy N``: N random prompts, the first 32
 greedy tokens of each engine compared (target: identical on >= 7 of 8).
-vLLM's figure is the one recorded in BENCHMARKS.md, labelled as such.
+``--model DIR``: a real checkpoint instead of dummy weights (both engines load it), with
+English prompts for the greedy check: random weights give near-tied logits, where bf16
+rounding order decides the argmax. ``--vllm-json FILE``: vLLM's W2 measured in the same
+call by bench_vllm.py / bench_offline.py; without it, vLLM's row is the recorded figure.
 """
 from __future__ import annotations
 
@@ -33,17 +36,39 @@ from llama8b import write_llama8b_config  # noqa: E402
 RECORDED_PEERS = {"transformers": 11.5, "vllm": 196.0}   # BENCHMARKS.md, same H200 kind
 
 
+VOCAB = [128000]   # token ids drawn below this; main() sets it from the model's config
+
+
 def random_prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(128000) for _ in range(length)]
+    return [rng.randrange(VOCAB[0]) for _ in range(length)]
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # CPU: a dry run of the script
+
+
+def sync() -> None:
+    if DEVICE == "cuda":
+        sync()
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def build_transformers(model_dir: Path, dtype: str):
+TEXT_PROMPTS = [
+    "The capital of France is", "Write a haiku about the sea.",
+    "def fibonacci(n):", "Explain photosynthesis to a child in three sentences.",
+    "List five prime numbers:", "Once upon a time, in a small village,",
+    "Translate to French: I would like a cup of coffee.", "The three laws of motion are",
+]
+
+
+def build_transformers(model_dir: Path, dtype: str, pretrained: bool = False):
     from transformers import AutoConfig, AutoModelForCausalLM
+    if pretrained:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[dtype],
+                                                    attn_implementation="sdpa").to(DEVICE).eval()
     config = AutoConfig.from_pretrained(model_dir)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype],
                                                  attn_implementation="sdpa")
     return model.eval()
@@ -53,35 +78,44 @@ def build_transformers(model_dir: Path, dtype: str):
 def hf_margin(model, prefix: list[int], hf_token: int, other_token: int) -> float:
     """transformers' logit gap between its own choice and tamis's at one position,
     in units of the logits' standard deviation (a near-tie is a small number)."""
-    logits = model(torch.tensor([prefix], device="cuda")).logits[0, -1].float()
+    logits = model(torch.tensor([prefix], device=DEVICE)).logits[0, -1].float()
     return float((logits[hf_token] - logits[other_token]) / logits.std())
 
 
 @torch.inference_mode()
 def hf_generate(model, prompt: list[int], new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt], device="cuda")
+    ids = torch.tensor([prompt], device=DEVICE)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
+def text_prompt(model_dir: Path, index: int) -> list[int]:
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return tokenizer(TEXT_PROMPTS[index % len(TEXT_PROMPTS)]).input_ids
+
+
 def time_it(fn, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t0)
     return times
 
 
 def build_tamis(model_dir: Path, hf_model, args):
     from tamis.engine.llm import LLM
-    llm = LLM(model=str(model_dir), load_format="dummy", dtype=args.dtype,
-              skip_tokenizer_init=True, max_model_len=args.max_model_len, max_num_seqs=256,
+    real = args.model is not None
+    llm = LLM(model=str(model_dir), load_format="auto" if real else "dummy", dtype=args.dtype,
+              skip_tokenizer_init=not real, max_model_len=args.max_model_len, max_num_seqs=256,
               gpu_memory_utilization=args.gpu_memory_utilization,
               enforce_eager=args.enforce_eager)
+    if real:
+        return llm
     runner_model = llm.llm_engine.runner.model
     runner_model.load_weights((name, tensor) for name, tensor in hf_model.state_dict().items())
     llm.reset_prefix_cache() if hasattr(llm, "reset_prefix_cache") else None
@@ -90,8 +124,9 @@ def build_tamis(model_dir: Path, hf_model, args):
 
 def tamis_generate(llm, prompt: list[int], new_tokens: int) -> list[int]:
     from tamis.engine.sampling_params import SamplingParams
-    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
+    # min_tokens bans EOS as transformers' min_new_tokens does (a real checkpoint has one).
+    params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0,
+                            ignore_eos=True, detokenize=False)
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     return list(out[0].outputs[0].token_ids)
 
@@ -108,16 +143,21 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                         help="both engines' weights and compute (W2 is defined in bfloat16)")
+    parser.add_argument("--model", help="a real checkpoint folder instead of dummy weights")
+    parser.add_argument("--vllm-json", help="bench_vllm.py's result file (vLLM's measured W2)")
     parser.add_argument("--skip-timing", action="store_true", help="greedy check only")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = parser.parse_args()
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    model_dir = write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
-    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    model_dir = Path(args.model) if args.model else \
+        write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
+    VOCAB[0] = min(128000, json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    print(torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch", torch.__version__,
+          flush=True)
 
-    hf = build_transformers(model_dir, args.dtype)
+    hf = build_transformers(model_dir, args.dtype, pretrained=args.model is not None)
     hf_generate(hf, random_prompt(rng, 16), 4)   # warm-up
     hf_times = [float("nan")]
     if not args.skip_timing:
@@ -135,8 +175,8 @@ def main() -> None:
                               args.repeats)
 
     greedy = []
-    for _ in range(args.check_greedy):
-        p = random_prompt(rng, rng.randint(16, 256))
+    for i in range(args.check_greedy):
+        p = text_prompt(model_dir, i) if args.model else random_prompt(rng, rng.randint(16, 256))
         a, b = tamis_generate(llm, p, 32), hf_generate(hf, p, 32)
         first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         margin = None if first_diff is None else round(
@@ -151,8 +191,9 @@ def main() -> None:
     (Path(args.out) / f"w2_{args.dtype}.json").write_text(json.dumps(result, indent=1))
     if greedy:
         same = sum(g["identical"] for g in greedy)
-        print(f"\ngreedy ({args.dtype}), first 32 tokens, tamis vs transformers on the same "
-              f"weights: {same}/{len(greedy)} identical; first differing index per prompt: "
+        weights = f"the checkpoint {args.model}" if args.model else "the same random weights"
+        print(f"\ngreedy ({args.dtype}), first 32 tokens, tamis vs transformers on {weights}: "
+              f"{same}/{len(greedy)} identical; first differing index per prompt: "
               f"{[g['first_diff'] for g in greedy]}; transformers' logit margin there, in "
               f"logit std: {[g['hf_margin_in_std'] for g in greedy]}")
     if args.skip_timing:
@@ -165,7 +206,15 @@ def main() -> None:
     print(f"| tamis (measured) | {tamis_rate:.1f} | {1000 / tamis_rate:.2f} | 1.00 |")
     print(f"| transformers generate (measured) | {result['hf_tok_s']:.1f} | "
           f"{1000 / result['hf_tok_s']:.2f} | {tamis_rate / result['hf_tok_s']:.2f} |")
-    for name, figure in RECORDED_PEERS.items():
+    peers = dict(RECORDED_PEERS)
+    if args.vllm_json and Path(args.vllm_json).exists():
+        measured = json.loads(Path(args.vllm_json).read_text())
+        if "w2" in measured:
+            rate = measured["w2"]["output_tok_s"]
+            print(f"| {measured['engine']} (measured, same call) | {rate:.1f} | "
+                  f"{1000 / rate:.2f} | {tamis_rate / rate:.2f} |")
+            peers.pop("vllm")
+    for name, figure in peers.items():
         print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure} | "
               f"{1000 / figure:.2f} | {tamis_rate / figure:.2f} |")
 

@@ -7,8 +7,10 @@ Llama-3.1-8B shape with dummy bf16 weights.
     python bench/bench_offline.py [--engines tamis,transformers] [--num-prompts 256]
 
 Each engine runs in its own subprocess (clean GPU memory, its own warm-up) and writes
-JSON; the parent prints the table last. vLLM is not installed on the device: its row
-is the figure recorded in BENCHMARKS.md, labelled as recorded, not measured.
+JSON; the parent prints the table last. ``--engines tamis,vllm`` runs vLLM (carried to the
+device as wheels) on the same prompts through bench_vllm.py, which also times vLLM's W2 in
+the same process; a peer that was not run shows the figure recorded in BENCHMARKS.md,
+labelled as recorded, not measured.
 
 Extra checks in the tamis subprocess (``--checks``): allocated bytes before/after a
 second full pass (memory growth) and KV utilisation from the engine's stats.
@@ -171,11 +173,16 @@ def run_transformers(args, prompts) -> dict:
                 output_tok_s=generated / elapsed)
 
 
+def run_vllm(args, prompts) -> dict:
+    from bench_vllm import run_all
+    return run_all(args, prompts)
+
+
 def child(args) -> None:
     import logging
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)
-    runner = {"tamis": run_tamis, "transformers": run_transformers}[args.engine]
+    runner = {"tamis": run_tamis, "transformers": run_transformers, "vllm": run_vllm}[args.engine]
     try:
         result = runner(args, prompts)
     except Exception as exc:   # a failed engine is a row that says why, not a lost table
@@ -211,9 +218,16 @@ def print_table(rows: list[dict], args) -> None:
             continue
         ratio = f"{tamis['output_tok_s'] / r['output_tok_s']:.2f}" if tamis else ""
         print(f"| {r['engine']} (measured) | {r['output_tok_s']:,.0f} | {r['seconds']:.1f} | {ratio} |")
+    measured = {r["engine"].split()[0] for r in rows if "error" not in r}
     for name, figure in RECORDED_PEERS.items():
+        if name in measured:
+            continue
         ratio = f"{tamis['output_tok_s'] / figure:.2f}" if tamis else ""
         print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure:,.0f} | | {ratio} |")
+    for r in rows:
+        if "w2" in r:
+            print(f"{r['engine']} W2 (batch 1, prompt 128, 256 out, median of 3): "
+                  f"{r['w2']['output_tok_s']:.1f} tok/s; startup {r['startup_s']:.0f} s")
     if tamis and tamis.get("profile"):
         print(f"\nstep profile (second pass, instrumented): {json.dumps(tamis['profile'])}")
     if tamis:

@@ -1,0 +1,104 @@
+"""vLLM as the peer in the GPU benchmarks: W1 offline throughput and W2 batch-1 latency on
+the same workloads as bench_offline.py / bench_latency.py, one vLLM instance for both.
+
+vLLM is not a dependency of tamis: it is carried to the device as wheels
+(BENCHMARKS.md says how) and imported only here. Its defaults are kept (torch.compile,
+CUDA graphs, prefix caching, chunked prefill) except what the workload fixes: dummy
+bf16 weights at the Llama-3.1-8B shape, token-id prompts (no tokenizer), greedy, EOS
+ignored, ``max_model_len`` and ``max_num_seqs`` as tamis gets them. Prompts are fresh
+for every timed pass, so vLLM's prefix cache cannot inflate its figure.
+
+    python bench/bench_vllm.py [--json OUT/vllm.json]      # standalone
+    python bench/bench_offline.py --engines tamis,vllm     # as a W1 row
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llama8b import write_llama8b_config  # noqa: E402
+
+
+def _prompts(num: int, lo: int, hi: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(128000) for _ in range(rng.randint(lo, hi))]}
+            for _ in range(num)]
+
+
+def build_vllm(max_model_len: int, max_num_seqs: int, enforce_eager: bool = False):
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+    from vllm import LLM
+    model_dir = write_llama8b_config(tempfile.mkdtemp())
+    t0 = time.perf_counter()
+    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
+              skip_tokenizer_init=True, max_model_len=max_model_len,
+              max_num_seqs=max_num_seqs, gpu_memory_utilization=0.9,
+              enforce_eager=enforce_eager)
+    return llm, time.perf_counter() - t0
+
+
+def _generate(llm, prompts: list[dict], output_len: int) -> tuple[float, int]:
+    from vllm import SamplingParams
+    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return time.perf_counter() - t0, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def run_w1(llm, prompts: list[list[int]], output_len: int, seed: int) -> dict:
+    """W1 on the caller's prompts (the same ones tamis gets), after a warm-up on others."""
+    _generate(llm, _prompts(8, 16, 64, seed + 1), 16)
+    seconds, generated = _generate(llm, [{"prompt_token_ids": p} for p in prompts], output_len)
+    return dict(seconds=seconds, output_tokens=generated, output_tok_s=generated / seconds)
+
+
+def run_w2(llm, prompt_len: int, output_len: int, repeats: int, seed: int) -> dict:
+    """W2: one request at a time, a fresh random prompt each repetition; median tok/s."""
+    times = []
+    for r in range(repeats):
+        seconds, generated = _generate(llm, _prompts(1, prompt_len, prompt_len, seed + 50 + r),
+                                       output_len)
+        assert generated == output_len, generated
+        times.append(seconds)
+    return dict(seconds=times, output_tok_s=output_len / statistics.median(times))
+
+
+def run_all(args, w1_prompts: list[list[int]]) -> dict:
+    import vllm
+    llm, startup = build_vllm(args.max_model_len, args.max_num_seqs, args.enforce_eager)
+    result = dict(engine=f"vllm {vllm.__version__}", startup_s=startup,
+                  **run_w1(llm, w1_prompts, args.output_len, args.seed))
+    result["w2"] = run_w2(llm, 128, 256, 3, args.seed)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--min-prompt", type=int, default=128)
+    parser.add_argument("--max-prompt", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--json", default="vllm.json")
+    args = parser.parse_args()
+    prompts = [p["prompt_token_ids"] for p in
+               _prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)]
+    result = run_all(args, prompts)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
