@@ -6,9 +6,14 @@ One step::
                  (a failed compile finishes that request alone with finish_reason "error")
     schedule  -> SchedulerOutput (which tokens of which requests, preemptions)
     run       -> logits of the rows that sample (+ prompt-logprob rows)
-    sample    -> one token per sampling row (constraint bitmask from structured outputs)
-    update    -> append tokens, stop checks, incremental detokenization
+    sample    -> one token per sampling row (constraint bitmask from structured outputs),
+                 queued on the device; nothing has waited for the device so far
+    update    -> wait for the ids; append tokens, stop checks, incremental detokenization
     outputs   -> RequestOutput per request that advanced or finished
+
+With pipelining (``async_scheduling``, on by default on CUDA) "update" handles the
+*previous* step's ids, after this step was queued, so the device works while the host
+appends and schedules (``engine/inflight.py``). Outputs are the same, one step later.
 
 A request with ``n > 1`` becomes n sequences (``Request``) under one id; they share the
 prompt's KV blocks through the prefix cache and report together in one ``RequestOutput``.
@@ -17,6 +22,7 @@ Bad input raises ``ValueError`` from ``add_request`` and never disturbs other re
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -24,13 +30,14 @@ import torch
 
 from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
+from tamis.engine.inflight import LaunchedStep, is_pipelinable
 from tamis.engine.kv_cache import KVCacheManager
 from tamis.engine.output_processor import OutputProcessor, RequestGroup
 from tamis.engine.outputs import Logprob, RequestOutput
 from tamis.engine.request import Request, RequestStatus
 from tamis.engine.runner import RunnerOutput, make_runner
 from tamis.engine.sampler import SamplingMetadata, TopLogprobs, gather_logprobs
-from tamis.engine.sampling_params import SamplingParams
+from tamis.engine.sampling_params import RequestOutputKind, SamplingParams
 from tamis.engine.scheduler import Scheduler, SchedulerOutput
 from tamis.engine.stats import EngineStats
 from tamis.engine.tokenizer import TokenDecoder, eos_token_ids, load_tokenizer
@@ -57,6 +64,9 @@ class LLMEngine:
         self.outputs = OutputProcessor()
         self._structured = None
         self._counters = {"prompt": 0, "generation": 0, "finished": 0}
+        self.async_scheduling = _async_scheduling_default(self.device)
+        self._inflight: LaunchedStep | None = None        # a pipelined step not read yet
+        self._last_sampling: SamplingMetadata | None = None
 
     def _init_cache_and_scheduler(self) -> None:
         config = self.config
@@ -170,6 +180,12 @@ class LLMEngine:
             child.generator = torch.Generator(device=self.device).manual_seed(child_params.seed)
         if self.tokenizer is not None and child_params.detokenize:
             child.detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, child_params)
+        if child_params.max_tokens is not None:
+            child.max_total_tokens = len(token_ids) + child_params.max_tokens
+        child.max_total_tokens = min(child.max_total_tokens, self.max_model_len)
+        child.pipelinable = is_pipelinable(child_params)
+        child.simple_append = (child.detokenizer is None and child.output_logprobs is None
+                               and child_params.structured_outputs is None)
         return child
 
     def abort_request(self, request_ids: str | list[str]) -> None:
@@ -192,56 +208,121 @@ class LLMEngine:
     # --- the step ----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Schedules and queues one step; appends the tokens of the step before it when
+        pipelining (``engine/inflight.py``), else of this one. Returns the outputs of
+        the requests that advanced or finished."""
         self._promote_ready_grammars()
         batch = self.scheduler.schedule()
-        if not batch.is_empty:
-            self._record_schedule(batch)
-            result = self.runner.execute_model(batch)
-            self.scheduler.update_after_step(batch)
-            self._process_prompt_logprobs(batch, result)
-            self._sample_and_append(batch, result)
-        elif len(self.outputs) and not self.outputs.has_news and not self._has_compiling_grammar():
-            raise RuntimeError("scheduler made no progress with requests pending "
-                               f"(waiting={len(self.scheduler.waiting)}): KV cache too small?")
+        previous, self._inflight = self._inflight, None
+        if batch.is_empty:
+            if previous is not None:
+                self._finish_step(previous)
+            elif len(self.outputs) and not self.outputs.has_news and not self._has_compiling_grammar():
+                raise RuntimeError("scheduler made no progress with requests pending "
+                                   f"(waiting={len(self.scheduler.waiting)}): KV cache too small?")
+            return self.outputs.collect()
+        self._record_schedule(batch)
+        launched = self._launch(batch, previous)
+        if previous is not None:
+            self._finish_step(previous)
+        if launched.pipelined:
+            self._inflight = launched
+        else:
+            self._finish_step(launched)
         return self.outputs.collect()
 
     def _record_schedule(self, batch: SchedulerOutput) -> None:
         now = time.time()
+        num_prompt = 0
         for item in batch.scheduled:
             request = item.request
-            if request.metrics.first_scheduled_time is None:
-                request.metrics.first_scheduled_time = now
-            end = min(item.start + item.num_new_tokens, request.num_prompt_tokens)
-            self._counters["prompt"] += max(0, end - item.start)
+            if item.start < request.num_prompt_tokens:
+                if request.metrics.first_scheduled_time is None:
+                    request.metrics.first_scheduled_time = now
+                num_prompt += min(item.start + item.num_new_tokens, request.num_prompt_tokens) - item.start
+        self._counters["prompt"] += num_prompt
 
-    def _sample_and_append(self, batch: SchedulerOutput, result: RunnerOutput) -> None:
+    def _launch(self, batch: SchedulerOutput, previous: LaunchedStep | None) -> LaunchedStep:
+        """Queues the forward pass and the sampling of ``batch``; reads nothing back."""
+        inflight = previous.inflight_tokens(batch) if previous is not None else None
+        result = self.runner.execute_model(batch, inflight)
+        self.scheduler.update_after_step(batch)
         requests = [item.request for item in batch.scheduled if item.samples]
-        if not requests:
+        sampled = None
+        if requests:
+            meta = self._sampling_metadata(requests)
+            bitmask, rows = self._fill_bitmask(requests)
+            sampled = self.runner.sample(result.sample_logits, meta, bitmask, rows)
+        launched = LaunchedStep(batch, result, requests, sampled)
+        if (self.async_scheduling and sampled is not None and not result.prompt_logits
+                and all(item.request.pipelinable for item in batch.scheduled)):
+            launched.pipelined = True
+            launched.mark_inflight()
+        return launched
+
+    def _sampling_metadata(self, requests: list[Request]) -> SamplingMetadata:
+        """Built once per batch composition: decode steps often repeat the last one."""
+        cached = self._last_sampling
+        if cached is not None and cached.requests == requests:   # identity, element-wise
+            return cached
+        self._last_sampling = SamplingMetadata.build(requests, self.vocab_size, self.device)
+        return self._last_sampling
+
+    def _finish_step(self, launched: LaunchedStep) -> None:
+        """Waits for the step's ids, then appends them (stop checks, detokenization)."""
+        self._process_prompt_logprobs(launched.batch, launched.result)
+        if launched.sampled is None:
             return
-        meta = SamplingMetadata.build(requests, self.vocab_size, self.device)
-        bitmask, rows = self._fill_bitmask(requests)
-        out = self.runner.sample(result.sample_logits, meta, bitmask, rows)
+        out = launched.sampled.result()
+        launched.unmark_inflight()
         entries = self._logprob_entries(out.logprobs) if out.logprobs is not None else None
-        for row, (request, token_id) in enumerate(zip(requests, out.token_ids)):
-            wants = request.output_logprobs is not None
-            self._append_token(request, token_id, entries[row] if wants else None)
+        now = time.time()
+        appended = 0
+        for row, (request, token_id) in enumerate(zip(launched.requests, out.token_ids)):
+            if request.status > RequestStatus.PREEMPTED:
+                continue   # finished while this step ran (stopped a step late, aborted): dropped
+            appended += 1
+            if request.simple_append:
+                self._append_plain(request, token_id, now)
+            else:
+                wants = request.output_logprobs is not None
+                self._append_token(request, token_id, entries[row] if wants else None, now)
+        self._counters["generation"] += appended
+
+    def _append_plain(self, request: Request, token_id: int, now: float) -> None:
+        """``_append_one`` for a request without grammar, logprobs or text (the common
+        case of offline token-id workloads): the same effects, fewer calls."""
+        request.output_token_ids.append(token_id)
+        request.all_token_ids.append(token_id)
+        metrics = request.metrics
+        if metrics.first_token_time is None:
+            metrics.first_token_time = now
+        metrics.last_token_time = now
+        params = request.sampling_params
+        # Only a stop id or reaching the length limit can end it: the full rules then.
+        if token_id in params.all_stop_token_ids or len(request.all_token_ids) >= request.max_total_tokens:
+            status = check_token_stop(request, self.max_model_len)
+            if status is not None:
+                self._finish(request, status, now=now)
+                return
+        if params.output_kind != RequestOutputKind.FINAL_ONLY:
+            self.outputs.mark(request.parent_id)
 
     def _append_token(self, request: Request, token_id: int,
-                      logprob: tuple[dict[int, Logprob], float] | None) -> None:
+                      logprob: tuple[dict[int, Logprob], float] | None, now: float) -> None:
         forced = self._accept_structured(request, token_id)
         for i, token in enumerate([token_id] + forced):
             if i > 0:
+                self._counters["generation"] += 1
                 logprob = ({token: Logprob(0.0, 1, self._decode_token(token))}, 0.0) \
                     if request.output_logprobs is not None else None   # forced by the grammar
-            if self._append_one(request, token, logprob):
+            if self._append_one(request, token, logprob, now):
                 return
 
     def _append_one(self, request: Request, token_id: int,
-                    logprob: tuple[dict[int, Logprob], float] | None) -> bool:
+                    logprob: tuple[dict[int, Logprob], float] | None, now: float) -> bool:
         """Appends one token and applies every stop rule; True when the request finished."""
         request.append_output_token(token_id)
-        self._counters["generation"] += 1
-        now = time.time()
         request.metrics.first_token_time = request.metrics.first_token_time or now
         request.metrics.last_token_time = now
         if logprob is not None:
@@ -254,15 +335,17 @@ class LLMEngine:
             stop_string = request.detokenizer.update([token_id], stop_terminated)
             if stop_string is not None:
                 status, request.stop_reason = RequestStatus.FINISHED_STOPPED, stop_string
-        self.outputs.mark(request.parent_id)
         if status is not None:
-            self._finish(request, status)
+            self._finish(request, status, now=now)
             return True
+        if request.sampling_params.output_kind != RequestOutputKind.FINAL_ONLY:
+            self.outputs.mark(request.parent_id)
         return False
 
-    def _finish(self, request: Request, status: RequestStatus, error: str | None = None) -> None:
+    def _finish(self, request: Request, status: RequestStatus, error: str | None = None,
+                now: float | None = None) -> None:
         request.error = error
-        request.metrics.finished_time = time.time()
+        request.metrics.finished_time = time.time() if now is None else now
         self.scheduler.finish_request(request, status)
         self._forget_grammar(request)
         self._counters["finished"] += 1
@@ -376,6 +459,15 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()
+
+
+def _async_scheduling_default(device: torch.device) -> bool:
+    """Pipelined steps (engine/inflight.py): on by default on CUDA, where the device runs
+    while the host works; ``TAMIS_ASYNC_SCHEDULING=0/1`` overrides (tests compare both)."""
+    value = os.environ.get("TAMIS_ASYNC_SCHEDULING")
+    if value is not None:
+        return value.strip().lower() not in ("0", "false", "no", "off", "")
+    return device.type == "cuda"
 
 
 def _model_dir(model: str | None):

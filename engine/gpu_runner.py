@@ -6,8 +6,10 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
 - **Step buffers.** The batch layout (token ids, positions, slots, query starts, sequence
   lengths, block tables, sampled rows) is built on the host into pinned tensors and
   copied with ``non_blocking=True`` into device tensors allocated once; the step's
-  ``AttentionMetadata`` views those. The only host sync of a step is the sampler
-  reading the sampled ids.
+  ``AttentionMetadata`` views those. Nothing waits for the device until the engine
+  reads the sampled ids (copied to pinned memory right after sampling), so the engine
+  queues the next step first; a token still in flight is written into the next step's
+  input ids on the device (``HostBatch.inflight_rows``).
 - **CUDA graphs for decode.** A decode-only step (one new token per request, all
   sampling, no prompt logprobs) of B requests is padded to the smallest captured size
   G >= B and replays the graph captured for G. Padding rows have token 0, position 0,
@@ -44,7 +46,7 @@ import torch
 
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 from tamis.engine.config import EngineConfig
-from tamis.engine.runner import ModelInputs, ModelRunner
+from tamis.engine.runner import InflightTokens, ModelInputs, ModelRunner
 from tamis.engine.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,10 @@ class HostBatch:
     prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
     num_tokens: int = 0
     num_seqs: int = 0
+    # Input rows whose ids come from the previous step's sampled ids on the device
+    # (``InflightTokens``): input_ids[inflight_rows[i]] = sampled[inflight_src[i]].
+    inflight_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    inflight_src: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 class BlockTableRows:
@@ -178,8 +184,9 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     positions[:num_tokens] = starts[row_of_token] + offsets
 
     input_ids = np.zeros(total_tokens, dtype=np.int64)
-    if num_tokens == num_seqs:   # decode: one token each
-        input_ids[:num_tokens] = [item.request.all_token_ids[item.start] for item in items]
+    if num_tokens == num_seqs:   # decode: one token each (0 for a token in flight)
+        input_ids[:num_tokens] = [ids[start] if start < len(ids) else 0 for ids, start in
+                                  ((item.request.all_token_ids, item.start) for item in items)]
     else:
         input_ids[:num_tokens] = np.fromiter(
             itertools.chain.from_iterable(item.token_ids for item in items), dtype=np.int64,
@@ -261,13 +268,14 @@ class StepBuffers:
 
     _SPECS = {"input_ids": torch.int64, "positions": torch.int64, "slot_mapping": torch.int64,
               "query_start_loc": torch.int32, "seq_lens": torch.int32,
-              "logits_indices": torch.int64}
+              "logits_indices": torch.int64, "inflight_rows": torch.int64,
+              "inflight_src": torch.int64}
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
                  device: torch.device):
         sizes = {"input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
                  "query_start_loc": max_seqs + 1, "seq_lens": max_seqs,
-                 "logits_indices": max_tokens}
+                 "logits_indices": max_tokens, "inflight_rows": max_seqs, "inflight_src": max_seqs}
         pin = device.type == "cuda"   # CPU (tests): plain host memory, synchronous copies
         self.device = {name: torch.zeros(sizes[name], dtype=dtype, device=device)
                        for name, dtype in self._SPECS.items()}
@@ -352,14 +360,21 @@ class GPUModelRunner(ModelRunner):
 
     # --- a step ----------------------------------------------------------------------------
 
-    def prepare_inputs(self, batch: SchedulerOutput) -> GPUModelInputs:
+    def prepare_inputs(self, batch: SchedulerOutput,
+                       inflight: InflightTokens | None = None) -> GPUModelInputs:
         if self.buffers is None:
             raise RuntimeError("initialize_kv_cache must run before the first step")
         graph_size = None
         if self.graphs and is_graph_step(batch):
             graph_size = padded_size(len(batch.scheduled), self.graph_sizes)
         hb = build_host_batch(batch, self.block_size, graph_size, self.block_rows)
+        if inflight is not None:
+            hb.inflight_rows = np.asarray(inflight.rows, dtype=np.int64)
+            hb.inflight_src = np.asarray(inflight.source_rows, dtype=np.int64)
         views = self.buffers.upload(hb)
+        if inflight is not None:   # device to device: the ids never visit the host
+            views["input_ids"].index_copy_(
+                0, views["inflight_rows"], inflight.source.index_select(0, views["inflight_src"]))
         meta = AttentionMetadata(
             query_start_loc=views["query_start_loc"], seq_lens=views["seq_lens"],
             block_tables=views["block_tables"], slot_mapping=views["slot_mapping"],

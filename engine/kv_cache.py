@@ -125,7 +125,6 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self._num_registered: dict[str, int] = {}   # request id -> blocks registered so far
         # Counted by the scheduler when a lookup's request is admitted (vLLM's metrics).
         self.prefix_cache_queries = 0                # tokens looked up
         self.prefix_cache_hits = 0                   # of which found in the cache
@@ -171,6 +170,9 @@ class KVCacheManager:
         """Grows ``request.block_ids`` to hold its computed tokens, the ``computed_blocks``
         cache hits (first allocation only) and ``num_new_tokens`` more. Returns the ids of
         the fresh blocks, or ``None`` (nothing changed) when the pool is too small."""
+        if not computed_blocks and (request.num_computed_tokens + num_new_tokens
+                                    <= len(request.block_ids) * self.block_size):
+            return []   # fits in the blocks it holds (most decode steps)
         computed_blocks = computed_blocks or []
         assert not computed_blocks or not request.block_ids, "cache hits only on first allocation"
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
@@ -184,15 +186,21 @@ class KVCacheManager:
         request.block_ids.extend(block.block_id for block in computed_blocks)
         request.block_ids.extend(block.block_id for block in new_blocks)
         if computed_blocks:
-            self._num_registered[request.request_id] = len(computed_blocks)
+            request.num_registered_blocks = len(computed_blocks)
         return [block.block_id for block in new_blocks]
 
+    def num_cacheable_blocks(self, request: Request) -> int:
+        """Full blocks whose tokens are all computed and known on the host (a token in
+        flight is computed by the step after the one that sampled it, but its id may not
+        have arrived yet)."""
+        return min(request.num_computed_tokens, len(request.all_token_ids)) // self.block_size
+
     def cache_computed_blocks(self, request: Request) -> None:
-        """Registers the request's full blocks whose tokens are all computed."""
+        """Registers the request's full blocks whose tokens are all computed and known."""
         if not self.enable_prefix_caching:
             return
-        num_full = request.num_computed_tokens // self.block_size
-        start = self._num_registered.get(request.request_id, 0)
+        num_full = self.num_cacheable_blocks(request)
+        start = request.num_registered_blocks
         if num_full <= start:
             return
         self._update_hashes(request)
@@ -200,14 +208,14 @@ class KVCacheManager:
             parent = request.block_hashes[i - 1] if i else None
             self.pool.register(self.pool.blocks[request.block_ids[i]], request.block_hashes[i],
                                parent, self._block_tokens(request, i))
-        self._num_registered[request.request_id] = num_full
+        request.num_registered_blocks = num_full
 
     def free(self, request: Request) -> None:
         """Drops the request's references, tail first, and clears its block table."""
         blocks = [self.pool.blocks[i] for i in reversed(request.block_ids)]
         self.pool.release(blocks)
         request.block_ids = []
-        self._num_registered.pop(request.request_id, None)
+        request.num_registered_blocks = 0
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

@@ -7,6 +7,10 @@ Token layout of one request (prompt then outputs, one growing list)::
     num_computed_tokens = 8  -> KV exists for p0..o1; o2 was sampled last step and is
                                 the one token the next decode step computes.
 
+While a step runs on the device its sampled token is "in flight" (``num_inflight_tokens``
+= 1): the scheduler counts it, so the next step can be scheduled before its id reaches
+the host.
+
 Status moves WAITING (or WAITING_FOR_GRAMMAR until its grammar compiles) -> RUNNING
 -> FINISHED_*; preemption moves RUNNING -> PREEMPTED (waiting again, KV dropped,
 ``num_computed_tokens`` back to 0: the prompt and outputs so far are recomputed).
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import time
 from typing import Any
 
@@ -74,8 +79,14 @@ class Request:
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)   # the prompt never changes
         self.num_computed_tokens = 0
+        # A token sampled by a step still running on the device (its id not yet on the
+        # host): 0 or 1. The scheduler may schedule it already; the runner then takes its
+        # id from the device (engine/engine.py, "Pipelining").
+        self.num_inflight_tokens = 0
         self.block_ids: list[int] = []
+        self.num_registered_blocks = 0        # leading full blocks registered in the prefix cache
         self.block_hashes: list[int] = []     # prefix-cache hash chain of full blocks
         self.num_cached_tokens = 0            # prompt tokens served by the prefix cache
         self.num_preemptions = 0
@@ -92,11 +103,11 @@ class Request:
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
             [None] if sampling_params.prompt_logprobs is not None else None)
         self.detokenizer: Any = None
+        # Set by the engine from the parameters (engine/inflight.py, LLMEngine._append_plain).
+        self.pipelinable = False      # may sample with its last token in flight
+        self.max_total_tokens = sys.maxsize   # prompt + max_tokens, capped by max_model_len
+        self.simple_append = False    # no grammar, logprobs or text to update per token
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:

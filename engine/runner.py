@@ -4,11 +4,17 @@ It knows nothing of requests' history: each ``ScheduledRequest`` says which toke
 compute (``token_ids`` at positions ``start..``), where their KV goes (``block_ids``),
 whether the step samples it, and how many prompt-logprob rows it wants. One step::
 
-    prepare_inputs(batch)   -> ModelInputs (flat token ids, positions, AttentionMetadata,
+    prepare_inputs(batch, inflight)
+                            -> ModelInputs (flat token ids, positions, AttentionMetadata,
                                rows of the hidden states whose logits are needed)
     forward(inputs)         -> hidden [T, H]   (under forward_context)
     compute_logits          -> sampling rows [S, V] + prompt-logprob rows per request
-    sample(logits, ...)     -> token ids (engine/sampler.py)
+    sample(logits, ...)     -> SampledTokens: ids on the device, copies to the host queued
+
+Nothing in a step waits for the device until the engine reads the sampled ids
+(``SampledTokens.result()``), so the engine can queue the next step first. A token
+sampled by a step still running is "in flight": the next step's input row for it is
+written on the device from the previous step's ids (``InflightTokens``).
 
 Subclasses (the GPU runner with CUDA graphs) override ``prepare_inputs``, ``forward``
 or ``sample``; ``make_runner`` picks ``tamis.engine.gpu_runner.GPUModelRunner`` on CUDA
@@ -28,7 +34,7 @@ import torch
 
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 from tamis.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig, resolve_dtype
-from tamis.engine.sampler import Sampler, SamplerOutput, SamplingMetadata
+from tamis.engine.sampler import SampledTokens, Sampler, SamplingMetadata
 from tamis.engine.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -42,6 +48,15 @@ class ModelInputs:
     logits_indices: torch.Tensor      # int64 [S]: rows of hidden whose logits sample
     prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
     # (index in batch.scheduled, first row in hidden, number of rows) for prompt logprobs
+
+
+@dataclass
+class InflightTokens:
+    """Input tokens whose ids are still on the device: flat input row ``rows[i]`` takes
+    ``source[source_rows[i]]`` (``source``: the previous step's sampled ids)."""
+    rows: list[int]
+    source_rows: list[int]
+    source: torch.Tensor
 
 
 @dataclass
@@ -124,12 +139,14 @@ class ModelRunner:
     # --- one step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def execute_model(self, batch: SchedulerOutput) -> RunnerOutput:
-        inputs = self.prepare_inputs(batch)
+    def execute_model(self, batch: SchedulerOutput,
+                      inflight: InflightTokens | None = None) -> RunnerOutput:
+        inputs = self.prepare_inputs(batch, inflight)
         hidden = self.forward(inputs)
         return self.compute_logits(hidden, inputs)
 
-    def prepare_inputs(self, batch: SchedulerOutput) -> ModelInputs:
+    def prepare_inputs(self, batch: SchedulerOutput,
+                       inflight: InflightTokens | None = None) -> ModelInputs:
         """Flattens the scheduled chunks, request after request (layout in attention/metadata.py)."""
         bs = self.block_size
         token_ids: list[int] = []
@@ -154,7 +171,10 @@ class ModelRunner:
         tables = [item.block_ids + [0] * (max_blocks - len(item.block_ids)) for item in batch.scheduled]
         meta = self._attention_metadata(query_lens, seq_lens, tables, slots)
         as_long = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
-        return ModelInputs(as_long(token_ids), as_long(positions), meta, as_long(sample_rows), prompt_rows)
+        input_ids = as_long(token_ids)
+        if inflight is not None:
+            input_ids[as_long(inflight.rows)] = inflight.source[as_long(inflight.source_rows)]
+        return ModelInputs(input_ids, as_long(positions), meta, as_long(sample_rows), prompt_rows)
 
     def _attention_metadata(self, query_lens: list[int], seq_lens: list[int],
                             tables: list[list[int]], slots: list[int]) -> AttentionMetadata:
@@ -189,8 +209,9 @@ class ModelRunner:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata,
                bitmask: torch.Tensor | None = None,
-               bitmask_rows: list[int] | None = None) -> SamplerOutput:
-        return self.sampler(logits, meta, bitmask, bitmask_rows)
+               bitmask_rows: list[int] | None = None) -> SampledTokens:
+        """Samples on the device; ``.result()`` of the return value waits for the ids."""
+        return SampledTokens(*self.sampler.sample_on_device(logits, meta, bitmask, bitmask_rows))
 
 
 def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:
@@ -205,4 +226,4 @@ def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:
     return ModelRunner(config, device)
 
 
-__all__ = ["ModelRunner", "ModelInputs", "RunnerOutput", "make_runner"]
+__all__ = ["ModelRunner", "ModelInputs", "RunnerOutput", "InflightTokens", "make_runner"]

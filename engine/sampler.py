@@ -41,16 +41,22 @@ class SamplingMetadata:
     any_penalties: bool
     generators: dict[int, torch.Generator]
     max_num_logprobs: int            # -1: no row wants logprobs
+    # Whether any row has logit_bias / allowed_token_ids, or min_tokens with stop ids:
+    # the per-row loops of those steps are skipped when none has.
+    any_bias_or_allowed: bool = True
+    any_min_tokens: bool = True
 
     @classmethod
     def build(cls, requests: list[Request], vocab_size: int, device: torch.device) -> "SamplingMetadata":
+        """Tensors go to ``device`` with non-blocking copies: a blocking one would wait for
+        every step already queued on the device (the engine overlaps steps)."""
         params = [r.sampling_params for r in requests]
         temps = [0.0 if p.temperature < SAMPLING_EPS else p.temperature for p in params]
-        as_f32 = lambda values: torch.tensor(values, dtype=torch.float32, device=device)  # noqa: E731
+        as_f32 = lambda values: _to_device(values, torch.float32, device)  # noqa: E731
         top_k = top_p = min_p = None
         if any(p.top_k > 0 for p in params):
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab_size for p in params],
-                                 dtype=torch.int64, device=device).clamp_(max=vocab_size)
+            top_k = _to_device([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size
+                                for p in params], torch.int64, device)
         if any(p.top_p < 1.0 for p in params):
             top_p = as_f32([p.top_p for p in params])
         if any(p.min_p > 0.0 for p in params):
@@ -62,7 +68,13 @@ class SamplingMetadata:
             any_penalties=any(p.repetition_penalty != 1.0 or p.presence_penalty != 0.0
                               or p.frequency_penalty != 0.0 for p in params),
             generators={i: r.generator for i, r in enumerate(requests) if r.generator is not None},
-            max_num_logprobs=max(wanted, default=-1))
+            max_num_logprobs=max(wanted, default=-1),
+            any_bias_or_allowed=any(p.logit_bias or p.allowed_token_ids is not None for p in params),
+            any_min_tokens=any(p.min_tokens > 0 and p.all_stop_token_ids for p in params))
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 @dataclass
@@ -79,26 +91,62 @@ class SamplerOutput:
     logprobs: TopLogprobs | None
 
 
+class SampledTokens:
+    """One step's sampled ids, still on their way to the host.
+
+    ``token_ids`` stays on the device (the next step can read it there); copies to the
+    host were queued right after sampling, so ``result()`` waits for this step's
+    sampling only, not for steps queued after it."""
+
+    def __init__(self, token_ids: torch.Tensor, top: TopLogprobs | None) -> None:
+        self.token_ids = token_ids
+        async_copy = token_ids.device.type == "cuda"
+        to_host = lambda t: t.to("cpu", non_blocking=async_copy)  # noqa: E731  (pinned when async)
+        self._host_ids = to_host(token_ids)
+        self._host_top = (TopLogprobs(to_host(top.token_ids), to_host(top.logprobs), to_host(top.ranks))
+                          if top is not None else None)
+        self._ready = None
+        if async_copy:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def result(self) -> SamplerOutput:
+        """Blocks until the ids are on the host."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return SamplerOutput(self._host_ids.tolist(), self._host_top)
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata,
                  bitmask: torch.Tensor | None = None,
                  bitmask_rows: list[int] | None = None) -> SamplerOutput:
         """``logits`` float32 [B, V] (modified in place). ``bitmask`` int32 [R, ceil(V/32)]
         applies its row j to logits row ``bitmask_rows[j]`` (all rows when None)."""
+        token_ids, top = self.sample_on_device(logits, meta, bitmask, bitmask_rows)
+        return SamplerOutput(token_ids.tolist(), top)
+
+    def sample_on_device(self, logits: torch.Tensor, meta: SamplingMetadata,
+                         bitmask: torch.Tensor | None = None, bitmask_rows: list[int] | None = None
+                         ) -> tuple[torch.Tensor, TopLogprobs | None]:
+        """As ``__call__``, without reading anything back: token ids int64 [B] and the
+        logprobs stay on the logits' device."""
         raw_logprobs = None
         if meta.max_num_logprobs >= 0:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
-        apply_bias_and_allowed(logits, meta.requests)
+        if meta.any_bias_or_allowed:
+            apply_bias_and_allowed(logits, meta.requests)
         if bitmask is not None:
             apply_bitmask(logits, bitmask, bitmask_rows)
         if meta.any_penalties:
             apply_penalties(logits, meta.requests)
-        apply_min_tokens(logits, meta.requests)
+        if meta.any_min_tokens:
+            apply_min_tokens(logits, meta.requests)
         token_ids = self.sample(logits, meta)
         top = None
         if raw_logprobs is not None:
             top = gather_logprobs(raw_logprobs, token_ids, meta.max_num_logprobs)
-        return SamplerOutput(token_ids.tolist(), top)
+        return token_ids, top
 
     def sample(self, logits: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
         greedy = logits.argmax(dim=-1)
@@ -237,5 +285,5 @@ def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> Top
     return TopLogprobs(chosen, chosen_lp, ranks)
 
 
-__all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "TopLogprobs", "gather_logprobs",
+__all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "SampledTokens", "TopLogprobs", "gather_logprobs",
            "apply_top_k_top_p", "apply_min_p", "apply_penalties"]

@@ -29,24 +29,29 @@ from tamis.engine.request import Request, RequestStatus
 class ScheduledRequest:
     """One request's share of a step: tokens ``start .. start + num_new_tokens - 1``.
     ``samples`` and ``num_prompt_logprob_rows`` are fixed when scheduled, so they stay
-    true to this step after the engine appends the sampled token."""
+    true to this step after the engine appends the sampled token. ``samples`` defaults
+    to reaching the request's last known token; the scheduler passes it explicitly
+    (it also counts a token in flight, whose id the runner takes from the device)."""
     request: Request
     num_new_tokens: int
     start: int
-    samples: bool = field(init=False)
+    samples: bool | None = None
     num_prompt_logprob_rows: int = field(init=False)
 
     def __post_init__(self) -> None:
         request, end = self.request, self.start + self.num_new_tokens
-        # Reaching the last known token: its logits pick the next one.
-        self.samples = end == request.num_tokens
+        if self.samples is None:   # reaching the last known token: its logits pick the next one
+            self.samples = end == request.num_tokens
         # Rows whose logits score the next *prompt* token (for prompt_logprobs).
         self.num_prompt_logprob_rows = (max(0, min(end, request.num_prompt_tokens - 1) - self.start)
                                         if request.wants_prompt_logprobs else 0)
 
     @property
     def token_ids(self) -> list[int]:
-        return self.request.all_token_ids[self.start:self.start + self.num_new_tokens]
+        """The ids of the scheduled tokens; 0 stands for a token in flight (its id is
+        written on the device by the runner)."""
+        ids = self.request.all_token_ids[self.start:self.start + self.num_new_tokens]
+        return ids if len(ids) == self.num_new_tokens else ids + [0] * (self.num_new_tokens - len(ids))
 
     @property
     def block_ids(self) -> list[int]:
@@ -114,16 +119,22 @@ class Scheduler:
         return output
 
     def _schedule_running(self, output: SchedulerOutput, budget: int) -> int:
+        capacity_per_block = self.kv_cache.block_size
+        scheduled = output.scheduled
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_tokens = len(request.all_token_ids) + request.num_inflight_tokens
+            start = request.num_computed_tokens
+            num_new = min(num_tokens - start, budget)
             if num_new <= 0:
                 i += 1
                 continue
-            if not self._allocate_or_preempt(request, num_new, output):
+            # Most decode steps fit in the blocks held: no allocation to try.
+            if (start + num_new > len(request.block_ids) * capacity_per_block
+                    and not self._allocate_or_preempt(request, num_new, output)):
                 break   # the request itself was preempted: it was the last one running
-            output.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+            scheduled.append(ScheduledRequest(request, num_new, start, start + num_new == num_tokens))
             budget -= num_new
             i += 1
         return budget
@@ -153,6 +164,7 @@ class Scheduler:
                 return
             if request.status == RequestStatus.WAITING_FOR_GRAMMAR or self._waits_for_sibling(request):
                 continue
+            assert not request.num_inflight_tokens, "a waiting request has no token in flight"
             hits, num_hit = self.kv_cache.get_computed_blocks(request)
             num_new = min(request.num_tokens - num_hit, budget)
             if self.kv_cache.allocate(request, num_new, hits) is None:
@@ -179,12 +191,17 @@ class Scheduler:
 
     def update_after_step(self, output: SchedulerOutput) -> None:
         """Marks the scheduled tokens computed and makes newly full blocks hittable."""
+        kv = self.kv_cache
+        caching, block_size = kv.enable_prefix_caching, kv.block_size
         for item in output.scheduled:
             request = item.request
             if request.status != RequestStatus.RUNNING:
                 continue
-            request.num_computed_tokens = item.start + item.num_new_tokens
-            self.kv_cache.cache_computed_blocks(request)
+            end = request.num_computed_tokens = item.start + item.num_new_tokens
+            # kv.num_cacheable_blocks(request), inlined: this runs per request per step.
+            if caching and (min(end, len(request.all_token_ids)) // block_size
+                            > request.num_registered_blocks):
+                kv.cache_computed_blocks(request)
 
 
 __all__ = ["Scheduler", "SchedulerOutput", "ScheduledRequest"]

@@ -1,0 +1,156 @@
+"""Pipelined steps (engine/inflight.py): the same outputs as one step at a time.
+
+Every test runs the same requests through an engine with ``async_scheduling`` off and
+on, on CPU, and compares everything a caller sees. On CPU nothing is asynchronous,
+but the pipelined bookkeeping (tokens in flight, input ids taken from the previous
+step's sampled ids, dropped tokens of requests that stopped a step late) is the same
+code that runs on CUDA.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine_helpers import make_engine, random_prompts, run_to_completion
+from tamis.engine.sampling_params import SamplingParams
+
+
+def _outputs(path, prompts, params, pipelined: bool, gpu_runner: bool = False, **engine_args):
+    engine = _engine(path, pipelined, gpu_runner, **engine_args)
+    outputs = run_to_completion(engine, prompts, params)
+    _assert_clean(engine)
+    return [_visible(o) for o in outputs], engine
+
+
+def _engine(path, pipelined: bool, gpu_runner: bool, **engine_args):
+    from tamis.engine import engine as engine_module
+    from tamis.engine.gpu_runner import GPUModelRunner
+    saved = engine_module.make_runner
+    if gpu_runner:   # the numpy layout + step buffers path that CUDA runs, here on CPU
+        engine_module.make_runner = GPUModelRunner
+    try:
+        engine = make_engine(path, **engine_args)
+    finally:
+        engine_module.make_runner = saved
+    engine.async_scheduling = pipelined
+    return engine
+
+
+def _assert_clean(engine) -> None:
+    """Every block back in the pool, no token left counted in flight."""
+    engine.step()   # reads a last pipelined step whose requests all finished, if any
+    assert engine._inflight is None
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def _visible(output) -> list:
+    """What a caller sees of one RequestOutput (logprobs rounded: a different batch
+    shape may change the last float bits)."""
+    seqs = []
+    for c in output.outputs:
+        logprobs = None if c.logprobs is None else [
+            {t: (round(lp.logprob, 4), lp.rank) for t, lp in entry.items()} for entry in c.logprobs]
+        seqs.append((c.index, c.token_ids, c.text, c.finish_reason, c.stop_reason, logprobs,
+                     None if c.cumulative_logprob is None else round(c.cumulative_logprob, 3)))
+    return [output.request_id, output.finished, seqs]
+
+
+def _mixed_params(rng: random.Random, stop: str | None) -> list[SamplingParams]:
+    """One SamplingParams per prompt: greedy and seeded sampling, several lengths,
+    logprobs, n > 1, a stop string, and requests that are never pipelined (penalties,
+    min_tokens) in the same batches."""
+    choices = [
+        SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.9, seed=rng.randint(0, 99), max_tokens=20),
+        SamplingParams(temperature=0.0, max_tokens=12, logprobs=2),
+        SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=10),
+        SamplingParams(temperature=0.0, max_tokens=30, stop=[stop] if stop else None),
+        SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=1.3),
+        SamplingParams(temperature=0.0, max_tokens=16, min_tokens=5, ignore_eos=False),
+        SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=[rng.randrange(100, 49152)]),
+    ]
+    return choices
+
+
+def _stop_string(path, prompt) -> str:
+    """Two characters from the middle of a greedy output, so a stop string really hits."""
+    engine = make_engine(path)
+    text = run_to_completion(engine, [prompt], SamplingParams(temperature=0.0, max_tokens=30,
+                                                              ignore_eos=True))[0].outputs[0].text
+    assert len(text) > 8, text
+    middle = len(text) // 2
+    return text[middle:middle + 2]
+
+
+@pytest.mark.parametrize("gpu_runner", [False, True])
+def test_pipelined_outputs_equal_sequential(tiny_checkpoint, gpu_runner):
+    path = tiny_checkpoint("llama")
+    prompts = random_prompts(lengths=(1, 5, 16, 17, 40, 100, 33, 64), seed=3)
+    params = _mixed_params(random.Random(3), _stop_string(path, prompts[4]))
+    want, _ = _outputs(path, prompts, params, pipelined=False, gpu_runner=gpu_runner)
+    got, engine = _outputs(path, prompts, params, pipelined=True, gpu_runner=gpu_runner)
+    assert got == want
+    assert [s[3] for s in want[4][2]] == ["stop"], "the stop string must end request 4"
+    assert engine.get_stats().num_generation_tokens == sum(
+        len(s[1]) for w in want for s in w[2])
+
+
+def test_pipelined_with_preemption_and_chunked_prefill(tiny_checkpoint):
+    """A KV pool too small for the batch (recompute preemption while tokens are in
+    flight) and a small token budget (prefill chunks next to decodes)."""
+    path = tiny_checkpoint("llama")
+    prompts = random_prompts(lengths=(30, 45, 12, 60, 25, 50), seed=5)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    args = dict(num_gpu_blocks_override=22, block_size=8, max_num_batched_tokens=48, max_num_seqs=6)
+    want, sequential = _outputs(path, prompts, params, pipelined=False, **args)
+    got, pipelined = _outputs(path, prompts, params, pipelined=True, **args)
+    assert got == want
+    assert sequential.scheduler.num_preemptions > 0, "the test must preempt"
+    assert pipelined.scheduler.num_preemptions > 0
+
+
+def test_pipelined_abort_mid_flight(tiny_checkpoint):
+    """Aborting requests while their tokens are in flight frees everything; the others
+    finish as they would alone."""
+    path = tiny_checkpoint("llama")
+    prompts = random_prompts(lengths=(9, 20, 14, 31), seed=9)
+    params = SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True)
+    results = {}
+    for pipelined in (False, True):
+        engine = _engine(path, pipelined, gpu_runner=True)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(f"r{i}", prompt, params)
+        finished = {}
+        for step in range(200):
+            if step == 4:
+                engine.abort_request(["r1", "r3"])
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+            if not engine.has_unfinished_requests():
+                break
+        assert set(finished) == {"r0", "r2"}
+        _assert_clean(engine)
+        results[pipelined] = {k: _visible(v) for k, v in finished.items()}
+    assert results[True] == results[False]
+
+
+def test_length_limited_requests_get_no_token_in_flight(tiny_checkpoint):
+    """A request whose next token reaches max_tokens is not scheduled again."""
+    path = tiny_checkpoint("llama")
+    engine = _engine(path, pipelined=True, gpu_runner=False)
+    engine.add_request("a", [5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    engine.add_request("b", [5, 6, 8], SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
+    engine.step()                       # prefill: both sample their first token
+    a, b = (engine.scheduler.running[i] for i in range(2))
+    assert (a.num_inflight_tokens, b.num_inflight_tokens) == (1, 1)
+    batch = engine.scheduler.schedule()   # what step 2 would compute
+    assert [item.num_new_tokens for item in batch.scheduled] == [1, 1]
+    launched = engine._launch(batch, engine._inflight)
+    assert a.num_inflight_tokens == 1, "a's second token is its last: nothing more in flight"
+    assert b.num_inflight_tokens == 2
+    engine._finish_step(engine._inflight)
+    engine._inflight = launched
+    assert (a.num_inflight_tokens, b.num_inflight_tokens) == (0, 1)
