@@ -3,7 +3,14 @@
 Formats are enforced (assertion semantics). They never produce characters that need a JSON
 escape. Known limits (documented policy): leap seconds (``:60``) are rejected; e-mail local
 parts are dot-atoms (no quoted local parts); ``hostname`` checks label syntax and lengths but
-not IDNA/punycode rules. Any other format is a compile error naming it.
+not IDNA/punycode rules.
+
+Formats tamis has no regex for: a format the JSON Schema specification defines
+(``STANDARD_FORMATS``: idn-email, iri, uri-template, regex...) is a compile error naming it,
+because a user asking for it expects it enforced and tamis cannot; any other name
+(``url``, ``path``, ``semver``, ``int32`` on a string...) is an annotation and asserts nothing,
+as JSON Schema 2020-12 says for formats by default and as vLLM's backends (xgrammar,
+llguidance) and the jsonschema validator do with names they do not know.
 """
 from __future__ import annotations
 
@@ -71,14 +78,25 @@ FORMATS = {
     "uri": URI, "uri-reference": URI_REFERENCE, "json-pointer": JSON_POINTER,
     "relative-json-pointer": RELATIVE_JSON_POINTER,
 }
+# Formats defined by the JSON Schema specification (draft 2020-12, section 7.3).
+STANDARD_FORMATS = {
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+    "json-pointer", "relative-json-pointer", "regex",
+}
 # Formats with a length limit on the whole value (applied as an intersection).
 FORMAT_MAX_LENGTH = {"hostname": 253}
 
 
 @lru_cache(maxsize=None)
 def format_node(name: str, universe) -> tuple | None:
-    """The content AST for a known format, or None if tamis does not know the format."""
+    """The content AST for a format tamis enforces, or None (see ``is_annotation_only``)."""
     regex = FORMATS.get(name)
     if regex is None:
         return None
     return parse_regex(regex, universe=universe)
+
+
+def is_annotation_only(name: str) -> bool:
+    """True for a format name outside the specification's list: it asserts nothing."""
+    return name not in FORMATS and name not in STANDARD_FORMATS

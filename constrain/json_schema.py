@@ -36,7 +36,8 @@ from . import deadline
 from . import regex_ast as ra
 from .automaton import languages_intersect
 from .errors import ConstraintError, SchemaError
-from .json_formats import FORMAT_MAX_LENGTH, format_node
+from .json_conditionals import CONDITIONAL_KEYWORDS, has_conditionals, rewrite_conditionals
+from .json_formats import FORMAT_MAX_LENGTH, format_node, is_annotation_only
 from .json_numbers import ANY_NUMBER, int_range, number_range
 from .regex_parser import parse_regex
 
@@ -69,10 +70,9 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not", "propertyNames", "patternProperties",
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", *CONDITIONAL_KEYWORDS,
 }
 UNSUPPORTED = {
-    "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
     "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "$dynamicRef", "$recursiveRef",
 }
@@ -183,6 +183,8 @@ class _SchemaCompiler:
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}", path)
         self._check_keywords(schema, path)
+        if has_conditionals(schema):
+            return self.value(self._rewrite(schema, path), path, depth + 1)
         if "$ref" in schema:
             return self._ref(schema, path, depth)
         if "not" in schema:
@@ -191,6 +193,8 @@ class _SchemaCompiler:
             return self.value(self._merge_all_of(schema, path, depth), path, depth + 1)
         if "anyOf" in schema or "oneOf" in schema:
             return self._alternatives(schema, path, depth)
+        if "_negate" in schema:
+            return self._negated(schema, path, depth)
         if "enum" in schema or "const" in schema:
             return self._enum(schema, path)
         node = self._typed(schema, path, depth)
@@ -248,6 +252,41 @@ class _SchemaCompiler:
         self._ref_cache[key] = node
         return node
 
+    # ---- if/then/else, dependencies, negation --------------------------------------------
+    def _rewrite(self, schema: dict, path: str) -> dict:
+        """Conditional keywords -> allOf/anyOf (json_conditionals); other schemas unchanged."""
+        if not has_conditionals(schema):
+            return schema
+        return rewrite_conditionals(schema, lambda s, p: self._deref(s, p, 0), path)
+
+    def _negated(self, schema: dict, path: str, depth: int) -> tuple:
+        """``_negate`` (from json_conditionals.negate): canonical texts of the leaves' type
+        that are in none of the leaves, intersected with the rest of the schema."""
+        leaves = schema["_negate"]
+        types = {leaf["type"] for leaf in leaves}
+        if len(types) > 1:
+            return ra.NOTHING
+        t = types.pop()
+        node = CANONICAL[t]
+        for leaf in leaves:
+            node = ("diff", node, self._leaf_language(leaf, path, depth))
+        rest = {k: v for k, v in schema.items() if k != "_negate"}
+        if any(k not in ANNOTATIONS for k in rest):
+            typed = self._merge(dict(rest), {"type": t}, path)
+            base = ra.NOTHING if typed is False else self.value(typed, path, depth + 1)
+            if ra.has_rules(base):
+                raise SchemaError("a negated condition inside a recursive value", path)
+            node = ("and", base, node)
+        return node
+
+    def _leaf_language(self, leaf: dict, path: str, depth: int) -> tuple:
+        """The canonical texts meeting ``leaf`` (exact on canonical texts)."""
+        if leaf.get("not_integer"):
+            return CANONICAL_INTEGER
+        if "enum" in leaf:
+            return ra.alt(*(_canonical_literal(v) for v in leaf["enum"]))
+        return self.value(leaf, path, depth + 1)
+
     # ---- allOf / anyOf / oneOf -------------------------------------------------------------
     def _merge_all_of(self, schema: dict, path: str, depth: int) -> dict:
         merged = {k: v for k, v in schema.items() if k != "allOf"}
@@ -286,6 +325,7 @@ class _SchemaCompiler:
         raise SchemaError("$ref chain too long", path)
 
     def _merge(self, a: dict, b: dict, path: str):
+        a, b = self._rewrite(a, path), self._rewrite(b, path)
         for x, y in ((a, b), (b, a)):
             if "prefixItems" in x and "items" in y and "prefixItems" not in y:
                 raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
@@ -511,10 +551,12 @@ class _SchemaCompiler:
                 raise SchemaError(f"unsupported pattern: {exc}", f"{path}/pattern") from None
             content = node if content is None else ("and", content, node)
         fmt = schema.get("format")
-        if fmt is not None:
+        node = None
+        if isinstance(fmt, str) and not is_annotation_only(fmt):
             node = format_node(fmt, SAFE_CHARS)
             if node is None:
                 raise SchemaError(f"string format {fmt!r} is not supported by tamis", f"{path}/format")
+        if node is not None:            # formats outside the specification are annotations
             if fmt in FORMAT_MAX_LENGTH:
                 node = ("and", node, ra.rep(SAFE_CHAR, 0, FORMAT_MAX_LENGTH[fmt]))
             content = node if content is None else ("and", content, node)
@@ -685,6 +727,8 @@ def _merge_keyword(key, x, y, a, b, path):
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
+    if key == "_negate":
+        return list(x) + list(y)
     if key == "patternProperties":
         out = dict(x)
         for pattern, sub in y.items():
@@ -852,6 +896,29 @@ def _json_equal(x, y) -> bool:
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(_json_equal(x[k], y[k]) for k in x)
     return x == y
+
+
+# Canonical texts (one per value) for negations: printable ASCII strings without escapes
+# (so ECMAScript/Python regex classes agree on them), numbers without exponent, trailing
+# fraction zeros or "-0".
+CANONICAL = {
+    "string": parse_regex(r'"[ !#-\[\]-~]*"'),
+    "number": parse_regex(r"0|-?[1-9][0-9]*(\.[0-9]*[1-9])?|-?0\.[0-9]*[1-9]"),
+    "boolean": ra.alt(ra.literal("true"), ra.literal("false")),
+    "null": ra.literal("null"),
+}
+CANONICAL_INTEGER = parse_regex(r"0|-?[1-9][0-9]*")
+
+
+def _canonical_literal(value) -> tuple:
+    """The canonical text of a scalar (see CANONICAL)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        from decimal import Decimal
+        if isinstance(value, float) and not math.isfinite(value):
+            return ra.NOTHING
+        text = format(Decimal(repr(value) if isinstance(value, float) else value).normalize(), "f")
+        return ra.literal("0" if text in ("-0", "0") else text)
+    return ra.literal(json.dumps(value, ensure_ascii=False))
 
 
 _ANYTHING = ra.rep(ra.chars(((0, ra.MAX_CODE_POINT),)), 0, None)

@@ -1,0 +1,192 @@
+"""Conditional JSON-schema keywords rewritten into allOf/anyOf (schema -> schema).
+
+``rewrite_conditionals(schema, deref, path)`` returns the schema without ``if``/``then``/
+``else``, ``dependentRequired``, ``dependentSchemas`` and ``dependencies``; each becomes one
+more ``allOf`` entry holding an ``anyOf`` whose branches are disjoint or whose union is the
+keyword's exact meaning:
+
+- ``if``/``then``/``else``: ``anyOf [allOf[if, then], allOf[not-if, else]]``; without
+  ``then``: ``anyOf [if, else]`` (exact, since if OR (not-if AND else) = if OR else);
+- ``dependentRequired {a: [b, c]}`` (and ``dependencies`` with an array):
+  ``anyOf [{properties: {a: false}}, {required: [a, b, c]}]`` ("a absent, or all present");
+- ``dependentSchemas {a: S}`` (and ``dependencies`` with a schema):
+  ``anyOf [{properties: {a: false}}, allOf[{required: [a]}, S]]``.
+Both branches only constrain objects, so other values pass as the keywords say.
+
+``negate(schema)`` builds not-if. Contract: every instance of its result fails ``schema``
+(an under-approximation of the negation; exact for what real schemas put in ``if``:
+``type``, ``const``/``enum``, ``required``, ``properties`` of those, string and number bounds,
+``minItems``/``maxItems``, ``anyOf``, ``not``). Any other keyword is *dropped* before negating:
+dropping an assertion weakens the schema, so its negation only shrinks (sound; the
+else-branch may then refuse some valid instances). ``format`` is dropped too, so the result
+holds whether formats are assertions or annotations; ``maxLength`` above 256 is dropped
+because json_schema caps it (the capped language is not exact). A negation that would be
+too large lets the else-branch accept instances meeting ``if``: that must never happen.
+Scalar negations go through the internal keyword ``_negate`` (a list of typed scalar
+schemas, compiled by json_schema as "canonical texts of that type minus the schema's
+language": printable-ASCII strings without escapes, numbers without exponent, trailing
+zeros or ``-0``), where one text per value makes the complement exact.
+"""
+from __future__ import annotations
+
+from .errors import SchemaError
+
+CONDITIONAL_KEYWORDS = ("if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies")
+SCALAR_TYPES = ("null", "boolean", "number", "string")
+ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
+STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "_patterns", "format")
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+MAX_STRING_NEGATION = 256          # json_schema caps maxLength here: a capped bound is inexact
+
+
+def has_conditionals(schema) -> bool:
+    return isinstance(schema, dict) and any(k in schema for k in CONDITIONAL_KEYWORDS)
+
+
+def rewrite_conditionals(schema: dict, deref, path: str) -> dict:
+    """``schema`` with its conditional keywords moved into ``allOf`` entries (see module doc).
+    ``deref(schema, path)`` resolves a top-level ``$ref``/``allOf`` into one dict or bool."""
+    out = {k: v for k, v in schema.items() if k not in CONDITIONAL_KEYWORDS}
+    extra = []
+    if "if" in schema:
+        extra += _if_then_else(schema, deref, path)
+    required = dict(_dict(schema, "dependentRequired", path))
+    schemas = dict(_dict(schema, "dependentSchemas", path))
+    for name, value in _dict(schema, "dependencies", path).items():
+        (required if isinstance(value, list) else schemas)[name] = value
+    for name, others in required.items():
+        if not isinstance(others, list) or not all(isinstance(o, str) for o in others):
+            raise SchemaError("dependentRequired values must be arrays of strings",
+                              f"{path}/dependentRequired/{name}")
+        if others:
+            extra.append({"anyOf": [{"properties": {name: False}},
+                                    {"required": list(dict.fromkeys([name] + others))}]})
+    for name, sub in schemas.items():
+        if sub is not True and sub != {}:
+            extra.append({"anyOf": [{"properties": {name: False}},
+                                    {"allOf": [{"required": [name]}, sub]}]})
+    if extra:
+        out["allOf"] = list(out.get("allOf", [])) + extra
+    return out
+
+
+def _dict(schema: dict, key: str, path: str) -> dict:
+    value = schema.get(key, {})
+    if not isinstance(value, dict):
+        raise SchemaError(f"{key} must be an object", f"{path}/{key}")
+    return value
+
+
+def _if_then_else(schema: dict, deref, path: str) -> list:
+    cond, then, other = schema["if"], schema.get("then", True), schema.get("else", True)
+    if then is True and other is True:
+        return []
+    if then is True:
+        return [{"anyOf": [cond, other]}]
+    try:
+        not_cond = negate(cond, deref, f"{path}/if")
+    except SchemaError as exc:
+        raise SchemaError(f"JSON-schema keyword 'if' is only supported when its negation can "
+                          f"be computed: {exc}", f"{path}/if") from None
+    return [{"anyOf": [{"allOf": [cond, then]}, {"allOf": [not_cond, other]}]}]
+
+
+# ---- negation ------------------------------------------------------------------------------
+def negate(schema, deref, path: str):
+    """A schema that only instances failing ``schema`` meet (see module doc)."""
+    schema = deref(schema, path)
+    if schema is True:
+        return False
+    if schema is False:
+        return True
+    if not isinstance(schema, dict):
+        raise SchemaError("a schema must be an object or a boolean", path)
+    if schema.get("nullable") is True:      # OpenAPI: null is also accepted
+        schema = {k: v for k, v in schema.items() if k not in ("type", "enum", "const", "nullable")}
+    whole_types: set = set()          # every value of these types fails the schema
+    leaves: list = []                 # typed scalar schemas to complement (``_negate``)
+    arms: list = []                   # other failing shapes (objects, arrays, nested)
+    for key, value in schema.items():
+        if key in STRING_KEYWORDS or key in NUMBER_KEYWORDS:
+            continue
+        where = f"{path}/{key}"
+        if key == "type":
+            _negate_type(value, whole_types, leaves, where)
+        elif key in ("enum", "const"):
+            _negate_values([value] if key == "const" else value, whole_types, leaves, where)
+        elif key == "required":
+            arms += [{"type": "object", "properties": {name: False}} for name in value]
+        elif key == "properties":
+            for name, sub in value.items():
+                negated = negate(sub, deref, f"{where}/{name}")
+                if negated is not False:
+                    arms.append({"type": "object", "required": [name], "properties": {name: negated}})
+        elif key in ("minItems", "maxItems"):
+            arms += _negate_count(key, value)
+        elif key == "anyOf":
+            arms.append({"allOf": [negate(b, deref, f"{where}/{i}") for i, b in enumerate(value)]})
+        elif key == "not":
+            arms.append(value)
+        # any other keyword is dropped (see module doc: sound)
+    leaves += _negate_group(schema, STRING_KEYWORDS, "string", path)
+    leaves += _negate_group(schema, NUMBER_KEYWORDS, "number", path)
+    out = []
+    if whole_types:
+        out.append({"type": sorted(whole_types)})
+    out += [{"_negate": [leaf]} for leaf in leaves if leaf["type"] not in whole_types]
+    out += arms
+    if not out:
+        return False
+    return out[0] if len(out) == 1 else {"anyOf": out}
+
+
+def _negate_type(value, whole_types: set, leaves: list, where: str) -> None:
+    types = {value} if isinstance(value, str) else set(value)
+    if not all(isinstance(t, str) for t in types):
+        raise SchemaError("type must be a string or an array of strings", where)
+    for t in ALL_TYPES:
+        if t not in types and not (t == "number" and "integer" in types):
+            whole_types.add(t)
+    if "integer" in types and "number" not in types:
+        leaves.append({"type": "number", "not_integer": True})
+
+
+def _negate_values(values, whole_types: set, leaves: list, where: str) -> None:
+    if not isinstance(values, list):
+        raise SchemaError("enum must be an array", where)
+    for t in ALL_TYPES:
+        mine = [v for v in values if _json_type(v) == t]
+        if not mine:
+            whole_types.add(t)
+        elif t in SCALAR_TYPES:
+            leaves.append({"type": t, "enum": mine})
+        # objects/arrays in the enum: no arm for that type (sound: fewer failing values)
+
+
+def _negate_count(key: str, value) -> list:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SchemaError(f"{key} must be an integer")
+    if key == "minItems":
+        return [{"type": "array", "maxItems": value - 1}] if value > 0 else []
+    return [{"type": "array", "minItems": value + 1}]
+
+
+def _negate_group(schema: dict, keys: tuple, t: str, path: str) -> list:
+    """The typed leaf whose complement holds values of type ``t`` failing ``keys``."""
+    group = {k: schema[k] for k in keys if k in schema and k != "format"}
+    if t == "string" and isinstance(group.get("maxLength"), int) \
+            and group["maxLength"] > MAX_STRING_NEGATION:
+        del group["maxLength"]
+    return [dict(group, type=t)] if group else []
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
