@@ -195,12 +195,14 @@ def w4a16_operands(k: int, n: int, group: int = 128):
 
 def sweep_configs(m: int, n: int, k: int):
     """W4A16 candidates around the defaults (the wider grids that chose them are listed
-    in bench/results/quant.md): GEMV pipelining depth at M = 1, GEMV against the 16-row
-    tl.dot at M = 2..4, and tl.dot against dequantize + cuBLAS ("dequant") above."""
+    in bench/results/quant.md): GEMV tiles with and without prefetching the next tile at
+    M = 1, GEMV against the 16-row tl.dot at M = 2..4, and tl.dot against dequantize +
+    cuBLAS ("dequant") above."""
     from tamis.kernels.w4a16 import GEMV_MAX_M, GemmConfig, GemvConfig, pick_config
     if m == 1:
-        return ([GemvConfig(128, 32, sk, 4, st) for sk in (4, 8) for st in (1, 3, 5)]
-                + [GemvConfig(64, 16, 4, 4, st) for st in (1, 5)])
+        return [GemvConfig(bn, kw, sk, w, 3, prefetch) for bn, kw, w in
+                ((128, 32, 4), (128, 16, 4), (64, 16, 4), (256, 16, 8), (128, 32, 8))
+                for sk in (4, 8) for prefetch in (False, True)]
     if m <= GEMV_MAX_M:
         return [GemvConfig(64, 8, 4)] + [GemmConfig(16, 64, 128, sk, 4, 4, True)
                                          for sk in (2, 4, 8)]
@@ -211,7 +213,8 @@ def fp8_sweep_configs(m: int = 1):
     from tamis.kernels.fp8 import Fp8GemvConfig
     if m > 1:
         return []
-    return [Fp8GemvConfig(16, 512, 1), Fp8GemvConfig(16, 512, 2), Fp8GemvConfig(16, 256, 1)]
+    return [Fp8GemvConfig(16, bk, sk, 4, 3, prefetch) for bk in (256, 512) for sk in (1, 2)
+            for prefetch in (False, True)]
 
 
 def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -277,7 +280,7 @@ def _label(config) -> str:
     if isinstance(config, str):
         return config
     short = {"block_m": "m", "block_n": "n", "block_k": "k", "block_kw": "kw", "split_k": "sk",
-             "num_warps": "w", "num_stages": "s", "unpack_once": "once"}
+             "num_warps": "w", "num_stages": "s", "unpack_once": "once", "prefetch": "pf"}
     return " ".join(f"{short[f.name]}{int(v)}" for f, v in zip(fields(config), astuple(config)))
 
 

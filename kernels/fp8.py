@@ -148,6 +148,7 @@ class Fp8GemvConfig:
     split_k: int   # programs along K per row block (reduced in the same launch)
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: bool = False  # load the next weight tile before using this one
 
 
 GEMV_MAX_M = 4      # rows the GEMV kernel takes
@@ -173,7 +174,7 @@ if triton is not None:
     def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
                          M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT, HAS_SPLIT: tl.constexpr):
+                         SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -187,11 +188,20 @@ if triton is not None:
         acc3 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         k_lo = pid_k * K_SPLIT
         k_hi = tl.minimum(k_lo + K_SPLIT, K)
+        if PREFETCH:
+            ahead = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :],
+                            mask=mask_n[:, None] & ((k_lo + offs_k) < k_hi)[None, :], other=0.0)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             kk = k0 + offs_k
             kmask = kk < k_hi
-            w = tl.load(w_ptr + offs_n[:, None] * stride_wn + kk[None, :],
-                        mask=mask_n[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            if PREFETCH:
+                w = ahead.to(tl.float32)
+                nk = kk + BLOCK_K
+                ahead = tl.load(w_ptr + offs_n[:, None] * stride_wn + nk[None, :],
+                                mask=mask_n[:, None] & (nk < k_hi)[None, :], other=0.0)
+            else:
+                w = tl.load(w_ptr + offs_n[:, None] * stride_wn + kk[None, :],
+                            mask=mask_n[:, None] & kmask[None, :], other=0.0).to(tl.float32)
             x0 = tl.load(x_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
             acc0 += w * x0[None, :]
             if BLOCK_M > 1:
@@ -268,7 +278,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
         x, weight, scale, out, partials, counters, m, n, k, k_split,
         x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT=splits, HAS_SPLIT=splits > 1,
+        SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 

@@ -84,6 +84,8 @@ GEMV_CASES = [  # m, k, n, group_size, bits, config
     (1, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
     (4, 200, 32, 200, 4, w4a16.GemvConfig(32, 8, 2)),    # one group over K (group -1)
     (3, 96, 40, 32, 8, w4a16.GemvConfig(16, 8, 2)),      # 8-bit
+    (1, 320, 64, 64, 4, w4a16.GemvConfig(32, 8, 2, prefetch=True)),   # next tile loaded ahead
+    (2, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3, prefetch=True)),   # ... across a K tail
 ]
 
 
