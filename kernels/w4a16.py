@@ -15,7 +15,7 @@ Act-order (GPTQ ``desc_act``) is handled outside the kernel: the loader sorts K 
 ``g_idx`` so groups become contiguous, and the caller permutes x's columns with the
 same permutation (``x[..., perm]``).
 
-``w4a16_gemm_ref`` is the plain-torch reference. Two Triton paths:
+``w4a16_gemm_ref`` is the plain-torch reference. The GPU paths:
 
 - ``w4a16_gemv_triton`` (M = 1 here; ``tamis.kernels.w4a16_gemv``): no tensor cores,
   each packed word loaded once, split-K reduced in the same launch.
