@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import operator
 import time
 from dataclasses import dataclass, field
 
@@ -121,9 +122,9 @@ class BlockTableRows:
     def rows(self, requests: list) -> np.ndarray:
         """Row index of each request's up-to-date block table in ``self.table``."""
         self._step += 1
-        out = np.empty(len(requests), dtype=np.int64)
+        out = []
         step = self._step
-        for i, request in enumerate(requests):
+        for request in requests:
             entry = self._entries.get(id(request))
             ids = request.block_ids
             filled = entry[1] if entry is not None else 0
@@ -137,8 +138,8 @@ class BlockTableRows:
                 entry[1] = len(ids)
                 entry[5] = ids[-1]
             entry[4] = step
-            out[i] = entry[0]
-        return out
+            out.append(entry[0])
+        return np.asarray(out, dtype=np.int64)
 
     def _assign(self, request) -> list:
         old = self._entries.pop(id(request), None)
@@ -169,8 +170,12 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     total_seqs = num_seqs if pad_to is None else pad_to
     if total_seqs < num_seqs:
         raise ValueError(f"pad_to={pad_to} is smaller than the {num_seqs} scheduled requests")
+    # One list per field, read once per request: these comprehensions are the step's
+    # per-request Python work; everything after is numpy over the batch.
+    requests = [item.request for item in items]
+    start_list = [item.start for item in items]
     query_lens = [item.num_new_tokens for item in items]
-    starts = np.fromiter((item.start for item in items), dtype=np.int64, count=num_seqs)
+    starts = np.asarray(start_list, dtype=np.int64)
     qlens = np.asarray(query_lens, dtype=np.int64)
     num_tokens = int(qlens.sum())
     total_tokens = num_tokens + (total_seqs - num_seqs)
@@ -178,26 +183,27 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     query_start_loc = np.zeros(total_seqs + 1, dtype=np.int32)
     np.cumsum(qlens, out=query_start_loc[1:num_seqs + 1])
     query_start_loc[num_seqs + 1:] = num_tokens + np.arange(1, total_seqs - num_seqs + 1)
-    row_of_token = np.repeat(np.arange(num_seqs), qlens)
-    offsets = np.arange(num_tokens) - query_start_loc[:num_seqs][row_of_token]
     positions = np.zeros(total_tokens, dtype=np.int64)
-    positions[:num_tokens] = starts[row_of_token] + offsets
-
     input_ids = np.zeros(total_tokens, dtype=np.int64)
     if num_tokens == num_seqs:   # decode: one token each (0 for a token in flight)
+        row_of_token = np.arange(num_seqs)
+        positions[:num_tokens] = starts
         input_ids[:num_tokens] = [ids[start] if start < len(ids) else 0 for ids, start in
-                                  ((item.request.all_token_ids, item.start) for item in items)]
+                                  zip(map(_ALL_TOKEN_IDS, requests), start_list)]
     else:
+        row_of_token = np.repeat(np.arange(num_seqs), qlens)
+        offsets = np.arange(num_tokens) - query_start_loc[:num_seqs][row_of_token]
+        positions[:num_tokens] = starts[row_of_token] + offsets
         input_ids[:num_tokens] = np.fromiter(
             itertools.chain.from_iterable(item.token_ids for item in items), dtype=np.int64,
             count=num_tokens)
 
-    block_lists = [item.block_ids for item in items]
-    lens = np.fromiter(map(len, block_lists), dtype=np.int64, count=num_seqs)
+    block_lists = [request.block_ids for request in requests]
+    lens = np.asarray([len(ids) for ids in block_lists], dtype=np.int64)
     width = max(int(lens.max(initial=0)), 1)
     tables = np.zeros((total_seqs, width), dtype=np.int32)
     if block_rows is not None:
-        rows = block_rows.rows([item.request for item in items])
+        rows = block_rows.rows(requests)
         tables[:num_seqs] = block_rows.table[rows, :width]
         tables[:num_seqs][np.arange(width) >= lens[:, None]] = 0
     else:
@@ -211,13 +217,16 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     seq_lens = np.zeros(total_seqs, dtype=np.int32)
     seq_lens[:num_seqs] = starts + qlens
 
-    logits_indices = [int(query_start_loc[i + 1]) - 1 for i, item in enumerate(items)
-                      if item.samples]
+    samples = np.asarray([item.samples for item in items], dtype=bool)
+    logits_indices = query_start_loc[1:num_seqs + 1][samples].astype(np.int64) - 1
     prompt_rows = [(i, int(query_start_loc[i]), item.num_prompt_logprob_rows)
                    for i, item in enumerate(items) if item.num_prompt_logprob_rows]
     return HostBatch(input_ids, positions, slots, query_start_loc, seq_lens, tables,
-                     np.asarray(logits_indices, dtype=np.int64), query_lens,
-                     seq_lens[:num_seqs].tolist(), prompt_rows, num_tokens, num_seqs)
+                     logits_indices, query_lens, seq_lens[:num_seqs].tolist(), prompt_rows,
+                     num_tokens, num_seqs)
+
+
+_ALL_TOKEN_IDS = operator.attrgetter("all_token_ids")
 
 
 # --- fused elementwise layers ----------------------------------------------------------------
