@@ -412,6 +412,8 @@ class LLMEngine:
                 request.status = RequestStatus.WAITING
 
     def _fill_bitmask(self, requests: list[Request]) -> tuple[torch.Tensor | None, list[int] | None]:
+        if self._structured is None:   # no request ever asked for structured outputs
+            return None, None
         rows = [i for i, r in enumerate(requests) if r.sampling_params.structured_outputs is not None]
         if not rows:
             return None, None

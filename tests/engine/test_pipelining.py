@@ -13,6 +13,7 @@ import random
 import pytest
 
 from engine_helpers import make_engine, random_prompts, run_to_completion
+from tamis.constrain import StructuredOutputsParams
 from tamis.engine.sampling_params import SamplingParams
 
 
@@ -60,7 +61,7 @@ def _visible(output) -> list:
 def _mixed_params(rng: random.Random, stop: str | None) -> list[SamplingParams]:
     """One SamplingParams per prompt: greedy and seeded sampling, several lengths,
     logprobs, n > 1, a stop string, and requests that are never pipelined (penalties,
-    min_tokens) in the same batches."""
+    min_tokens, a grammar) in the same batches."""
     choices = [
         SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True),
         SamplingParams(temperature=0.9, top_p=0.9, seed=rng.randint(0, 99), max_tokens=20),
@@ -70,6 +71,8 @@ def _mixed_params(rng: random.Random, stop: str | None) -> list[SamplingParams]:
         SamplingParams(temperature=0.0, max_tokens=16, repetition_penalty=1.3),
         SamplingParams(temperature=0.0, max_tokens=16, min_tokens=5, ignore_eos=False),
         SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=[rng.randrange(100, 49152)]),
+        SamplingParams(temperature=0.0, max_tokens=10,
+                       structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
     ]
     return choices
 
@@ -87,12 +90,13 @@ def _stop_string(path, prompt) -> str:
 @pytest.mark.parametrize("gpu_runner", [False, True])
 def test_pipelined_outputs_equal_sequential(tiny_checkpoint, gpu_runner):
     path = tiny_checkpoint("llama")
-    prompts = random_prompts(lengths=(1, 5, 16, 17, 40, 100, 33, 64), seed=3)
+    prompts = random_prompts(lengths=(1, 5, 16, 17, 40, 100, 33, 64, 7), seed=3)
     params = _mixed_params(random.Random(3), _stop_string(path, prompts[4]))
     want, _ = _outputs(path, prompts, params, pipelined=False, gpu_runner=gpu_runner)
     got, engine = _outputs(path, prompts, params, pipelined=True, gpu_runner=gpu_runner)
     assert got == want
     assert [s[3] for s in want[4][2]] == ["stop"], "the stop string must end request 4"
+    assert want[8][2][0][2] in ("yes", "no"), "the grammar must hold"
     assert engine.get_stats().num_generation_tokens == sum(
         len(s[1]) for w in want for s in w[2])
 
