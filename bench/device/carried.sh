@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Device-side helpers for the peers' wheels, which are too big for one call of the device
+# tool (64 MiB a call). Sourced by a device command, never run in CI.
+#
+#   stash N    copy the N-th carried part (.device_carry/pN) to /tmp/parts: one call per part,
+#              back to back, while the machine stays warm
+#   assemble   join the parts, check the sha256, unpack vLLM (xz tarball of its wheel without
+#              FA2, which Hopper does not use) into /tmp/vsite, install the small wheels
+#              (vLLM's and the server's dependencies) into /tmp/vdeps, convert the embedded
+#              SmolLM2 GGUF into /tmp/smol
+#   tamis_env  link the rooms into a `tamis` package under /tmp/pkg and set PYTHONPATH
+set -o pipefail
+
+stash() {
+    mkdir -p /tmp/parts && cp ".device_carry/p$1"/* /tmp/parts/ && ls -la /tmp/parts
+}
+
+tamis_env() {
+    local pkg=/tmp/pkg/tamis
+    mkdir -p "$pkg" && cp -r tamis/. "$pkg"/
+    for room in engine kernels quant constrain server; do ln -sfn "$PWD/$room" "$pkg/$room"; done
+    export PYTHONPATH=/tmp/pkg:/tmp/vsite:/tmp/vdeps PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+}
+
+assemble() {
+    cat /tmp/parts/part0 /tmp/parts/part1 /tmp/parts/part2 /tmp/parts/part3 > /tmp/bundle.tar || return 1
+    (cd /tmp && echo "$(cut -d' ' -f1 /tmp/parts/bundle.sha)  bundle.tar" | sha256sum -c) || return 1
+    mkdir -p /tmp/bundle /tmp/vsite && tar xf /tmp/bundle.tar -C /tmp/bundle || return 1
+    xz -dc /tmp/bundle/vllm_nofa2.tar.xz | tar xf - -C /tmp/vsite || return 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vdeps \
+        /tmp/bundle/deps/*.whl || return 1
+    tamis_env
+    python3 -c "import vllm, fastapi, uvicorn; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
+    python3 -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
+convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
+}
