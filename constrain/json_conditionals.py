@@ -36,6 +36,7 @@ SCALAR_TYPES = ("null", "boolean", "number", "string")
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 STRING_KEYWORDS = ("minLength", "maxLength", "pattern", "_patterns", "format")
 NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
+MAX_NEGATION_DEPTH = 6
 MAX_STRING_NEGATION = 256          # json_schema caps maxLength here: a capped bound is inexact
 
 
@@ -92,8 +93,12 @@ def _if_then_else(schema: dict, deref, path: str) -> list:
 
 
 # ---- negation ------------------------------------------------------------------------------
-def negate(schema, deref, path: str):
-    """A schema that only instances failing ``schema`` meet (see module doc)."""
+def negate(schema, deref, path: str, depth: int = 0):
+    """A schema that only instances failing ``schema`` meet (see module doc). Nested parts
+    that cannot be negated (a recursive $ref, nesting deeper than MAX_NEGATION_DEPTH) give
+    no failing shape (False), which keeps the contract."""
+    if depth > MAX_NEGATION_DEPTH:
+        return False
     schema = deref(schema, path)
     if schema is True:
         return False
@@ -118,13 +123,15 @@ def negate(schema, deref, path: str):
             arms += [{"type": "object", "properties": {name: False}} for name in value]
         elif key == "properties":
             for name, sub in value.items():
-                negated = negate(sub, deref, f"{where}/{name}")
+                negated = _negate_part(sub, deref, f"{where}/{name}", depth)
                 if negated is not False:
                     arms.append({"type": "object", "required": [name], "properties": {name: negated}})
         elif key in ("minItems", "maxItems"):
             arms += _negate_count(key, value)
         elif key == "anyOf":
-            arms.append({"allOf": [negate(b, deref, f"{where}/{i}") for i, b in enumerate(value)]})
+            parts = [_negate_part(b, deref, f"{where}/{i}", depth) for i, b in enumerate(value)]
+            if all(part is not False for part in parts):
+                arms.append({"allOf": parts})
         elif key == "not":
             arms.append(value)
         # any other keyword is dropped (see module doc: sound)
@@ -138,6 +145,13 @@ def negate(schema, deref, path: str):
     if not out:
         return False
     return out[0] if len(out) == 1 else {"anyOf": out}
+
+
+def _negate_part(schema, deref, path: str, depth: int):
+    try:
+        return negate(schema, deref, path, depth + 1)
+    except SchemaError:
+        return False
 
 
 def _negate_type(value, whole_types: set, leaves: list, where: str) -> None:

@@ -36,7 +36,7 @@ from . import deadline
 from . import regex_ast as ra
 from .automaton import languages_intersect
 from .errors import ConstraintError, SchemaError
-from .json_conditionals import CONDITIONAL_KEYWORDS, has_conditionals, rewrite_conditionals
+from .json_conditionals import CONDITIONAL_KEYWORDS, has_conditionals, negate, rewrite_conditionals
 from .json_formats import FORMAT_MAX_LENGTH, format_node, is_annotation_only
 from .json_numbers import ANY_NUMBER, int_range, number_range
 from .regex_parser import parse_regex
@@ -57,6 +57,9 @@ MAX_DEPTH = 60
 MAX_STRING_LENGTH = 256
 MAX_ARRAY_ITEMS = 128
 MAX_ENUM = 5_000
+# oneOf: recursive branches larger than this are not compared as automata (slow); they are
+# treated as overlapping, i.e. each is intersected with the negation of the others (sound).
+MAX_OVERLAP_CHECK = 3_000
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
 ANNOTATIONS = {
@@ -215,15 +218,24 @@ class _SchemaCompiler:
                               "(it cannot be enforced while generating)", f"{path}/uniqueItems")
 
     def _not(self, schema: dict, path: str, depth: int) -> tuple:
+        """Regular schema and negated schema: the exact difference of the languages.
+        Otherwise (recursive, free-form, or a negated schema tamis cannot compile): the
+        schema intersected with json_conditionals.negate (sound, may refuse valid values)."""
         rest = {k: v for k, v in schema.items() if k != "not"}
-        base = self.value(rest, path, depth + 1)
-        excluded = self.value(schema["not"], f"{path}/not", depth + 1)
+        try:
+            excluded = self.value(schema["not"], f"{path}/not", depth + 1)
+        except SchemaError:
+            excluded = None
         if excluded == ra.NOTHING:
-            return base
-        if ra.has_rules(base) or ra.has_rules(excluded):
-            raise SchemaError("JSON-schema keyword 'not' is only supported when both the schema "
-                              "and the negated schema are non-recursive and typed", f"{path}/not")
-        return ("diff", base, excluded)
+            return self.value(rest, path, depth + 1)
+        if excluded is not None and not ra.has_rules(excluded):
+            base = self.value(rest, path, depth + 1)
+            if not ra.has_rules(base):
+                return ("diff", base, excluded)
+        negated = negate(schema["not"], lambda s, p: self._deref(s, p, 0), f"{path}/not")
+        if negated is False:
+            return ra.NOTHING              # no value provably fails the negated schema
+        return self.value({"allOf": [rest, negated]}, path, depth + 1)
 
     # ---- $ref ------------------------------------------------------------------------------
     def _ref(self, schema: dict, path: str, depth: int) -> tuple:
@@ -353,38 +365,92 @@ class _SchemaCompiler:
             raise SchemaError(f"{keyword} must be a non-empty array", f"{path}/{keyword}")
         base = {k: v for k, v in schema.items() if k != keyword}
         has_base = any(k not in ANNOTATIONS for k in base)
-        nodes = []
+        nodes, schemas = [], []
         for i, branch in enumerate(branches):
             where = f"{path}/{keyword}/{i}"
             if has_base:
                 branch = self._deref(branch, where, depth)
                 if branch is False:
-                    nodes.append(ra.NOTHING)
                     continue
                 merged = self._merge(dict(base), branch if isinstance(branch, dict) else {}, where)
-                nodes.append(ra.NOTHING if merged is False else self.value(merged, where, depth + 1))
+                if merged is not False:
+                    nodes.append(self.value(merged, where, depth + 1))
+                    schemas.append(merged)
             else:
                 nodes.append(self.value(branch, where, depth + 1))
+                schemas.append(branch)
         if keyword == "oneOf":
-            return self._one_of(nodes, path)
+            return self._one_of(nodes, schemas, path, depth)
         return ra.alt(*nodes)
 
-    def _one_of(self, nodes: list, path: str) -> tuple:
+    def _one_of(self, nodes: list, schemas: list, path: str, depth: int) -> tuple:
         """Exactly one branch: disjoint branches are a plain alternation; overlapping regular
-        branches become sum of (branch minus the others); overlapping recursive ones are refused."""
-        live = [n for n in nodes if n != ra.NOTHING]
-        overlapping = False
+        branches become sum of (branch minus the others), exact; overlapping recursive ones
+        become sum of allOf[branch, negate(each overlapping other)] (json_conditionals.negate:
+        sound, may refuse some valid instances). Disjointness is first tried on the schemas
+        (types, constants of a property both require: cheap), then on regular
+        over-approximations of the languages."""
+        live = [(n, sch) for n, sch in zip(nodes, schemas) if n != ra.NOTHING]
+        overlaps = {i: [] for i in range(len(live))}
         for i in range(len(live)):
             for j in range(i + 1, len(live)):
-                a, b = _over_approximation(live[i]), _over_approximation(live[j])
-                if languages_intersect(a, b) is not False:
-                    overlapping = True
-        if not overlapping:
-            return ra.alt(*live)
-        if any(ra.has_rules(n) for n in live):
-            raise SchemaError("oneOf whose branches may overlap is only supported when no branch "
-                              "is recursive or free-form (use anyOf if overlap is fine)", f"{path}/oneOf")
-        return ra.alt(*(("diff", n, ra.alt(*(m for m in live if m is not n))) for n in live))
+                if self._disjoint(live[i][1], live[j][1], path):
+                    continue
+                a, b = _over_approximation(live[i][0]), _over_approximation(live[j][0])
+                recursive = ra.has_rules(live[i][0]) or ra.has_rules(live[j][0])
+                if recursive and ra.tree_size(a) + ra.tree_size(b) > MAX_OVERLAP_CHECK \
+                        or languages_intersect(a, b) is not False:
+                    overlaps[i].append(j)
+                    overlaps[j].append(i)
+        nodes = [n for n, _ in live]
+        if not any(overlaps.values()):
+            return ra.alt(*nodes)
+        if not any(ra.has_rules(n) for n in nodes):
+            return ra.alt(*(("diff", n, ra.alt(*(m for m in nodes if m is not n))) for n in nodes))
+        out = []
+        for i, (node, schema) in enumerate(live):
+            if not overlaps[i]:
+                out.append(node)
+                continue
+            where = f"{path}/oneOf/{i}"
+            try:
+                others = [negate(live[j][1], lambda s, p: self._deref(s, p, 0), where)
+                          for j in overlaps[i]]
+            except SchemaError as exc:
+                raise SchemaError(f"oneOf with overlapping recursive branches: {exc}", where) from None
+            if any(o is False for o in others):
+                continue                    # no instance provably fails some other branch
+            out.append(self.value({"allOf": [schema] + others}, where, depth + 1))
+        return ra.alt(*out)
+
+    def _disjoint(self, a, b, path: str, depth: int = 0) -> bool:
+        """True only if no instance can meet both schemas (False = unknown). Checks types,
+        const/enum values, and recursively the values of properties both require."""
+        try:
+            a, b = self._deref(a, path, 0), self._deref(b, path, 0)
+        except SchemaError:
+            return False
+        if not isinstance(a, dict) or not isinstance(b, dict) or depth > 8:
+            return a is False or b is False
+        if any(k in x for x in (a, b) for k in ("anyOf", "oneOf", "not", "nullable",
+                                                 *CONDITIONAL_KEYWORDS)):
+            return False
+        ta, tb = _type_set(a.get("type")), _type_set(b.get("type"))
+        if ta is not None and tb is not None and not ta & tb:
+            return True
+        va, vb = _values_of(a), _values_of(b)
+        if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+            return True
+        for values, other in ((va, tb), (vb, ta)):
+            if values is not None and other is not None and not {_json_type(v) for v in values} & other:
+                return True
+        if ta != {"object"} and tb != {"object"}:
+            return False            # non-objects meet "required"/"properties" vacuously
+        props_a, props_b = a.get("properties", {}), b.get("properties", {})
+        both = set(a.get("required", [])) & set(b.get("required", []))
+        return any(name in props_a and name in props_b
+                   and self._disjoint(props_a[name], props_b[name], path, depth + 1)
+                   for name in both if isinstance(name, str))
 
     # ---- enum / const ----------------------------------------------------------------------
     def _enum(self, schema: dict, path: str) -> tuple:
@@ -884,6 +950,36 @@ def _search(pattern: str, name: str, path: str) -> bool:
 
 def _escape_pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
+
+
+def _type_set(types) -> set | None:
+    """JSON types a ``type`` keyword admits ("integer" widened to "number"), None if absent."""
+    if types is None:
+        return None
+    names = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if names is None or not all(isinstance(t, str) for t in names):
+        return None
+    return {"number" if t == "integer" else t for t in names}
+
+
+def _values_of(schema: dict):
+    """The values allowed by const/enum, or None if the schema has neither."""
+    if "const" in schema:
+        return [schema["const"]]
+    values = schema.get("enum")
+    return values if isinstance(values, list) else None
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 def _json_equal(x, y) -> bool:
