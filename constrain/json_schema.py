@@ -34,7 +34,6 @@ from urllib.parse import urldefrag, urljoin
 
 from . import deadline
 from . import regex_ast as ra
-from .automaton import languages_intersect
 from .errors import ConstraintError, SchemaError
 from .json_conditionals import CONDITIONAL_KEYWORDS, has_conditionals, negate, rewrite_conditionals
 from .json_formats import FORMAT_MAX_LENGTH, format_node, is_annotation_only
@@ -57,9 +56,6 @@ MAX_DEPTH = 60
 MAX_STRING_LENGTH = 256
 MAX_ARRAY_ITEMS = 128
 MAX_ENUM = 5_000
-# oneOf: recursive branches larger than this are not compared as automata (slow); they are
-# treated as overlapping, i.e. each is intersected with the negation of the others (sound).
-MAX_OVERLAP_CHECK = 3_000
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
 ANNOTATIONS = {
@@ -384,29 +380,18 @@ class _SchemaCompiler:
         return ra.alt(*nodes)
 
     def _one_of(self, nodes: list, schemas: list, path: str, depth: int) -> tuple:
-        """Exactly one branch: disjoint branches are a plain alternation; overlapping regular
-        branches become sum of (branch minus the others), exact; overlapping recursive ones
-        become sum of allOf[branch, negate(each overlapping other)] (json_conditionals.negate:
-        sound, may refuse some valid instances). Disjointness is first tried on the schemas
-        (types, constants of a property both require: cheap), then on regular
-        over-approximations of the languages."""
+        """Exactly one branch. Branches proved disjoint on their schemas (``_disjoint``) are a
+        plain alternation; a branch that may overlap others becomes allOf[branch, negate(each
+        overlapping other)] (json_conditionals.negate: sound, may refuse valid instances).
+        Disjoint *texts* prove nothing: with properties in schema order, {"a":1,"b":2} is
+        written differently by branches requiring a and b, yet meets both."""
         live = [(n, sch) for n, sch in zip(nodes, schemas) if n != ra.NOTHING]
         overlaps = {i: [] for i in range(len(live))}
         for i in range(len(live)):
             for j in range(i + 1, len(live)):
-                if self._disjoint(live[i][1], live[j][1], path):
-                    continue
-                a, b = _over_approximation(live[i][0]), _over_approximation(live[j][0])
-                recursive = ra.has_rules(live[i][0]) or ra.has_rules(live[j][0])
-                if recursive and ra.tree_size(a) + ra.tree_size(b) > MAX_OVERLAP_CHECK \
-                        or languages_intersect(a, b) is not False:
+                if not self._disjoint(live[i][1], live[j][1], path):
                     overlaps[i].append(j)
                     overlaps[j].append(i)
-        nodes = [n for n, _ in live]
-        if not any(overlaps.values()):
-            return ra.alt(*nodes)
-        if not any(ra.has_rules(n) for n in nodes):
-            return ra.alt(*(("diff", n, ra.alt(*(m for m in nodes if m is not n))) for n in nodes))
         out = []
         for i, (node, schema) in enumerate(live):
             if not overlaps[i]:
@@ -417,7 +402,7 @@ class _SchemaCompiler:
                 others = [negate(live[j][1], lambda s, p: self._deref(s, p, 0), where)
                           for j in overlaps[i]]
             except SchemaError as exc:
-                raise SchemaError(f"oneOf with overlapping recursive branches: {exc}", where) from None
+                raise SchemaError(f"oneOf with overlapping branches: {exc}", where) from None
             if any(o is False for o in others):
                 continue                    # no instance provably fails some other branch
             out.append(self.value({"allOf": [schema] + others}, where, depth + 1))
@@ -447,6 +432,12 @@ class _SchemaCompiler:
         if ta != {"object"} and tb != {"object"}:
             return False            # non-objects meet "required"/"properties" vacuously
         props_a, props_b = a.get("properties", {}), b.get("properties", {})
+        for x, y, props_x in ((a, b, props_a), (b, a, props_b)):
+            # y requires a name that x forbids (not declared, no patterns, no extras)
+            if x.get("additionalProperties") is False and not x.get("patternProperties") \
+                    and isinstance(y.get("required"), list) \
+                    and any(isinstance(n, str) and n not in props_x for n in y["required"]):
+                return True
         both = set(a.get("required", [])) & set(b.get("required", []))
         return any(name in props_a and name in props_b
                    and self._disjoint(props_a[name], props_b[name], path, depth + 1)
@@ -1015,24 +1006,3 @@ def _canonical_literal(value) -> tuple:
         text = format(Decimal(repr(value) if isinstance(value, float) else value).normalize(), "f")
         return ra.literal("0" if text in ("-0", "0") else text)
     return ra.literal(json.dumps(value, ensure_ascii=False))
-
-
-_ANYTHING = ra.rep(ra.chars(((0, ra.MAX_CODE_POINT),)), 0, None)
-
-
-def _over_approximation(node) -> tuple:
-    """A regular superset of ``node``: rule references become "anything" (arrays and objects
-    keep their first character), so disjoint over-approximations prove disjoint branches."""
-    kind = node[0]
-    if kind == "rule":
-        first = {"$any_array": "[", "$any_object": "{"}.get(node[1])
-        return ra.seq(ra.char(first), _ANYTHING) if first else _ANYTHING
-    if kind == "seq":
-        return ra.seq(*(_over_approximation(c) for c in node[1]))
-    if kind == "alt":
-        return ra.alt(*(_over_approximation(c) for c in node[1]))
-    if kind == "rep":
-        return ra.rep(_over_approximation(node[1]), node[2], node[3])
-    if kind == "props":
-        return node if not ra.has_rules(node) else _over_approximation(ra.expand_props(node))
-    return node
