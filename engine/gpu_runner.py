@@ -108,8 +108,8 @@ class BlockTableRows:
     the block ids added since the last one instead of re-reading every table.
 
     A request's ``block_ids`` only grow until it is preempted (freed, then reallocated
-    from scratch with ``num_preemptions`` bumped); a row is rebuilt when that count
-    changes or its last cached id no longer matches. Rows of requests absent from the
+    from scratch with ``num_preemptions`` bumped); a row is rebuilt (zeroed, refilled)
+    when that count changes or its last cached id no longer matches. Rows of requests absent from the
     current step are reused, least recently seen first, when all are taken."""
 
     def __init__(self, num_rows: int, max_blocks: int):
@@ -152,6 +152,7 @@ class BlockTableRows:
             for _, key in stale[:max(1, len(stale) // 2)]:
                 self._free.append(self._entries.pop(key)[0])
         entry = [self._free.pop(), 0, request.num_preemptions, request, self._step, None]
+        self.table[entry[0]] = 0   # past a request's blocks its row holds zeros, not a former owner's ids
         self._entries[id(request)] = entry
         return entry
 
@@ -204,8 +205,7 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     tables = np.zeros((total_seqs, width), dtype=np.int32)
     if block_rows is not None:
         rows = block_rows.rows(requests)
-        tables[:num_seqs] = block_rows.table[rows, :width]
-        tables[:num_seqs][np.arange(width) >= lens[:, None]] = 0
+        tables[:num_seqs] = block_rows.table[rows, :width]   # zeros past each request's blocks
     else:
         tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
             itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
