@@ -11,7 +11,9 @@ state can be completed: a live state is never a dead end.
 """
 from __future__ import annotations
 
+import gc
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -31,6 +33,9 @@ class NFA:
     def __init__(self):
         self.edges: list[list[tuple[int, int, int]]] = []
         self.eps: list[list[int]] = []
+        # set by constructs that can leave a state unable to reach the accept state (empty
+        # classes/alternations, products, residue automata): only then is ``_trim`` needed
+        self.may_dead_end = False
 
     def reserve(self, count: int) -> None:
         """Appends ``count`` fresh states at once."""
@@ -39,8 +44,8 @@ class NFA:
                 f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
                 "(reduce repetition counts such as maxLength/maxItems or {m,n})")
         deadline.check()
-        self.edges.extend([] for _ in range(count))
-        self.eps.extend([] for _ in range(count))
+        self.edges.extend([[] for _ in range(count)])
+        self.eps.extend([[] for _ in range(count)])
 
     def new_state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
@@ -59,11 +64,26 @@ def build_nfa(node) -> tuple[NFA, int, int]:
         raise ConstraintError(
             f"constraint too large: its automaton would exceed {MAX_NFA_STATES} states "
             "(reduce repetition counts such as maxLength/maxItems, or shared definitions)")
-    nfa = NFA()
-    start = nfa.new_state()
-    accept = _build(nfa, node, start)
-    _trim(nfa, accept)
+    with _gc_paused():
+        nfa = NFA()
+        start = nfa.new_state()
+        accept = _build(nfa, node, start)
+        if nfa.may_dead_end:
+            _trim(nfa, accept)
     return nfa, start, accept
+
+
+@contextmanager
+def _gc_paused():
+    """Building an NFA allocates ~10 small lists per state, none of them cyclic garbage:
+    the cyclic collector would rescan the growing graph over and over (~40% of the time)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 # Fragments of shared sub-expressions, built once and then copied with an offset: the AST is
@@ -109,27 +129,41 @@ def _size(node) -> int:
 
 
 def _record(node) -> tuple:
-    """(node, edges, eps, end) of ``node`` built alone, states numbered from 0 (= its start)."""
+    """(node, edges, eps, end, may_dead_end, enters_start) of ``node`` built alone, states
+    numbered from 0 (= its start); ``enters_start``: some edge leads back to state 0."""
     local = NFA()
     start = local.new_state()
     end = _build_node(local, node, start)
-    return (node, local.edges, local.eps, end)
+    enters_start = any(t == 0 for edges in local.edges for _, _, t in edges) \
+        or any(0 in eps for eps in local.eps)
+    return (node, local.edges, local.eps, end, local.may_dead_end, enters_start)
 
 
 def _paste(nfa: NFA, fragment, start: int) -> int:
-    _, edges, eps, end = fragment
+    _, edges, eps, end, may_dead_end, enters_start = fragment
+    nfa.may_dead_end |= may_dead_end
     offset = len(nfa.edges) - 1          # local state 0 is ``start``; others are appended
     count = len(edges)
-    nfa.reserve(count - 1)
+    nfa.reserve(0)
+    if len(nfa.edges) + count - 1 > MAX_NFA_STATES:
+        nfa.reserve(count - 1)           # raises the size error
 
     def shift(q: int) -> int:
         return start if q == 0 else q + offset
-    for q in range(count):
-        target = start if q == 0 else q + offset
-        if edges[q]:
-            nfa.edges[target].extend([(lo, hi, shift(t)) for lo, hi, t in edges[q]])
-        if eps[q]:
-            nfa.eps[target].extend([shift(t) for t in eps[q]])
+    if enters_start:
+        nfa.reserve(count - 1)
+        for q in range(count):
+            target = start if q == 0 else q + offset
+            if edges[q]:
+                nfa.edges[target].extend([(lo, hi, shift(t)) for lo, hi, t in edges[q]])
+            if eps[q]:
+                nfa.eps[target].extend([shift(t) for t in eps[q]])
+        return shift(end)
+    # no edge re-enters state 0: every target is simply shifted by ``offset``
+    nfa.edges[start].extend([(lo, hi, t + offset) for lo, hi, t in edges[0]])
+    nfa.eps[start].extend([t + offset for t in eps[0]])
+    nfa.edges.extend([[(lo, hi, t + offset) for lo, hi, t in out] for out in edges[1:]])
+    nfa.eps.extend([[t + offset for t in out] for out in eps[1:]])
     return shift(end)
 
 
@@ -137,6 +171,7 @@ def _build_node(nfa: NFA, node, start: int) -> int:
     kind = node[0]
     if kind == "chars":
         end = nfa.new_state()
+        nfa.may_dead_end |= not any(utf8_sequences(lo, hi) for lo, hi in node[1])
         for lo, hi in node[1]:
             for byte_ranges in utf8_sequences(lo, hi):
                 state = start
@@ -152,6 +187,7 @@ def _build_node(nfa: NFA, node, start: int) -> int:
         return state
     if kind == "alt":
         end = nfa.new_state()
+        nfa.may_dead_end |= not node[1]
         for child in node[1]:
             branch = nfa.new_state()
             nfa.eps[start].append(branch)
@@ -222,6 +258,7 @@ def _build_multiple(nfa: NFA, m: int, p: int, start: int) -> int:
     further fraction digits must be 0."""
     if m > MAX_MULTIPLE:
         raise ConstraintError(f"multipleOf step too large to enforce (residues above {MAX_MULTIPLE})")
+    nfa.may_dead_end = True
     end = nfa.new_state()
     integer = [nfa.new_state() for _ in range(m)]          # residue after >= 1 integer digit
     zero = nfa.new_state()                                  # the integer part "0"
@@ -267,6 +304,7 @@ def _build_product(nfa: NFA, a, b, start: int, mode: str = "and") -> int:
     """Intersection ("and") or difference ("diff": in a, not in b) of two regular languages,
     embedded as an explicit product automaton."""
     left, right = LazyDFA(a, allow_empty_language=True), LazyDFA(b, allow_empty_language=True)
+    nfa.may_dead_end = True
     diff = mode == "diff"
     if left.start == DEAD:
         return nfa.new_state()          # empty language: nothing reaches the end
@@ -351,6 +389,8 @@ class LazyDFA:
         self.sets: list[frozenset] = []
         self._index: dict[frozenset, int] = {}
         self.accepting: list[bool] = []
+        self._accepting_array = np.zeros(0, dtype=bool)
+        self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
         self.start = self._state_of(self._closure((nfa_start,)))
         if self.start == DEAD and not allow_empty_language:
@@ -374,10 +414,19 @@ class LazyDFA:
 
     def ensure_rows(self, states: np.ndarray) -> np.ndarray:
         """Builds rows for every state in ``states``; returns the (possibly regrown) table."""
-        missing = states[self.trans[states, 0] == UNCOMPUTED]
-        for s in np.unique(missing).tolist():
-            self.row(s)
+        missing = self.trans[states, 0] == UNCOMPUTED
+        if missing.any():
+            for s in np.unique(states[missing]).tolist():
+                self.row(s)
         return self.trans
+
+    def accepting_array(self) -> np.ndarray:
+        """bool[num_states]: accepting flags as an array (rebuilt when states were added)."""
+        found = self._accepting_array
+        if len(found) != len(self.accepting):
+            found = np.asarray(self.accepting, dtype=bool)
+            self._accepting_array = found
+        return found
 
     def walk(self, state: int, data: bytes) -> int:
         """State after reading ``data`` from ``state``; DEAD if the bytes leave the language."""

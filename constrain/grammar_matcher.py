@@ -10,7 +10,9 @@ Masks (``CompiledGrammar.hypothesis_mask``), all cached, so a step is a union of
 - *starting* the next lexeme (the current one may end here): the union of ``rows[t'][start]``
   over the terminals X the parser expects after t (cached per X);
 - *crossing* one lexeme boundary inside a token: ``cross(t, s, X)``, tokens whose bytes end t
-  somewhere and continue as a live prefix of some t' in X, found by one trie walk (cached).
+  somewhere and continue as a live prefix of some t' in X: the (token, cut) pairs where t
+  can end are recorded by the walk of ``rows[t][s]`` (``token_walk.allowed``), then walked
+  on from each t' start (cached).
 Tokens that cross two or more boundaries are left out of the mask (``accept`` still handles
 them): the mask is exact for the others and never allows a token ``accept`` would refuse.
 """
@@ -24,6 +26,7 @@ from .automaton import DEAD, LazyDFA
 from .grammar import GrammarSpec
 from .matcher import Matcher, write_row
 from .token_masks import pack_bits
+from .token_walk import allowed, walk
 
 
 class CompiledGrammar:
@@ -128,10 +131,15 @@ class CompiledGrammar:
         key = (t, s)
         row = self._rows.get(key)
         if row is None:
-            alive, ends = self._walk(t, s)
-            row = pack_bits(alive[self.info.trie.token_node], self.info.num_words)
-            self._rows[key] = row
+            ends: list = []
+            alive = allowed(self.info.trie, self.dfas[t], s, ends)
+            row = pack_bits(alive, self.info.num_words)
+            if ends:
+                ends = (np.concatenate([e[0] for e in ends]), np.concatenate([e[1] for e in ends]))
+            else:
+                ends = (np.empty(0, np.int64), np.empty(0, np.int64))
             self._end_nodes[key] = ends
+            self._rows[key] = row
         return row
 
     def fresh_row(self, expected: frozenset) -> np.ndarray:
@@ -148,56 +156,22 @@ class CompiledGrammar:
         row = self._cross_rows.get(key)
         if row is None:
             self.state_row(t, s)
-            ends = self._end_nodes[(t, s)]
-            trie = self.info.trie
-            alive = np.zeros(trie.num_nodes + 1, dtype=bool)
-            if len(ends):
-                starts, _ = trie.children(ends)
+            tokens, cut = self._end_nodes[(t, s)]
+            table = self.info.trie
+            alive = np.zeros(table.vocab_size, dtype=bool)
+            if len(tokens):
                 for u in expected:
-                    self._walk_from(u, starts, alive)
-            row = pack_bits(alive[trie.token_node], self.info.num_words)
+                    dfa = self.dfas[u]
+                    if dfa.start != DEAD:
+                        start = np.full(len(tokens), dfa.start, dtype=np.int64)
+                        alive[walk(table, dfa, tokens, cut, start)] = True
+            row = pack_bits(alive, self.info.num_words)
             self._cross_rows[key] = row
         return row
 
     def _can_end_inside(self, t: int, s: int) -> bool:
         self.state_row(t, s)
-        return self.dfas[t].is_accepting(s) or len(self._end_nodes[(t, s)]) > 0
-
-    def _walk(self, t: int, s: int):
-        """Trie walk of terminal t from state s: (alive nodes, nodes where t can end)."""
-        trie, dfa = self.info.trie, self.dfas[t]
-        alive = np.zeros(trie.num_nodes + 1, dtype=bool)
-        ends = []
-        nodes = trie.root_children
-        states = np.full(len(nodes), s, dtype=np.int64)
-        accepting = None
-        while len(nodes):
-            trans = dfa.ensure_rows(np.unique(states))
-            nxt = trans[states, trie.node_byte[nodes]]
-            keep = nxt >= 0
-            nodes, nxt = nodes[keep], nxt[keep]
-            alive[nodes] = True
-            if accepting is None or len(accepting) < dfa.num_states:
-                accepting = np.asarray(dfa.accepting, dtype=bool)
-            at_end = accepting[nxt]
-            if at_end.any():
-                ends.append(nodes[at_end])
-            nodes, owner = trie.children(nodes)
-            states = nxt[owner].astype(np.int64)
-        ends = np.concatenate(ends) if ends else np.empty(0, np.int64)
-        return alive, ends
-
-    def _walk_from(self, t: int, nodes: np.ndarray, alive: np.ndarray) -> None:
-        trie, dfa = self.info.trie, self.dfas[t]
-        states = np.full(len(nodes), dfa.start, dtype=np.int64)
-        while len(nodes):
-            trans = dfa.ensure_rows(np.unique(states))
-            nxt = trans[states, trie.node_byte[nodes]]
-            keep = nxt >= 0
-            nodes, nxt = nodes[keep], nxt[keep]
-            alive[nodes] = True
-            nodes, owner = trie.children(nodes)
-            states = nxt[owner].astype(np.int64)
+        return self.dfas[t].is_accepting(s) or len(self._end_nodes[(t, s)][0]) > 0
 
 
 class _LazyList:

@@ -9,7 +9,8 @@ Token bytes are recovered from the vocabulary strings:
   GPT-2's ``bytes_to_unicode`` table;
 - SentencePiece style: ``▁`` is a space and ``<0xXX>`` is the raw byte XX.
 
-It also builds the vocabulary trie (``VocabTrie``) the mask computation walks.
+It also builds the vocabulary table (``TokenTable``: token bytes as a padded matrix, buckets
+by first byte) the mask computation walks; it is the ``trie`` attribute (historical name).
 """
 from __future__ import annotations
 
@@ -40,15 +41,15 @@ class TokenizerInfo:
     eos_token_ids: tuple
     vocab_size: int
     name: str = ""
-    trie: "VocabTrie" = field(default=None, repr=False)
+    trie: "TokenTable" = field(default=None, repr=False)
 
     def __post_init__(self):
         if len(self.token_bytes) != self.vocab_size:
             raise ValueError("token_bytes must have one entry per logit column (vocab_size)")
         if not self.eos_token_ids:
             raise ValueError("a tokenizer without an EOS token cannot end a constrained output")
-        from .token_masks import VocabTrie
-        self.trie = VocabTrie(self.token_bytes)
+        from .token_table import TokenTable
+        self.trie = TokenTable(self.token_bytes)
 
     @property
     def num_words(self) -> int:
