@@ -254,6 +254,9 @@ class LLMEngine:
             bitmask, rows = self._fill_bitmask(requests)
             sampled = self.runner.sample(result.sample_logits, meta, bitmask, rows)
         launched = LaunchedStep(batch, result, requests, sampled)
+        # Counted when sampled (stats taken between pipelined steps see them); tokens
+        # dropped later are taken back in _finish_step.
+        self._counters["generation"] += len(requests)
         if (self.async_scheduling and sampled is not None and not result.prompt_logits
                 and all(item.request.pipelinable for item in batch.scheduled)):
             launched.pipelined = True
@@ -277,17 +280,16 @@ class LLMEngine:
         launched.unmark_inflight()
         entries = self._logprob_entries(out.logprobs) if out.logprobs is not None else None
         now = time.time()
-        appended = 0
         for row, (request, token_id) in enumerate(zip(launched.requests, out.token_ids)):
             if request.status > RequestStatus.PREEMPTED:
-                continue   # finished while this step ran (stopped a step late, aborted): dropped
-            appended += 1
+                # Finished while this step ran (stopped a step late, aborted): dropped.
+                self._counters["generation"] -= 1
+                continue
             if request.simple_append:
                 self._append_plain(request, token_id, now)
             else:
                 wants = request.output_logprobs is not None
                 self._append_token(request, token_id, entries[row] if wants else None, now)
-        self._counters["generation"] += appended
 
     def _append_plain(self, request: Request, token_id: int, now: float) -> None:
         """``_append_one`` for a request without grammar, logprobs or text (the common
