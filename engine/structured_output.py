@@ -15,6 +15,10 @@
                                        the matcher: the engine appends them to the output and
                                        computes them in the next forward pass (no sampling)
       .remove_request(request)         forgets the request's matcher (call when it finishes)
+      .error(request) -> str | None    set when a matcher failed mid-decode (a lazy compile
+                                       step raised inside fill_bitmask): the request's rows
+                                       then allow EOS only and is_terminated is True, so it
+                                       ends instead of taking the engine step down
 
 A request is constrained when ``request.sampling_params.structured_outputs`` is set. The
 manager keys its state by ``request.request_id``. ``config.structured_outputs_backend`` picks
@@ -23,6 +27,7 @@ the compiler: "tamis"/"auto" (ours), or "xgrammar"/"llguidance" when installed
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -30,6 +35,9 @@ import numpy as np
 from tamis.constrain import StructuredOutputsParams, TokenizerInfo
 from tamis.constrain.backends import check_installed, make_compiler
 from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
+
+
+logger = logging.getLogger(__name__)
 
 
 class StructuredOutputError(ValueError):
@@ -47,6 +55,7 @@ class StructuredOutputManager:
         self._futures: dict = {}
         self._submitted_at: dict = {}
         self._matchers: dict = {}
+        self._errors: dict = {}      # request id -> message: failed after it started
         self._bitmask = None
         self.mask_seconds = 0.0      # cumulative time filling bitmasks, for metrics
 
@@ -98,6 +107,7 @@ class StructuredOutputManager:
         self._futures.pop(rid, None)
         self._submitted_at.pop(rid, None)
         self._matchers.pop(rid, None)
+        self._errors.pop(rid, None)
 
     def matcher(self, request):
         return self._matchers.get(request.request_id)
@@ -115,11 +125,31 @@ class StructuredOutputManager:
         start = time.perf_counter()
         for i, m in enumerate(rows):
             if m is None:
-                bitmask[i] = -1
-            else:
+                failed = requests[i].request_id in self._errors
+                bitmask[i] = self._eos_only_row() if failed else -1
+                continue
+            try:
                 m.fill_bitmask(bitmask, i)
+            except Exception as exc:   # a lazy compile step failed: this request alone ends
+                self._fail(requests[i].request_id, exc)
+                bitmask[i] = self._eos_only_row()
         self.mask_seconds += time.perf_counter() - start
         return torch.from_numpy(bitmask)
+
+    def _fail(self, rid, exc: Exception) -> None:
+        message = f"structured output failed while decoding: {exc}"
+        logger.error("request %s: %s", rid, message)
+        self._errors[rid] = message
+        self._matchers[rid] = None
+
+    def _eos_only_row(self) -> np.ndarray:
+        row = np.zeros(self.info.num_words * 32, dtype=bool)
+        row[list(self.info.eos_token_ids)] = True
+        return np.packbits(row, bitorder="little").view("<i4")
+
+    def error(self, request) -> str | None:
+        """Why a running request's constraint failed (its rows then allow EOS only), or None."""
+        return self._errors.get(request.request_id)
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters under EngineStats' field names."""
@@ -133,6 +163,8 @@ class StructuredOutputManager:
         return True if m is None else m.accept(int(token_id))
 
     def is_terminated(self, request) -> bool:
+        if request.request_id in self._errors:
+            return True          # failed: EOS is the only way out
         m = self._matchers.get(request.request_id)
         return False if m is None else (m.finished or m.is_complete())
 

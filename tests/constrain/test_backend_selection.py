@@ -1,8 +1,10 @@
 """structured_outputs_backend: names, defaults and the not-installed error (no optional
-package needed; the yardstick backends themselves are tested in test_backend_yardsticks.py)."""
+package needed; the yardstick backends themselves are tested in test_backend_yardsticks.py),
+and the manager's containment of a matcher that fails mid-decode."""
 import argparse
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from tamis.constrain import backends
@@ -31,7 +33,7 @@ def test_missing_package_says_how_to_install():
 def test_cli_flag_reaches_the_config():
     parser = add_engine_args(argparse.ArgumentParser())
     args = parser.parse_args(["--structured-outputs-backend", "auto"])
-    assert args.structured_outputs_backend == "auto"
+    assert EngineConfig.from_cli_args(args).structured_outputs_backend == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["--structured-outputs-backend", "outlines"])
 
@@ -47,3 +49,36 @@ def test_tamis_backend_compiles_through_the_common_interface():
     for token in tokenizer.encode("yes", add_special_tokens=False):
         assert matcher.accept(token)
     assert matcher.is_complete()
+
+
+def test_a_matcher_failing_mid_decode_ends_its_request_alone():
+    """A lazy compile step that raises inside fill_bitmask must not escape the manager
+    (it would take the engine step, and every other request, down)."""
+    import time
+    from types import SimpleNamespace
+
+    from conformance import smollm2
+
+    from tamis.constrain import ConstraintError, StructuredOutputsParams
+    from tamis.engine.structured_output import StructuredOutputManager
+    tokenizer, info = smollm2()
+    manager = StructuredOutputManager(tokenizer, info.vocab_size, None)
+    requests = [SimpleNamespace(request_id=rid, sampling_params=SimpleNamespace(
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))) for rid in "ab"]
+    for request in requests:
+        manager.add_request(request)
+        while not manager.is_ready(request):
+            time.sleep(0.05)
+
+    def explode(bitmask, row):
+        raise ConstraintError("constraint too large")
+    manager.matcher(requests[0]).fill_bitmask = explode
+    for _ in range(2):                       # the failure sticks on later steps
+        bitmask = manager.fill_bitmask(requests).numpy()
+        allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little", axis=1).astype(bool)
+        assert set(np.flatnonzero(allowed[0])) == set(info.eos_token_ids)
+        assert allowed[1].sum() > 0 and not allowed[1][list(info.eos_token_ids)].any()
+    assert manager.is_terminated(requests[0]) and "too large" in manager.error(requests[0])
+    assert manager.error(requests[1]) is None
+    manager.remove_request(requests[0])
+    assert manager.error(requests[0]) is None
