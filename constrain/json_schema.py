@@ -16,15 +16,21 @@ Policies (each tested in tests/constrain/test_json_policies.py):
   replaces it; never before the value or after it;
 - **numbers**: see ``json_numbers``; **strings** constrained by ``pattern`` or ``format``
   are written without escape sequences; **formats**: see ``json_formats``;
-- **oneOf** is exact for regular branches (each branch minus the others);
+- **oneOf**: branches proved disjoint on their schemas (types, const/enum, a property both
+  require with disjoint values, a required name the other forbids) are an alternation; any
+  other branch is intersected with the negation of the branches it may overlap (sound);
+- **conditionals** (``if``/``then``/``else``, ``dependentRequired``, ``dependentSchemas``,
+  ``dependencies``) and ``not`` around recursive or free-form schemas: rewritten into
+  allOf/anyOf by ``json_conditionals`` (negation exact for type/const/enum/required/
+  properties/bounds, otherwise an under-approximation: sound, may refuse valid values);
 - **long bounds**: ``maxLength`` above 256 and ``maxItems`` above 128 are enforced as 256 / 128
   (sound: outputs still satisfy the schema; longer valid values are refused).
 
-Keywords that constrain values but cannot be enforced (``not``, ``if``/``then``/``else``,
-``uniqueItems: true``, ``contains``, ``patternProperties``, ``propertyNames``,
-``dependent*``, ``unevaluated*``, ``multipleOf`` other than integer steps of 1, remote
-``$ref``...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
-annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords) are ignored.
+Keywords that constrain values but cannot be enforced (``uniqueItems: true``, ``contains``,
+``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats of the specification tamis has no
+regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
+annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
+outside the specification) are ignored.
 """
 from __future__ import annotations
 
@@ -214,8 +220,10 @@ class _SchemaCompiler:
                               "(it cannot be enforced while generating)", f"{path}/uniqueItems")
 
     def _not(self, schema: dict, path: str, depth: int) -> tuple:
-        """Regular schema and negated schema: the exact difference of the languages.
-        Otherwise (recursive, free-form, or a negated schema tamis cannot compile): the
+        """Regular schema and a negated schema whose language holds *every* text of its values
+        (``_every_text``): the exact difference of the languages. A difference with any other
+        language would let through other texts of excluded values ("\\u0061" for "a", 1.50
+        for 1.5, objects in another key order). Otherwise (recursive, free-form, or a negated schema tamis cannot compile): the
         schema intersected with json_conditionals.negate (sound, may refuse valid values)."""
         rest = {k: v for k, v in schema.items() if k != "not"}
         try:
@@ -224,7 +232,7 @@ class _SchemaCompiler:
             excluded = None
         if excluded == ra.NOTHING:
             return self.value(rest, path, depth + 1)
-        if excluded is not None and not ra.has_rules(excluded):
+        if excluded is not None and not ra.has_rules(excluded) and _every_text(schema["not"]):
             base = self.value(rest, path, depth + 1)
             if not ra.has_rules(base):
                 return ("diff", base, excluded)
@@ -277,6 +285,8 @@ class _SchemaCompiler:
         t = types.pop()
         node = CANONICAL[t]
         for leaf in leaves:
+            if "pattern" in leaf or "_patterns" in leaf:
+                node = ("and", node, CANONICAL_ASCII_STRING)
             node = ("diff", node, self._leaf_language(leaf, path, depth))
         rest = {k: v for k, v in schema.items() if k != "_negate"}
         if any(k not in ANNOTATIONS for k in rest):
@@ -943,6 +953,26 @@ def _escape_pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")
 
 
+def _every_text(schema) -> bool:
+    """True if tamis's language for ``schema`` contains every JSON text of each value it
+    accepts (so a difference with it is exact): plain null/boolean/number/string types with
+    at most string length bounds (uncapped)."""
+    if not isinstance(schema, dict):
+        return False
+    keys = {k for k in schema if k not in ANNOTATIONS}
+    types = _type_set(schema.get("type"))
+    if "type" not in keys or types is None or "integer" in _as_list(schema["type"]) \
+            or not types <= {"null", "boolean", "number", "string"}:
+        return False
+    if not keys <= {"type", "minLength", "maxLength"}:
+        return False
+    return not isinstance(schema.get("maxLength"), (int, float)) or schema["maxLength"] <= MAX_STRING_LENGTH
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def _type_set(types) -> set | None:
     """JSON types a ``type`` keyword admits ("integer" widened to "number"), None if absent."""
     if types is None:
@@ -985,11 +1015,12 @@ def _json_equal(x, y) -> bool:
     return x == y
 
 
-# Canonical texts (one per value) for negations: printable ASCII strings without escapes
-# (so ECMAScript/Python regex classes agree on them), numbers without exponent, trailing
-# fraction zeros or "-0".
+# Canonical texts (one per value) for negations: strings without escapes (printable ASCII
+# only when a pattern is negated, so that ECMAScript's and tamis's \s, \w, \d agree on
+# them), numbers without exponent, trailing fraction zeros or "-0".
+CANONICAL_ASCII_STRING = parse_regex(r'"[ !#-\[\]-~]*"')
 CANONICAL = {
-    "string": parse_regex(r'"[ !#-\[\]-~]*"'),
+    "string": ra.seq(QUOTE, ra.rep(SAFE_CHAR, 0, None), QUOTE),
     "number": parse_regex(r"0|-?[1-9][0-9]*(\.[0-9]*[1-9])?|-?0\.[0-9]*[1-9]"),
     "boolean": ra.alt(ra.literal("true"), ra.literal("false")),
     "null": ra.literal("null"),
