@@ -73,7 +73,8 @@ PPL_METHODS = {
                                       "--desc-act", "--no-sym"],
     "rtn-4bit-g128-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128", "--no-sym",
                            "--rtn"],
-    "fp8-dynamic": ["--method", "fp8"],
+    "fp8-dynamic": ["--method", "fp8"],  # GPTQ-rounded FP8 weights, per-tensor scales
+    "fp8-dynamic-rtn": ["--method", "fp8", "--rtn"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
 }
 

@@ -17,7 +17,9 @@ GRID_POINTS = 20
 
 
 def _pseudo_quantize(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
-    return rtn_quantize(weight, bits, group_size, sym=False).dequantize()
+    # Full-range grids here (no clipping search: 20x cheaper); the weights are clipped
+    # once, after the scales are chosen (pipeline), as AutoAWQ does.
+    return rtn_quantize(weight, bits, group_size, sym=False, search=False).dequantize()
 
 
 def _weight_profile(weights: list[torch.Tensor], group_size: int) -> torch.Tensor:
