@@ -81,6 +81,14 @@ UNSUPPORTED = {
     "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
     "$dynamicRef", "$recursiveRef",
 }
+# Keywords whose value is a schema or an array of schemas / an object of schemas (for $id).
+SCHEMA_KEYWORDS = {
+    "items", "prefixItems", "additionalItems", "additionalProperties", "contains", "propertyNames",
+    "if", "then", "else", "not", "allOf", "anyOf", "oneOf", "unevaluatedItems",
+    "unevaluatedProperties", "contentSchema",
+}
+SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+               "dependencies"}
 TYPE_KEYWORDS = {
     "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
@@ -127,20 +135,29 @@ class _SchemaCompiler:
         self._validator = None
 
     # ---- document index for $ref ---------------------------------------------------------
-    def _index(self, schema, base: str) -> None:
+    def _index(self, schema, base: str, is_schema: bool = True) -> None:
+        """Records each node's base URI; registers $id/$anchor only on nodes that are schemas
+        (reached through schema keywords), so an "$id" inside an unknown keyword's value is
+        not taken for an identifier."""
         if isinstance(schema, dict):
-            if isinstance(schema.get("$id"), str):
+            if is_schema and isinstance(schema.get("$id"), str):
                 base = urljoin(base, schema["$id"])
                 self._ids[urldefrag(base)[0]] = schema
-            if isinstance(schema.get("$anchor"), str):
+            if is_schema and isinstance(schema.get("$anchor"), str):
                 self._anchors[urldefrag(base)[0] + "#" + schema["$anchor"]] = schema
             self._base_of[id(schema)] = base
             for key, sub in schema.items():
-                if key not in ("enum", "const", "default", "examples"):
-                    self._index(sub, base)
+                if key in ("enum", "const", "default", "examples"):
+                    continue
+                if is_schema and key in SCHEMA_MAPS and isinstance(sub, dict):
+                    self._base_of[id(sub)] = base
+                    for value in sub.values():
+                        self._index(value, base, True)
+                else:
+                    self._index(sub, base, is_schema and key in SCHEMA_KEYWORDS)
         elif isinstance(schema, list):
             for sub in schema:
-                self._index(sub, base)
+                self._index(sub, base, is_schema)
 
     def _resolve(self, ref: str, schema, path: str):
         if not isinstance(ref, str):
