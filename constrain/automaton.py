@@ -382,7 +382,8 @@ class LazyDFA:
 
     def __init__(self, node, allow_empty_language: bool = False):
         self.nfa, nfa_start, self.nfa_accept = build_nfa(node)
-        self._byte_class, self._class_edges = _byte_classes(self.nfa)
+        self._byte_class, self._class_of = _byte_classes(self.nfa)
+        self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
         self._closures: dict[int, frozenset] = {}
         self._lock = threading.RLock()
@@ -486,10 +487,18 @@ class LazyDFA:
             self.trans = grown
         return sid
 
+    def _edges_in_classes(self, q: int) -> list:
+        found = self._class_edges.get(q)
+        if found is None:
+            cls = self._class_of
+            found = [(cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges[q]]
+            self._class_edges[q] = found
+        return found
+
     def _build_row(self, state: int) -> None:
         buckets: dict[int, set[int]] = {}
         for q in self.sets[state]:
-            for clo, chi, t in self._class_edges[q]:
+            for clo, chi, t in self._edges_in_classes(q):
                 for c in range(clo, chi + 1):
                     buckets.setdefault(c, set()).add(t)
         by_class = np.full(self._num_classes, DEAD, dtype=np.int32)
@@ -503,7 +512,8 @@ class LazyDFA:
 
 
 def _byte_classes(nfa: NFA):
-    """Partitions 0..255 into classes no edge splits; returns (byte -> class, per-state class edges)."""
+    """Partitions 0..255 into classes no edge splits; returns (byte -> class as an array,
+    the same as a list)."""
     cuts = {0, 256}
     for edges in nfa.edges:
         for lo, hi, _ in edges:
@@ -513,7 +523,4 @@ def _byte_classes(nfa: NFA):
     byte_class = np.zeros(256, dtype=np.int64)
     for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
         byte_class[a:b] = c
-    class_edges = [[(int(byte_class[lo]), int(byte_class[hi]), t) for lo, hi, t in edges]
-                   for edges in nfa.edges]
-    return byte_class, class_edges
-
+    return byte_class, byte_class.tolist()

@@ -27,12 +27,13 @@ from collections import OrderedDict
 import numpy as np
 
 PAD = 256
-_MAX_CLASSES = 24
+_MAX_CLASSES = 128          # ~0.5 MB each (runlen + cached rows)
 
 
 class TokenTable:
     def __init__(self, token_bytes: list):
         self.vocab_size = len(token_bytes)
+        self.token_bytes = token_bytes
         self.lengths = np.asarray([len(b) if b else 0 for b in token_bytes], dtype=np.int64)
         self.max_len = max(int(self.lengths.max()), 1)
         ends = np.cumsum(self.lengths + 1) - 1                 # index of each token's PAD

@@ -27,6 +27,9 @@ import numpy as np
 from .automaton import DEAD
 from .token_table import PAD
 
+# Counted chains (maxLength strings...) are followed this far at most: longer runs are rare
+# (token lengths: p99 = 14 bytes on SmolLM2) and each step builds a DFA row.
+_MAX_COUNTED_CHAIN = 16
 # A chain needs a class of at least this many bytes (smaller ones rarely pay for the
 # per-class tables); self-loops need 2.
 _MIN_CHAIN_CLASS = 4
@@ -73,7 +76,7 @@ def _build_chain(table, dfa, state: int) -> Chain | None:
         if count < _MIN_CHAIN_CLASS:
             return None
         members = row == target
-        states = _follow(dfa, state, members, table.max_len)
+        states = _follow(dfa, state, members, table.max_len, _MAX_COUNTED_CHAIN)
     accepting = dfa.accepting_array()
     exit_bytes = np.zeros(256, dtype=bool)
     for s in set(states.tolist()):
@@ -83,11 +86,12 @@ def _build_chain(table, dfa, state: int) -> Chain | None:
     return Chain(members, table.class_tokens(members), states, accepting[states], exit_bytes, stops)
 
 
-def _follow(dfa, state: int, members: np.ndarray, max_len: int) -> np.ndarray:
+def _follow(dfa, state: int, members: np.ndarray, max_len: int, cap: int) -> np.ndarray:
     """s_0 = state, s_1, ...: the states a run of ``members`` bytes goes through, cut where
-    a row is not uniform (or dead) on the class; a self-loop fills up to ``max_len``."""
+    a row is not uniform (or dead) on the class, or after ``cap`` states (each costs a DFA
+    row; longer runs continue from s_cap); a self-loop fills up to ``max_len``."""
     states = [state]
-    while len(states) <= max_len:
+    while len(states) <= cap:
         targets = dfa.row(states[-1])[members]
         nxt = int(targets[0])
         if nxt == DEAD or (targets != nxt).any():
@@ -168,6 +172,9 @@ def walk(table, dfa, tok: np.ndarray, pos: np.ndarray, st: np.ndarray,
     flat = table.flat
     at = table.offsets[tok] + pos                     # absolute index into ``flat``
     while len(tok):
+        if len(tok) <= _PYTHON_WALK_MAX:
+            accepted.append(_walk_python(table, dfa, tok, at, st, ends))
+            break
         if len(tok) >= _SKIP_MIN_ITEMS:
             at, st = _skip_runs(table, dfa, tok, at, st, ends)
         byte = flat.take(at)
@@ -191,8 +198,35 @@ def walk(table, dfa, tok: np.ndarray, pos: np.ndarray, st: np.ndarray,
     return np.concatenate(accepted) if accepted else np.empty(0, np.int64)
 
 
+# So few items are cheaper to finish in plain Python than with ~10 numpy calls per byte.
+_PYTHON_WALK_MAX = 24
+
+
+def _walk_python(table, dfa, tok, at, st, ends) -> np.ndarray:
+    """``walk`` for a handful of items, one byte at a time in Python."""
+    accepted, end_tok, end_cut = [], [], []
+    accepting = dfa.accepting
+    starts = (at - table.offsets[tok]).tolist()
+    for token, k, state in zip(tok.tolist(), starts, st.tolist()):
+        data = table.token_bytes[token]
+        size = len(data)
+        while k < size:
+            state = int(dfa.row(state)[data[k]])
+            if state < 0:
+                break
+            k += 1
+            if ends is not None and k < size and accepting[state]:
+                end_tok.append(token)
+                end_cut.append(k)
+        else:
+            accepted.append(token)
+    if end_tok:
+        ends.append((np.asarray(end_tok, dtype=np.int64), np.asarray(end_cut, dtype=np.int64)))
+    return np.asarray(accepted, dtype=np.int64)
+
+
 # Fewer items than this in one state are walked byte by byte (a chain costs DFA rows).
-_SKIP_MIN_ITEMS = 8
+_SKIP_MIN_ITEMS = 24
 
 
 def _skip_runs(table, dfa, tok, at, st, ends):
