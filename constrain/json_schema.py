@@ -379,10 +379,8 @@ class _SchemaCompiler:
         return out
 
     def _alternatives(self, schema: dict, path: str, depth: int) -> tuple:
-        keyword = "oneOf" if "oneOf" in schema else "anyOf"
-        if "oneOf" in schema and "anyOf" in schema:
-            rest = {k: v for k, v in schema.items() if k != "oneOf"}
-            return self.value({"allOf": [rest, {"oneOf": schema["oneOf"]}]}, path, depth + 1)
+        # with both, anyOf goes first: its branches are merged with a base that keeps oneOf
+        keyword = "anyOf" if "anyOf" in schema else "oneOf"
         branches = schema[keyword]
         if not isinstance(branches, list) or not branches:
             raise SchemaError(f"{keyword} must be a non-empty array", f"{path}/{keyword}")
@@ -444,14 +442,14 @@ class _SchemaCompiler:
             return False
         if not isinstance(a, dict) or not isinstance(b, dict) or depth > 8:
             return a is False or b is False
+        va, vb = self._values_of(a, path), self._values_of(b, path)
+        if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
+            return True
         if any(k in x for x in (a, b) for k in ("anyOf", "oneOf", "not", "nullable",
                                                  *CONDITIONAL_KEYWORDS)):
             return False
         ta, tb = _type_set(a.get("type")), _type_set(b.get("type"))
         if ta is not None and tb is not None and not ta & tb:
-            return True
-        va, vb = _values_of(a), _values_of(b)
-        if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
             return True
         for values, other in ((va, tb), (vb, ta)):
             if values is not None and other is not None and not {_json_type(v) for v in values} & other:
@@ -469,6 +467,32 @@ class _SchemaCompiler:
         return any(name in props_a and name in props_b
                    and self._disjoint(props_a[name], props_b[name], path, depth + 1)
                    for name in both if isinstance(name, str))
+
+    def _values_of(self, schema, path: str, depth: int = 0):
+        """A finite superset of the values ``schema`` allows (const/enum, or anyOf/oneOf of
+        such), or None if there is none."""
+        if "const" in schema:
+            return [schema["const"]]
+        if isinstance(schema.get("enum"), list):
+            return schema["enum"]
+        if schema.get("nullable") is True or depth > 8:
+            return None
+        for keyword in ("anyOf", "oneOf"):
+            branches = schema.get(keyword)
+            if isinstance(branches, list) and branches:
+                out = []
+                for branch in branches:
+                    try:
+                        branch = self._deref(branch, path, 0)
+                    except SchemaError:
+                        return None
+                    values = [] if branch is False else \
+                        self._values_of(branch, path, depth + 1) if isinstance(branch, dict) else None
+                    if values is None:
+                        return None
+                    out += values
+                return out
+        return None
 
     # ---- enum / const ----------------------------------------------------------------------
     def _enum(self, schema: dict, path: str) -> tuple:
@@ -998,14 +1022,6 @@ def _type_set(types) -> set | None:
     if names is None or not all(isinstance(t, str) for t in names):
         return None
     return {"number" if t == "integer" else t for t in names}
-
-
-def _values_of(schema: dict):
-    """The values allowed by const/enum, or None if the schema has neither."""
-    if "const" in schema:
-        return [schema["const"]]
-    values = schema.get("enum")
-    return values if isinstance(values, list) else None
 
 
 def _json_type(value) -> str:

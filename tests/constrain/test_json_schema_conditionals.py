@@ -143,3 +143,24 @@ def test_formats_outside_the_specification_are_annotations(fmt):
 def test_specified_formats_tamis_cannot_enforce_are_errors(fmt):
     with pytest.raises(ConstraintError, match=fmt):
         _accepts({"type": "string", "format": fmt}, '"x"')
+
+
+REGULAR_ONE_OF = {"type": "object", "additionalProperties": {"type": "string"}, "oneOf": [
+    {"properties": {"a": {"type": "string"}}, "required": ["a"]},
+    {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+
+
+@pytest.mark.parametrize("text, ok", [('{"a":"x"}', True), ('{"b":"y","c":"z"}', True),
+                                      ('{"a":"x","b":"y"}', False), ('{"b":"y","a":"x"}', False)])
+def test_one_of_overlap_is_judged_on_values_not_texts(text, ok):
+    # in schema order, branch a writes b as an extra and branch b writes it first: the texts
+    # differ, the values meet both branches
+    _check(REGULAR_ONE_OF, text, ok)
+
+
+def test_one_of_next_to_any_of_and_nested_enums():
+    schema = {"anyOf": [{"type": "string"}], "oneOf": [
+        {"oneOf": [{"enum": ["a", "b"]}, {"enum": ["c"]}]}, {"enum": ["d"]}]}
+    _check(schema, '"c"', True)
+    _check(schema, '"d"', True)
+    _check(schema, '"e"', False)
