@@ -48,7 +48,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # CPU: a dry run of th
 
 def sync() -> None:
     if DEVICE == "cuda":
-        sync()
+        torch.cuda.synchronize()
 
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

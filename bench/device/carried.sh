@@ -32,14 +32,14 @@ assemble() {
         /tmp/bundle/deps/*.whl || return 1
     tamis_env
     python3 -c "import vllm, fastapi, uvicorn; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
-    python3 -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
+    python3 -P -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
 convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
 }
 
 # llama8b_served DIR: the Llama-3.1-8B shape (dummy weights) with SmolLM2's tokenizer beside
 # it, so `tamis serve` can detokenize (W3); needs `assemble` to have made /tmp/smol.
 llama8b_served() {
-    python3 -c "import sys; sys.path.insert(0, 'bench'); from llama8b import write_llama8b_config; \
+    python3 -P -c "import sys; sys.path.insert(0, 'bench'); from llama8b import write_llama8b_config; \
 write_llama8b_config('$1', vocab_size=49152, eos_token_id=2, bos_token_id=1)" && \
         cp /tmp/smol/tokenizer* /tmp/smol/chat_template.jinja "$1"/ 2>/dev/null; ls "$1"
 }
