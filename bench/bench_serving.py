@@ -84,7 +84,7 @@ def free_port() -> int:
 
 def launch_server(engine_args: str, port: int, log_path: str, max_waiting: int,
                   threads: int | None):
-    cmd = [sys.executable, "-m", "tamis.cli", "serve", "--port", str(port),
+    cmd = [sys.executable, "-P", "-m", "tamis.cli", "serve", "--port", str(port),
            "--served-model-name", "bench", "--log-level", "warning",
            "--max-waiting", str(max_waiting), *shlex.split(engine_args)]
     env = dict(os.environ)
