@@ -23,6 +23,7 @@ import threading
 import numpy as np
 
 from .automaton import DEAD, LazyDFA
+from .first_bytes import first_bytes
 from .grammar import GrammarSpec
 from .matcher import Matcher, write_row
 from .token_masks import pack_bits
@@ -42,6 +43,8 @@ class CompiledGrammar:
         self._fresh_rows: dict = {}
         self._cross_rows: dict = {}
         self._end_nodes: dict = {}
+        self._starts: dict = {}            # terminal -> bool[256] of its possible first bytes
+        self._first_memo: dict = {}
         self._lock = threading.Lock()
         self.empty_row = np.zeros(info.num_words, dtype=np.int32)
         eos = np.zeros(info.vocab_size, dtype=bool)
@@ -160,7 +163,11 @@ class CompiledGrammar:
             table = self.info.trie
             alive = np.zeros(table.vocab_size, dtype=bool)
             if len(tokens):
+                next_bytes = np.zeros(256, dtype=bool)
+                next_bytes[table.flat[table.offsets[tokens] + cut]] = True
                 for u in expected:
+                    if not (self._first_bytes(u) & next_bytes).any():
+                        continue            # no end is followed by a byte u can start with
                     dfa = self.dfas[u]
                     if dfa.start != DEAD:
                         start = np.full(len(tokens), dfa.start, dtype=np.int64)
@@ -168,6 +175,13 @@ class CompiledGrammar:
             row = pack_bits(alive, self.info.num_words)
             self._cross_rows[key] = row
         return row
+
+    def _first_bytes(self, u: int) -> np.ndarray:
+        found = self._starts.get(u)
+        if found is None:
+            found = first_bytes(self.spec.terminals[u], self._first_memo)
+            self._starts[u] = found
+        return found
 
     def _can_end_inside(self, t: int, s: int) -> bool:
         self.state_row(t, s)
