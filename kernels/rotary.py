@@ -7,7 +7,10 @@
 - inv_freq: float32 ``[R // 2]``; the first ``R`` dims of each head rotate, the rest pass.
 - angle ``= position * inv_freq`` in float32 (the product transformers forms), then
   ``cos``/``sin`` times ``attention_scaling`` rounded to q's dtype, and
-  ``x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin`` in float32, rounded once.
+  ``x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin`` with every product and sum rounded to
+  q's dtype, as transformers' ``q * cos + rotate_half(q) * sin`` (and vLLM's kernel) round:
+  rounding once is no less accurate but picks other bf16 values, and greedy decoding on
+  near-tied logits then parts from the reference implementations.
 - neox layout (Llama, Qwen, Mistral): x1 = first half of the rotary dims, x2 = second;
   GPT-J layout (``is_neox=False``): x1 = even dims, x2 = odd dims.
 """
@@ -52,10 +55,10 @@ def _rotate_ref_(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool) -> N
         x1, x2 = x[..., :half], x[..., half:rotary_dim]
     else:
         x1, x2 = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
-    a, b = x1.float(), x2.float()
-    new1, new2 = a * cos - b * sin, b * cos + a * sin
-    x1.copy_(new1.to(x.dtype))
-    x2.copy_(new2.to(x.dtype))
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)   # every product and sum rounds to x's dtype
+    new1, new2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    x1.copy_(new1)
+    x2.copy_(new2)
 
 
 def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
@@ -92,22 +95,27 @@ if tl is not None:
         hq = tl.arange(0, Q_HEADS)
         qmask = (hq[:, None] < num_q_heads) & in_rot[None, :]
         qbase = q_ptr + tok * q_tok_stride + hq[:, None] * q_head_stride
+        dt = q_ptr.dtype.element_ty   # each product and sum rounds to it (see the docstring)
         q1 = tl.load(qbase + off1[None, :], mask=qmask, other=0.0).to(tl.float32)
         q2 = tl.load(qbase + off2[None, :], mask=qmask, other=0.0).to(tl.float32)
-        tl.store(qbase + off1[None, :], (q1 * cos[None, :] - q2 * sin[None, :])
-                 .to(q_ptr.dtype.element_ty), mask=qmask)
-        tl.store(qbase + off2[None, :], (q2 * cos[None, :] + q1 * sin[None, :])
-                 .to(q_ptr.dtype.element_ty), mask=qmask)
+        q1c = (q1 * cos[None, :]).to(dt).to(tl.float32)
+        q2s = (q2 * sin[None, :]).to(dt).to(tl.float32)
+        q2c = (q2 * cos[None, :]).to(dt).to(tl.float32)
+        q1s = (q1 * sin[None, :]).to(dt).to(tl.float32)
+        tl.store(qbase + off1[None, :], (q1c - q2s).to(dt), mask=qmask)
+        tl.store(qbase + off2[None, :], (q2c + q1s).to(dt), mask=qmask)
 
         hk = tl.arange(0, K_HEADS)
         kmask = (hk[:, None] < num_k_heads) & in_rot[None, :]
         kbase = k_ptr + tok * k_tok_stride + hk[:, None] * k_head_stride
         k1 = tl.load(kbase + off1[None, :], mask=kmask, other=0.0).to(tl.float32)
         k2 = tl.load(kbase + off2[None, :], mask=kmask, other=0.0).to(tl.float32)
-        tl.store(kbase + off1[None, :], (k1 * cos[None, :] - k2 * sin[None, :])
-                 .to(k_ptr.dtype.element_ty), mask=kmask)
-        tl.store(kbase + off2[None, :], (k2 * cos[None, :] + k1 * sin[None, :])
-                 .to(k_ptr.dtype.element_ty), mask=kmask)
+        k1c = (k1 * cos[None, :]).to(dt).to(tl.float32)
+        k2s = (k2 * sin[None, :]).to(dt).to(tl.float32)
+        k2c = (k2 * cos[None, :]).to(dt).to(tl.float32)
+        k1s = (k1 * sin[None, :]).to(dt).to(tl.float32)
+        tl.store(kbase + off1[None, :], (k1c - k2s).to(dt), mask=kmask)
+        tl.store(kbase + off2[None, :], (k2c + k1s).to(dt), mask=kmask)
 
 
 def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,

@@ -70,6 +70,19 @@ def test_silu_and_mul(dtype, d):
     torch.testing.assert_close(silu_and_mul(x), silu_and_mul_ref(x))
 
 
+# Bit-exactness against transformers' formulas is checked in float16 here: Triton's CPU
+# interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest even. The
+# gpu-marked test below repeats it in bfloat16.
+def test_silu_and_mul_rounds_as_transformers(dtype=torch.float16, device="cpu"):
+    """Kernel, reference and transformers' ``act_fn(gate) * up`` agree bit for bit."""
+    gate = torch.randn(7, 300, dtype=dtype, device=device) * 3
+    up = torch.randn(7, 300, dtype=dtype, device=device)
+    x = torch.cat([gate, up], dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    assert torch.equal(silu_and_mul_ref(x), want)
+    assert torch.equal(silu_and_mul_triton(x), want)
+
+
 def test_silu_and_mul_odd_width_rejected():
     with pytest.raises(ValueError, match="even"):
         silu_and_mul_ref(torch.randn(2, 5))
@@ -119,6 +132,32 @@ def test_rotary_ref_matches_engine_layer():
     torch.testing.assert_close(got_k, want_k)
 
 
+def test_rotary_rounds_as_transformers(dtype=torch.float16, device="cpu"):
+    """Kernel and reference agree bit for bit with transformers' ``q * cos + rotate_half(q) * sin``
+    (cos/sin rounded to q's dtype first, every product and sum rounded)."""
+    tokens, hq, hk, d = 6, 4, 2, 32
+    positions = torch.randint(0, 300, (tokens,), device=device)
+    inv_freq = _inv_freq(d, 500000.0).to(device)
+    qkv, q, k = _fused_qkv(tokens, hq, hk, d, dtype)
+    qkv = qkv.to(device)
+    q, k = qkv[:, :hq * d].view(tokens, hq, d), qkv[:, hq * d:(hq + hk) * d].view(tokens, hk, d)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+    def hf(x):
+        rotated = torch.cat((-x[..., d // 2:], x[..., :d // 2]), dim=-1)
+        return x * cos + rotated * sin
+
+    want_q, want_k = hf(q.clone()), hf(k.clone())
+    ref_q, ref_k = rotary_embedding_ref(positions, q.clone(), k.clone(), inv_freq)
+    assert torch.equal(ref_q, want_q) and torch.equal(ref_k, want_k)
+    rotary_embedding_triton(positions, q, k, inv_freq)
+    # libm and torch may differ in the last float32 bit of cos/sin of large angles, which
+    # can move a bf16 rounding: allow a handful of such elements, no more.
+    assert (q != want_q).sum() <= 2 and (k != want_k).sum() <= 2
+
+
 def _kv_case(dtype, num_blocks=6, block_size=4, heads=2, dim=8, tokens=11):
     cache = torch.randn(2, num_blocks, block_size, heads, dim, dtype=dtype)
     kv = torch.randn(tokens, 2 * heads, dim, dtype=dtype)   # fused k|v: strided views
@@ -154,6 +193,12 @@ def test_store_kv_cache_dispatcher_and_errors():
     assert torch.equal(cache, expected)
     with pytest.raises(ValueError, match="slot_mapping"):
         store_kv_cache(key, value, cache, slots[:-1])
+
+
+@pytest.mark.gpu
+def test_rounding_as_transformers_in_bf16_on_gpu():
+    test_silu_and_mul_rounds_as_transformers(torch.bfloat16, "cuda")
+    test_rotary_rounds_as_transformers(torch.bfloat16, "cuda")
 
 
 @pytest.mark.gpu
