@@ -16,7 +16,8 @@ Both branches only constrain objects, so other values pass as the keywords say.
 ``negate(schema)`` builds not-if. Contract: every instance of its result fails ``schema``
 (an under-approximation of the negation; exact for what real schemas put in ``if``:
 ``type``, ``const``/``enum``, ``required``, ``properties`` of those, string and number bounds,
-``minItems``/``maxItems``, ``anyOf``, ``not``). Any other keyword is *dropped* before negating:
+``minItems``/``maxItems``, ``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
+negation is contained in its own). Any other keyword is *dropped* before negating:
 dropping an assertion weakens the schema, so its negation only shrinks (sound; the
 else-branch may then refuse some valid instances). ``format`` is dropped too, so the result
 holds whether formats are assertions or annotations; ``maxLength`` above 256 is dropped
@@ -128,7 +129,7 @@ def negate(schema, deref, path: str, depth: int = 0):
                     arms.append({"type": "object", "required": [name], "properties": {name: negated}})
         elif key in ("minItems", "maxItems"):
             arms += _negate_count(key, value)
-        elif key == "anyOf":
+        elif key in ("anyOf", "oneOf"):        # not-oneOf contains not-anyOf (sound)
             parts = [_negate_part(b, deref, f"{where}/{i}", depth) for i, b in enumerate(value)]
             if all(part is not False for part in parts):
                 arms.append({"allOf": parts})

@@ -253,7 +253,7 @@ class _SchemaCompiler:
             base = self.value(rest, path, depth + 1)
             if not ra.has_rules(base):
                 return ("diff", base, excluded)
-        negated = negate(schema["not"], lambda s, p: self._deref(s, p, 0), f"{path}/not")
+        negated = negate(schema["not"], self._peek, f"{path}/not")
         if negated is False:
             return ra.NOTHING              # no value provably fails the negated schema
         return self.value({"allOf": [rest, negated]}, path, depth + 1)
@@ -290,7 +290,7 @@ class _SchemaCompiler:
         """Conditional keywords -> allOf/anyOf (json_conditionals); other schemas unchanged."""
         if not has_conditionals(schema):
             return schema
-        return rewrite_conditionals(schema, lambda s, p: self._deref(s, p, 0), path)
+        return rewrite_conditionals(schema, self._peek, path)
 
     def _negated(self, schema: dict, path: str, depth: int) -> tuple:
         """``_negate`` (from json_conditionals.negate): canonical texts of the leaves' type
@@ -359,6 +359,25 @@ class _SchemaCompiler:
             return schema
         raise SchemaError("$ref chain too long", path)
 
+    def _peek(self, schema, path: str):
+        """Like ``_deref`` for analysis (disjointness, negation): a $ref to a schema being
+        compiled is followed too (the result is read, never compiled in place)."""
+        for _ in range(MAX_DEPTH):
+            if isinstance(schema, dict) and "$ref" in schema:
+                target, _ = self._resolve(schema["$ref"], schema, path)
+                rest = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
+                if not rest:
+                    schema = target
+                    continue
+                if target is False:
+                    return False
+                schema = self._merge(dict(target) if isinstance(target, dict) else {}, rest, path)
+                continue
+            if isinstance(schema, dict) and "allOf" in schema:
+                return self._deref(schema, path, 0)
+            return schema
+        raise SchemaError("$ref chain too long", path)
+
     def _merge(self, a: dict, b: dict, path: str):
         a, b = self._rewrite(a, path), self._rewrite(b, path)
         for x, y in ((a, b), (b, a)):
@@ -399,7 +418,10 @@ class _SchemaCompiler:
                     schemas.append(merged)
             else:
                 nodes.append(self.value(branch, where, depth + 1))
-                schemas.append(branch)
+                try:                        # content, not a $ref (may be one being compiled)
+                    schemas.append(self._peek(branch, where))
+                except SchemaError:
+                    schemas.append(branch)
         if keyword == "oneOf":
             return self._one_of(nodes, schemas, path, depth)
         return ra.alt(*nodes)
@@ -424,10 +446,9 @@ class _SchemaCompiler:
                 continue
             where = f"{path}/oneOf/{i}"
             try:
-                others = [negate(live[j][1], lambda s, p: self._deref(s, p, 0), where)
-                          for j in overlaps[i]]
-            except SchemaError as exc:
-                raise SchemaError(f"oneOf with overlapping branches: {exc}", where) from None
+                others = [negate(live[j][1], self._peek, where) for j in overlaps[i]]
+            except SchemaError:
+                continue                    # cannot negate: the branch is left out (sound)
             if any(o is False for o in others):
                 continue                    # no instance provably fails some other branch
             out.append(self.value({"allOf": [schema] + others}, where, depth + 1))
@@ -436,15 +457,23 @@ class _SchemaCompiler:
     def _disjoint(self, a, b, path: str, depth: int = 0) -> bool:
         """True only if no instance can meet both schemas (False = unknown). Checks types,
         const/enum values, and recursively the values of properties both require."""
+        deadline.check()
         try:
-            a, b = self._deref(a, path, 0), self._deref(b, path, 0)
+            a, b = self._peek(a, path), self._peek(b, path)
         except SchemaError:
             return False
-        if not isinstance(a, dict) or not isinstance(b, dict) or depth > 8:
+        if not isinstance(a, dict) or not isinstance(b, dict) or depth > 4:
             return a is False or b is False
         va, vb = self._values_of(a, path), self._values_of(b, path)
         if va is not None and vb is not None and not any(_json_equal(x, y) for x in va for y in vb):
             return True
+        for x, y in ((a, b), (b, a)):
+            # x's instances all meet one of its anyOf/oneOf branches: disjoint from y if each is
+            for keyword in ("anyOf", "oneOf"):
+                branches = x.get(keyword)
+                if isinstance(branches, list) and branches and \
+                        all(self._disjoint(branch, y, path, depth + 1) for branch in branches):
+                    return True
         if any(k in x for x in (a, b) for k in ("anyOf", "oneOf", "not", "nullable",
                                                  *CONDITIONAL_KEYWORDS)):
             return False
@@ -483,7 +512,7 @@ class _SchemaCompiler:
                 out = []
                 for branch in branches:
                     try:
-                        branch = self._deref(branch, path, 0)
+                        branch = self._peek(branch, path)
                     except SchemaError:
                         return None
                     values = [] if branch is False else \
