@@ -312,6 +312,10 @@ class LLMEngine:
 
     def _append_token(self, request: Request, token_id: int,
                       logprob: tuple[dict[int, Logprob], float] | None, now: float) -> None:
+        error = self._constraint_error(request)
+        if error is not None:   # its matcher failed mid-decode: the EOS it was given is no answer
+            self._finish(request, RequestStatus.FINISHED_ERROR, error, now=now)
+            return
         forced = self._accept_structured(request, token_id)
         for i, token in enumerate([token_id] + forced):
             if i > 0:
@@ -435,6 +439,13 @@ class LLMEngine:
                 word, bit = divmod(eos, 32)
                 if word < bitmask.shape[1]:   # clear the bit; int32 holds bit 31 as the sign
                     bitmask[row, word] &= ~(1 << bit) if bit < 31 else 0x7FFFFFFF
+
+    def _constraint_error(self, request: Request) -> str | None:
+        """Why the request's constraint failed while decoding (the manager then allows EOS
+        only), or None."""
+        if self._structured is None or request.sampling_params.structured_outputs is None:
+            return None
+        return self._structured.error(request)
 
     def _accept_structured(self, request: Request, token_id: int) -> list[int]:
         """Advances the request's matcher; returns the tokens the grammar forces next

@@ -148,6 +148,35 @@ def test_structured_choice_and_failed_grammar(tiny_checkpoint, monkeypatch):
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
+def test_constraint_failing_mid_decode_finishes_with_error(tiny_checkpoint, monkeypatch):
+    """A matcher that fails while decoding ends its request alone with finish_reason "error"
+    and the manager's message; the other request and the KV pool are unaffected."""
+    from tamis.constrain import StructuredOutputsParams
+    from tamis.engine.structured_output import StructuredOutputManager
+
+    engine = make_engine(tiny_checkpoint("llama"))
+    real_fill = StructuredOutputManager.fill_bitmask
+
+    def failing_fill(self, requests):
+        for request in requests:
+            if request.request_id == "fails" and request.num_output_tokens >= 1:
+                self._fail(request.request_id, RuntimeError("automaton too large"))
+        return real_fill(self, requests)
+    monkeypatch.setattr(StructuredOutputManager, "fill_bitmask", failing_fill)
+    constrained = SamplingParams(temperature=0.0, max_tokens=8,
+                                 structured_outputs=StructuredOutputsParams(regex="[a-z]{20}"))
+    engine.add_request("fails", [5, 6], constrained)
+    engine.add_request("fine", [5, 6], GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    failed = done["fails"]
+    assert failed.outputs[0].finish_reason == "error"
+    assert "automaton too large" in failed.error
+    assert len(done["fine"].outputs[0].token_ids) == GREEDY.max_tokens
+    assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
+
+
 def test_output_kinds_and_abort(tiny_checkpoint):
     from tamis.engine.sampling_params import RequestOutputKind
     engine = make_engine(tiny_checkpoint("llama"))
