@@ -17,8 +17,6 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-import numpy as np
-
 _CACHE: dict = {}
 _CACHE_LOCK = threading.Lock()
 

@@ -1,6 +1,5 @@
 """The NFA is trimmed only when a construct can leave a dead end; either way every live DFA
 state must still be completable (a mask never allows a token into a dead end)."""
-import numpy as np
 import pytest
 
 from tamis.constrain import regex_ast as ra
