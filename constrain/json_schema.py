@@ -34,6 +34,7 @@ outside the specification) are ignored.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from urllib.parse import urldefrag, urljoin
@@ -62,6 +63,7 @@ MAX_DEPTH = 60
 MAX_STRING_LENGTH = 256
 MAX_ARRAY_ITEMS = 128
 MAX_ENUM = 5_000
+MAX_MEMBER_CHOICES = 64      # maxProperties below the declared count: alternatives enumerated
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
 ANNOTATIONS = {
@@ -747,28 +749,24 @@ class _SchemaCompiler:
         extra = self._extra_members(names, patterns, extra_schema, names_schema, path, depth)
         lo = _nonneg_int(schema, "minProperties", path, 0)
         hi = _nonneg_int(schema, "maxProperties", path, None)
-        if hi is not None and hi < sum(1 for _, req in members if req):
-            return ra.NOTHING
-        if extra == ra.NOTHING:
-            if hi is not None and hi < len(members):
-                raise SchemaError("maxProperties below the number of declared properties is "
-                                  "not supported", f"{path}/maxProperties")
-            tail_none, tail_some = ra.EMPTY, ra.EMPTY
-        else:
-            # sound bound: declared members plus extras never exceed maxProperties
-            extra_hi = None if hi is None else max(hi - len(members), 0)
-            tail_some = ra.rep(ra.seq(sep, extra), 0, extra_hi)
-            tail_none = ra.EMPTY if extra_hi == 0 else \
-                ra.opt(ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, None if extra_hi is None else extra_hi - 1)))
         required_count = sum(1 for _, req in members if req)
-        if lo > required_count:
-            if lo > 1:
-                raise SchemaError("minProperties above 1 (beyond the required properties) is "
-                                  "not supported", f"{path}/minProperties")
-            # at least one member: the "nothing emitted" path must emit an extra
-            tail_none = ra.NOTHING if extra == ra.NOTHING else ra.seq(extra, tail_some)
-        body = ("props", tuple(members), sep, tail_none, tail_some) if members else tail_none
-        return ra.seq(ra.char("{"), self.ws, body, self.ws, ra.char("}"))
+        if hi is not None and hi < required_count:
+            return ra.NOTHING
+        if hi is None or hi >= len(members):
+            bodies = [_members_body(tuple(members), sep, extra, lo, hi, path)]
+        else:
+            # maxProperties below the declared count: one alternative per set of optional
+            # members that fits (those members become required in it)
+            optional = [k for k, (_, req) in enumerate(members) if not req]
+            choices = [c for size in range(hi - required_count + 1)
+                       for c in itertools.combinations(optional, size)]
+            if len(choices) > MAX_MEMBER_CHOICES:
+                raise SchemaError("maxProperties well below the number of declared properties is "
+                                  "not supported", f"{path}/maxProperties")
+            bodies = [_members_body(tuple((node, True) for k, (node, req) in enumerate(members)
+                                          if req or k in chosen), sep, extra, lo, hi, path)
+                      for chosen in choices]
+        return ra.seq(ra.char("{"), self.ws, ra.alt(*bodies), self.ws, ra.char("}"))
 
     def _member_schema(self, name: str, props: dict, patterns: dict, extra_schema, path: str):
         """A declared (or required) property's schema, with every matching patternProperty."""
@@ -948,6 +946,26 @@ def _nonneg_int(schema: dict, key: str, path: str, default):
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise SchemaError(f"{key} must be a non-negative integer", f"{path}/{key}")
     return value
+
+
+def _members_body(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:
+    """Declared ``members`` then extras, with at most ``hi`` properties in all (optional
+    members counted as present: sound) and at least ``lo`` (only 1 beyond the required ones
+    is supported: then an object with no member must carry an extra)."""
+    required_count = sum(1 for _, req in members if req)
+    extra_hi = None if hi is None else hi - len(members)
+    if extra == ra.NOTHING or extra_hi == 0:
+        tail_some, first = ra.EMPTY, ra.NOTHING
+    else:
+        tail_some = ra.rep(ra.seq(sep, extra), 0, extra_hi)
+        first = ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, None if extra_hi is None else extra_hi - 1))
+    tail_none = ra.alt(ra.EMPTY, first)
+    if lo > required_count:
+        if lo > 1:
+            raise SchemaError("minProperties above 1 (beyond the required properties) is "
+                              "not supported", f"{path}/minProperties")
+        tail_none = first                  # nothing emitted yet: an extra must come
+    return ("props", members, sep, tail_none, tail_some) if members else tail_none
 
 
 def _list_body(prefix: list, rest, lo: int, hi, sep) -> tuple:

@@ -164,3 +164,15 @@ def test_one_of_next_to_any_of_and_nested_enums():
     _check(schema, '"c"', True)
     _check(schema, '"d"', True)
     _check(schema, '"e"', False)
+
+
+MAX_ONE = {"type": "object", "properties": {"x": {"type": "string"}, "m": {"type": "string"}},
+           "minProperties": 1, "maxProperties": 1}
+
+
+@pytest.mark.parametrize("text, ok", [('{"x":"a"}', True), ('{"m":"b"}', True), ('{"z":1}', True),
+                                      ('{"x":"a","m":"b"}', False), ('{"x":"a","z":1}', False),
+                                      ('{"z":1,"w":2}', False), ("{}", False)])
+def test_max_properties_below_the_declared_count(text, ok):
+    # each declared property may appear, but never two properties in all
+    _check(MAX_ONE, text, ok)
