@@ -245,6 +245,8 @@ class _SchemaCompiler:
         for 1.5, objects in another key order). Otherwise (recursive, free-form, or a negated schema tamis cannot compile): the
         schema intersected with json_conditionals.negate (sound, may refuse valid values)."""
         rest = {k: v for k, v in schema.items() if k != "not"}
+        if "enum" in rest or "const" in rest:
+            return self._enum(schema, path)    # each value checked against the whole schema
         try:
             excluded = self.value(schema["not"], f"{path}/not", depth + 1)
         except SchemaError:
