@@ -46,7 +46,7 @@ def worker(list_file: str, start: int, out_file: str) -> None:
     """Processes schemas from index ``start``; writes a "start" line then a result line each."""
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
-    from conformance import compact, smollm2, walk
+    from conformance import compact, in_schema_order, smollm2, walk
     from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, deadline
     _, info = smollm2()
     paths = Path(list_file).read_text().split("\n")
@@ -65,7 +65,7 @@ def worker(list_file: str, start: int, out_file: str) -> None:
             if compiled is not None:
                 row.update(valid=0, valid_ok=0, invalid=0, invalid_accepted=[])
                 for k, test in enumerate(doc["tests"]):
-                    accepted = walk(compiled, compact(test["data"]))[0]
+                    accepted = walk(compiled, compact(in_schema_order(test["data"], doc["schema"])))[0]
                     if test["valid"]:
                         row["valid"] += 1
                         row["valid_ok"] += accepted

@@ -29,6 +29,65 @@ def compact(data) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
+def in_schema_order(data, schema, root=None):
+    """``data`` with each object's declared properties first, in the schema's order (the order
+    tamis generates them in: a documented policy, as xgrammar's), other keys after in their
+    own order. The value is unchanged, so validity is too: walking instances in this order
+    measures whether every valid value can be generated, and that no invalid value can.
+    Follows properties, additionalProperties, items, prefixItems, local $ref and the
+    branches of allOf/anyOf/oneOf (the first branch declaring a key wins)."""
+    root = schema if root is None else root
+    schema = _resolve(schema, root)
+    if not isinstance(schema, dict):
+        return data
+    if isinstance(data, dict):
+        declared = _declared(schema, root)
+        ordered = [k for k in declared if k in data] + [k for k in data if k not in declared]
+        return {k: in_schema_order(data[k], _child(schema, root, k, declared), root) for k in ordered}
+    if isinstance(data, list):
+        prefix = schema.get("prefixItems") or (schema.get("items") if isinstance(schema.get("items"), list) else [])
+        items = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        return [in_schema_order(v, prefix[i] if i < len(prefix) else items, root) for i, v in enumerate(data)]
+    return data
+
+
+def _resolve(schema, root, depth=0):
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and \
+            schema["$ref"].startswith("#") and depth < 32:
+        target = root
+        for part in schema["$ref"].lstrip("#").strip("/").split("/"):
+            if part:
+                target = target.get(part.replace("~1", "/").replace("~0", "~"), {}) \
+                    if isinstance(target, dict) else {}
+        schema, depth = target, depth + 1
+    return schema
+
+
+def _branches(schema, root):
+    yield schema
+    for key in ("allOf", "anyOf", "oneOf"):
+        for branch in schema.get(key, []) or []:
+            branch = _resolve(branch, root)
+            if isinstance(branch, dict):
+                yield from _branches(branch, root)
+
+
+def _declared(schema, root) -> dict:
+    """key -> its subschema, in declaration order over the schema and its branches."""
+    declared = {}
+    for branch in _branches(schema, root):
+        for key, sub in (branch.get("properties") or {}).items():
+            declared.setdefault(key, sub)
+    return declared
+
+
+def _child(schema, root, key, declared):
+    if key in declared:
+        return declared[key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, dict) else {}
+
+
 def walk(compiled, text: str, check_mask: bool = False) -> tuple[bool, int]:
     """Feeds ``text`` token by token, then EOS. Returns (accepted, tokens outside the mask)."""
     tokenizer, info = smollm2()

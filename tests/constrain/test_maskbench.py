@@ -6,7 +6,7 @@ import json
 import os
 from collections import Counter, defaultdict
 
-from conformance import compact, maskbench_sample, smollm2, walk
+from conformance import compact, in_schema_order, maskbench_sample, smollm2, walk
 from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, deadline
 
 PER_SUBSET = int(os.environ.get("TAMIS_MASKBENCH_PER_SUBSET", "2"))
@@ -30,7 +30,7 @@ def test_maskbench_sample():
             continue
         row["compiled"] += 1
         for test in doc["tests"]:
-            accepted, _ = walk(compiled, compact(test["data"]))
+            accepted, _ = walk(compiled, compact(in_schema_order(test["data"], doc["schema"])))
             kind = "valid" if test["valid"] else "invalid"
             row[kind] += 1
             row[kind + "_ok"] += accepted == test["valid"]
