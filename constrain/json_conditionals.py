@@ -170,7 +170,7 @@ def _negate_values(values, whole_types: set, leaves: list, where: str) -> None:
     if not isinstance(values, list):
         raise SchemaError("enum must be an array", where)
     for t in ALL_TYPES:
-        mine = [v for v in values if _json_type(v) == t]
+        mine = [v for v in values if json_type(v) == t]
         if not mine:
             whole_types.add(t)
         elif t in SCALAR_TYPES:
@@ -195,7 +195,8 @@ def _negate_group(schema: dict, keys: tuple, t: str, path: str) -> list:
     return [dict(group, type=t)] if group else []
 
 
-def _json_type(value) -> str:
+def json_type(value) -> str:
+    """The JSON type of a decoded value; integers and reals are both "number"."""
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -42,7 +42,8 @@ from urllib.parse import urldefrag, urljoin
 from . import deadline
 from . import regex_ast as ra
 from .errors import ConstraintError, SchemaError
-from .json_conditionals import CONDITIONAL_KEYWORDS, has_conditionals, negate, rewrite_conditionals
+from .json_conditionals import (CONDITIONAL_KEYWORDS, has_conditionals, json_type, negate,
+                                rewrite_conditionals)
 from .json_formats import FORMAT_MAX_LENGTH, format_node, is_annotation_only
 from .json_numbers import ANY_NUMBER, int_range, number_range
 from .regex_parser import parse_regex
@@ -485,7 +486,7 @@ class _SchemaCompiler:
         if ta is not None and tb is not None and not ta & tb:
             return True
         for values, other in ((va, tb), (vb, ta)):
-            if values is not None and other is not None and not {_json_type(v) for v in values} & other:
+            if values is not None and other is not None and not {json_type(v) for v in values} & other:
                 return True
         if ta != {"object"} and tb != {"object"}:
             return False            # non-objects meet "required"/"properties" vacuously
@@ -1071,18 +1072,6 @@ def _type_set(types) -> set | None:
     if names is None or not all(isinstance(t, str) for t in names):
         return None
     return {"number" if t == "integer" else t for t in names}
-
-
-def _json_type(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
 
 
 def _json_equal(x, y) -> bool:
