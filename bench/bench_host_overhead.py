@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
@@ -35,6 +34,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from llama8b import add_w1_workload_args, make_prompts  # noqa: E402
 
 PHASES = (("scheduler", "schedule"), ("runner", "prepare_inputs"), ("runner", "forward"),
           ("runner", "compute_logits"), ("runner", "sample"))
@@ -134,11 +135,6 @@ def _decode_batch_size(batch) -> int | None:
     return None
 
 
-def make_prompts(num: int, lo: int, hi: int, vocab: int, seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
-
-
 def run(args) -> dict:
     from tamis.engine.sampling_params import SamplingParams
     torch.set_num_threads(args.threads)
@@ -146,9 +142,10 @@ def run(args) -> dict:
     llm = make_engine(make_checkpoint(folder, args.vocab, args.text), args)
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                             detokenize=args.text)
-    warm = make_prompts(8, 16, 64, args.vocab, args.seed + 1)
+    warm = make_prompts(8, 16, 64, args.seed + 1, args.vocab, first_id=3)
     llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
-    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.vocab, args.seed)
+    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed, args.vocab,
+                           first_id=3)
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     timer = PhaseTimer(llm.llm_engine, args.num_prompts, clock)
     t0 = time.perf_counter()
@@ -165,10 +162,7 @@ def run(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--min-prompt", type=int, default=128)
-    parser.add_argument("--max-prompt", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_w1_workload_args(parser)
     parser.add_argument("--max-batched-tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=1024)
     parser.add_argument("--forward", choices=("stub", "real"), default="stub")

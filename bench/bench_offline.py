@@ -27,15 +27,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llama8b import write_llama8b_config  # noqa: E402
+from llama8b import add_w1_workload_args, make_prompts, write_llama8b_config  # noqa: E402
 
 RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # BENCHMARKS.md, same H200 kind
-
-
-def make_prompts(num: int, lo: int, hi: int, seed: int, vocab: int = 128000) -> list[list[int]]:
-    import random
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
 
 
 class StepProfiler:
@@ -244,10 +238,7 @@ def main() -> None:
     parser.add_argument("--engines", default="tamis,transformers")
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--min-prompt", type=int, default=128)
-    parser.add_argument("--max-prompt", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_w1_workload_args(parser)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--hf-num-prompts", type=int, default=0,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import sys
 import tempfile
@@ -24,13 +23,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llama8b import write_llama8b_config  # noqa: E402
+from llama8b import add_w1_workload_args, make_prompts, write_llama8b_config  # noqa: E402
 
 
 def _prompts(num: int, lo: int, hi: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    return [{"prompt_token_ids": [rng.randrange(128000) for _ in range(rng.randint(lo, hi))]}
-            for _ in range(num)]
+    return [{"prompt_token_ids": p} for p in make_prompts(num, lo, hi, seed)]
 
 
 def build_vllm(max_model_len: int, max_num_seqs: int, enforce_eager: bool = False):
@@ -83,18 +80,14 @@ def run_all(args, w1_prompts: list[list[int]]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--min-prompt", type=int, default=128)
-    parser.add_argument("--max-prompt", type=int, default=1024)
-    parser.add_argument("--output-len", type=int, default=256)
+    add_w1_workload_args(parser)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--json", default="vllm.json")
     args = parser.parse_args()
-    prompts = [p["prompt_token_ids"] for p in
-               _prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)]
+    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)
     result = run_all(args, prompts)
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
