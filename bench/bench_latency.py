@@ -36,11 +36,8 @@ from llama8b import write_llama8b_config  # noqa: E402
 RECORDED_PEERS = {"transformers": 11.5, "vllm": 196.0}   # BENCHMARKS.md, same H200 kind
 
 
-VOCAB = [128000]   # token ids drawn below this; main() sets it from the model's config
-
-
-def random_prompt(rng: random.Random, length: int) -> list[int]:
-    return [rng.randrange(VOCAB[0]) for _ in range(length)]
+def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # CPU: a dry run of the script
@@ -153,30 +150,30 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model_dir = Path(args.model) if args.model else \
         write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
-    VOCAB[0] = min(128000, json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    vocab = min(128000, json.loads((model_dir / "config.json").read_text())["vocab_size"])
     print(torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu", "torch", torch.__version__,
           flush=True)
 
     hf = build_transformers(model_dir, args.dtype, pretrained=args.model is not None)
-    hf_generate(hf, random_prompt(rng, 16), 4)   # warm-up
+    hf_generate(hf, random_prompt(rng, 16, vocab), 4)   # warm-up
     hf_times = [float("nan")]
     if not args.skip_timing:
-        prompt = random_prompt(rng, args.prompt_len)
+        prompt = random_prompt(rng, args.prompt_len, vocab)
         hf_times = time_it(lambda: hf_generate(hf, prompt, args.output_len), args.hf_repeats)
 
     llm = build_tamis(model_dir, hf, args)
-    tamis_generate(llm, random_prompt(rng, 16), 8)   # warm-up
+    tamis_generate(llm, random_prompt(rng, 16, vocab), 8)   # warm-up
     tamis_times = [float("nan")]
     if not args.skip_timing:
         # Fresh prompts per repetition: a repeated prompt would hit the prefix cache.
-        prompts = [random_prompt(rng, args.prompt_len) for _ in range(args.repeats)]
+        prompts = [random_prompt(rng, args.prompt_len, vocab) for _ in range(args.repeats)]
         it = iter(prompts)
         tamis_times = time_it(lambda: tamis_generate(llm, next(it), args.output_len),
                               args.repeats)
 
     greedy = []
     for i in range(args.check_greedy):
-        p = text_prompt(model_dir, i) if args.model else random_prompt(rng, rng.randint(16, 256))
+        p = text_prompt(model_dir, i) if args.model else random_prompt(rng, rng.randint(16, 256), vocab)
         a, b = tamis_generate(llm, p, 32), hf_generate(hf, p, 32)
         first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
         margin = None if first_diff is None else round(
