@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import add_w1_workload_args, make_prompts, write_llama8b_config  # noqa: E402
+from subprocess_runs import run_each  # noqa: E402
 
 RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # BENCHMARKS.md, same H200 kind
 
@@ -187,17 +187,7 @@ def child(args) -> None:
 
 
 def parent(args) -> None:
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for engine in args.engines.split(","):
-        path = out_dir / f"w1_{engine}.json"
-        cmd = [sys.executable, __file__, "--engine", engine, "--json", str(path),
-               *sys.argv[1:]]
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=False)
-        rows.append(json.loads(path.read_text()) if path.exists()
-                    else dict(engine=engine, error="no result file"))
+    rows = run_each(__file__, "--engine", args.engines.split(","), args.out, "w1", "engine")
     print_table(rows, args)
 
 

@@ -18,7 +18,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama8b import write_llama8b_config  # noqa: E402
+from subprocess_runs import run_each  # noqa: E402
 
 G128 = {"bits": 4, "group_size": 128}
 CT_INT4 = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128,
@@ -82,16 +82,7 @@ def run_method(args) -> dict:
 
 
 def parent(args) -> None:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for method in args.methods:
-        path = out / f"decode_{method}.json"
-        cmd = [sys.executable, __file__, "--child", method, "--json", str(path), *sys.argv[1:]]
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=False)
-        results.append(json.loads(path.read_text()) if path.exists()
-                       else dict(method=method, error="no result file"))
+    results = run_each(__file__, "--child", args.methods, args.out, "decode", "method")
     print_table(results, args)
 
 
