@@ -195,15 +195,20 @@ def w4a16_operands(k: int, n: int, group: int = 128):
 
 
 def sweep_configs(m: int, n: int, k: int):
-    """W4A16 candidates around the defaults (the wider grids that chose them are listed
-    in bench/results/quant.md): GEMV tiles with and without prefetching the next tile at
-    M = 1, GEMV against the 16-row tl.dot at M = 2..4, and tl.dot against dequantize +
-    cuBLAS ("dequant") above."""
-    from tamis.kernels.w4a16 import GEMV_MAX_M, GemmConfig, GemvConfig, pick_config
+    """W4A16 candidates around the defaults (the grids that chose them are in
+    bench/results/quant.md): packed-PTX GEMV tiles and the fp32 GEMV's default at M = 1,
+    the GEMV against the 16-row tl.dot at M = 2..4, tl.dot against dequantize + cuBLAS
+    ("dequant") above."""
+    from tamis.kernels.w4a16 import (GEMV_MAX_M, GemmConfig, GemvConfig, PackedGemvConfig,
+                                     pick_config)
     if m == 1:
-        return [GemvConfig(bn, kw, sk, w, 3, prefetch) for bn, kw, w in
-                ((128, 32, 4), (128, 16, 4), (64, 16, 4), (256, 16, 8), (128, 32, 8))
-                for sk in (4, 8) for prefetch in (False, True)]
+        return [GemvConfig(128, 32, 4 if n > 128 * 132 else 8)] + [
+            PackedGemvConfig(bn, kw, sk, w, pf) for bn, kw, w, sks, pfs in (
+                (256, 16, 4, (8, 16, 32), (False, True)), (128, 16, 4, (8, 16, 32), (False,)),
+                (256, 8, 4, (16, 32), (False,)), (128, 8, 2, (16, 32), (False,)),
+                (256, 16, 8, (8, 16), (False,)), (512, 8, 4, (8, 16), (False,)),
+                (64, 16, 2, (16, 32), (False,)))
+            for sk in sks for pf in pfs]
     if m <= GEMV_MAX_M:
         return [GemvConfig(64, 8, 4)] + [GemmConfig(16, 64, 128, sk, 4, 4, True)
                                          for sk in (2, 4, 8)]
@@ -282,6 +287,8 @@ def _label(config) -> str:
         return config
     short = {"block_m": "m", "block_n": "n", "block_k": "k", "block_kw": "kw", "split_k": "sk",
              "num_warps": "w", "num_stages": "s", "unpack_once": "once", "prefetch": "pf"}
+    if type(config).__name__ == "PackedGemvConfig":
+        short = {**short, "block_n": "P n"}
     return " ".join(f"{short[f.name]}{int(v)}" for f, v in zip(fields(config), astuple(config)))
 
 
@@ -295,7 +302,7 @@ def _best(candidates, timer) -> tuple[float, str]:
                 print(f"  {label}: WRONG (rel err {err:.3g})", flush=True)
                 continue
             results.append((timer(fn), label))
-            print(f"  {label}: {results[-1][0] * 1e3:.1f}us", flush=True)
+            print(f"  {label}: {results[-1][0] * 1e3:.1f}us (rel err {err:.1e})", flush=True)
         except Exception as exc:  # out of shared memory etc.: skip that config
             print(f"  {label} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
     if not results:
@@ -311,8 +318,12 @@ def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
     def run(c):
         if c == "dequant":
             return w4a16.w4a16_gemm_dequant(x, qweight, scales, zeros, 128, 4)
-        gemv = isinstance(c, w4a16.GemvConfig)
-        fn = w4a16.w4a16_gemv_triton if gemv else w4a16.w4a16_gemm_triton
+        if isinstance(c, w4a16.PackedGemvConfig):
+            fn = w4a16.w4a16_gemv_packed
+        elif isinstance(c, w4a16.GemvConfig):
+            fn = w4a16.w4a16_gemv_triton
+        else:
+            fn = w4a16.w4a16_gemm_triton
         return fn(x, qweight, scales, zeros, 128, 4, config=c)
 
     (m, k), n = x.shape, qweight.shape[1]

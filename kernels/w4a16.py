@@ -17,8 +17,10 @@ same permutation (``x[..., perm]``).
 
 ``w4a16_gemm_ref`` is the plain-torch reference. The GPU paths:
 
-- ``w4a16_gemv_triton`` (M = 1 here; ``tamis.kernels.w4a16_gemv``): no tensor cores,
-  each packed word loaded once, split-K reduced in the same launch.
+- ``w4a16_gemv_packed`` (M = 1, 4-bit, bf16/fp16 x; ``tamis.kernels.w4a16_gemv_packed``):
+  inline PTX, two codes per bf16x2/f16x2 instruction, split-K reduced in the same launch.
+- ``w4a16_gemv_triton`` (M = 1 otherwise, e.g. 8-bit or fp32 x; ``tamis.kernels.w4a16_gemv``):
+  no tensor cores, fp32 arithmetic per weight.
 - ``w4a16_gemm_triton``: tl.dot on a dequantized [BLOCK_K, BLOCK_N] tile, tile configs
   by M bucket (``pick_config``), split-K reduced in the same launch for small M.
 - ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
@@ -35,6 +37,8 @@ import torch
 from tamis.kernels.splitk import sm_count, split_counters
 from tamis.kernels.w4a16_gemv import (  # noqa: F401  (re-exported)
     GEMV_MAX_M, GemvConfig, gemv_supported, pick_gemv_config, w4a16_gemv_triton)
+from tamis.kernels.w4a16_gemv_packed import (  # noqa: F401  (re-exported)
+    PackedGemvConfig, packed_gemv_supported, w4a16_gemv_packed)
 
 try:
     import triton
@@ -222,13 +226,15 @@ def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
-    """x [..., K] -> [..., N]. On CUDA: the GEMV for M <= GEMV_DISPATCH_M, the tl.dot
+    """x [..., K] -> [..., N]. On CUDA: a GEMV for M <= GEMV_DISPATCH_M, the tl.dot
     kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above; the reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     if x2.is_cuda and triton is not None:
-        if m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
+        if m == 1 and packed_gemv_supported(x2, k, group_size, bits):
+            out = w4a16_gemv_packed(x2, qweight, scales, zeros, group_size, bits)
+        elif m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
             out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
         elif m >= DEQUANT_MIN_M:
             out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits)
