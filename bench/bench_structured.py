@@ -3,7 +3,7 @@
     python bench/bench_structured.py [--per-subset 40] [--backend tamis|xgrammar|llguidance|all]
                                      [--throughput [--batch 32 --max-tokens 64 --repeats 2
                                                     --no-jump-forward]]
-                                     [--skip-maskbench]
+                                     [--skip-maskbench] [--engine-masks]
 
 - coverage, cold compile time and accept/reject agreement over the maskbench-dev sample of
   BENCHMARKS.md (up to N files per subset, sorted, ``random.Random(0).shuffle``); instances
@@ -20,6 +20,11 @@
   so both sides run the same steps, and "s per engine step" compares the steps themselves.
   Every pass reports where the time went (forward, bitmask fill, EOS clearing, bitmask
   apply, accept, jump-forward).
+- with ``--engine-masks``: the mask fill time on the engine's step path during real
+  constrained generation (``structured_engine_masks.py``: batch 32, each request its own
+  maskbench schema, caches cold), once with the prefetch worker off and once on, each in
+  its own process. The model-free walks above run with the worker off: every first visit
+  is paid on the step path, with no forward pass to hide it behind (the worst case).
 Prints markdown tables last.
 """
 from __future__ import annotations
@@ -39,7 +44,7 @@ from conformance import CONFORMANCE, compact, in_schema_order, maskbench_sample,
 
 from tamis.constrain import ConstraintError, StructuredOutputsParams  # noqa: E402
 from tamis.constrain import backends as backend_registry  # noqa: E402
-from tamis.constrain import deadline  # noqa: E402
+from tamis.constrain import deadline, prefetch  # noqa: E402
 
 THROUGHPUT_SCHEMA = {
     "type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
@@ -139,6 +144,7 @@ def regex_and_grammar_masks(backend):
 
 
 def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
+    prefetch.set_enabled(False)     # worst case: first visits paid on the step path
     tokenizer, info = smollm2()
     backend = backend_registry.load_backend(name, tokenizer, info.vocab_size, info)
     per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset)
@@ -282,7 +288,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (shared box: 1)")
     parser.add_argument("--no-jump-forward", action="store_true",
                         help="sample every constrained token (same steps as unconstrained)")
+    parser.add_argument("--engine-masks", action="store_true",
+                        help="step-path mask fill times in real generation, prefetch off and on")
+    parser.add_argument("--prefetch", choices=("on", "off"), help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.prefetch:              # a child of --engine-masks
+        import structured_engine_masks as engine_masks
+        engine_masks.write_json(engine_masks.run(args.prefetch == "on", args.batch, args.max_tokens,
+                                                 args.per_subset, args.threads), args.json)
+        return
     names = ([n for n in backend_registry.BACKENDS if backend_registry.is_installed(n)]
              if args.backend == "all" else [backend_registry.check_installed(args.backend)])
     smollm2()
@@ -295,6 +310,12 @@ def main() -> None:
         for row in figures[names[0]]:
             target = targets.get(row, "<= 30 / <= 300" if "mask fill" in row else "")
             print(f"| {row} | " + " | ".join(figures[n][row] for n in names) + f" | {target} |")
+    if args.engine_masks:
+        import structured_engine_masks as engine_masks
+        from subprocess_runs import run_each
+        results = run_each(__file__, "--prefetch", ["off", "on"], "/tmp/tamis_engine_masks",
+                           "engine_masks", "prefetch")
+        print("\n" + "\n".join(engine_masks.rows(results)))
     if args.throughput:
         rows = []
         for name in names:

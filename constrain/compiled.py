@@ -2,12 +2,11 @@
 by every request with the same (kind, spec, tokenizer)."""
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from .automaton import LazyDFA
 from .matcher import RegexMatcher
+from .prefetch import OnceCache
 from .token_masks import allowed_tokens, pack_bits
 
 
@@ -22,7 +21,7 @@ class CompiledRegex:
         self.info = info
         self.description = description
         self._rows: dict[int, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._once = OnceCache()        # the step path and the prefetch worker build a row once
         self.empty_row = np.zeros(info.num_words, dtype=np.int32)
         eos = np.zeros(info.vocab_size, dtype=bool)
         eos[list(info.eos_token_ids)] = True
@@ -34,10 +33,15 @@ class CompiledRegex:
     def mask_row(self, state: int) -> np.ndarray:
         row = self._rows.get(state)
         if row is None:
-            allowed = allowed_tokens(self.info.trie, self.dfa, state)
-            row = pack_bits(allowed, self.info.num_words)
-            if self.dfa.is_accepting(state):
-                row = row | self._eos_row
-            with self._lock:
-                self._rows[state] = row
+            row = self._once.get(self._rows, state, lambda: self._build_row(state))
+        return row
+
+    def has_row(self, state: int) -> bool:
+        return state in self._rows
+
+    def _build_row(self, state: int) -> np.ndarray:
+        allowed = allowed_tokens(self.info.trie, self.dfa, state)
+        row = pack_bits(allowed, self.info.num_words)
+        if self.dfa.is_accepting(state):
+            row = row | self._eos_row
         return row

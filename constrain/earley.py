@@ -106,5 +106,6 @@ class EarleySet:
             symbol = terminal + self.grammar.num_nonterminals
             kernel = {(p, d + 1, o) for p, d, o in self.waiting[symbol]}
             result = EarleySet(self.grammar, self, kernel)
-        self._scans[terminal] = result
-        return result
+        # setdefault: a set scanned by two threads at once (the prefetch worker and the step)
+        # keeps one successor object, so their mask caches stay shared
+        return self._scans.setdefault(terminal, result)

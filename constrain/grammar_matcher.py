@@ -26,6 +26,7 @@ from .automaton import DEAD, LazyDFA
 from .first_bytes import first_bytes
 from .grammar import GrammarSpec
 from .matcher import Matcher, write_row
+from .prefetch import OnceCache, prefetch
 from .token_masks import pack_bits
 from .token_walk import allowed, walk
 
@@ -45,7 +46,7 @@ class CompiledGrammar:
         self._end_nodes: dict = {}
         self._starts: dict = {}            # terminal -> bool[256] of its possible first bytes
         self._first_memo: dict = {}
-        self._lock = threading.Lock()
+        self._once = OnceCache()        # the step path and the prefetch worker build a row once
         self.empty_row = np.zeros(info.num_words, dtype=np.int32)
         eos = np.zeros(info.vocab_size, dtype=bool)
         eos[list(info.eos_token_ids)] = True
@@ -105,12 +106,19 @@ class CompiledGrammar:
         return False
 
     # ---- masks -----------------------------------------------------------------------------
+    def has_mask(self, hyp) -> bool:
+        return (hyp[1], hyp[2]) in hyp[0].mask_cache
+
     def hypothesis_mask(self, hyp) -> np.ndarray:
         earley_set, lexeme, nonempty = hyp
         key = (lexeme, nonempty)
         cached = earley_set.mask_cache.get(key)
         if cached is not None:
             return cached
+        return self._once.get(earley_set.mask_cache, key, lambda: self._build_mask(hyp))
+
+    def _build_mask(self, hyp) -> np.ndarray:
+        earley_set, lexeme, nonempty = hyp
         row = self.empty_row.copy()
         for t, s in lexeme:
             row |= self.state_row(t, s)
@@ -127,23 +135,24 @@ class CompiledGrammar:
             row |= self.cross_row(t, s, expected)
         if self.is_complete(hyp):
             row |= self.eos_row
-        earley_set.mask_cache[key] = row
         return row
 
     def state_row(self, t: int, s: int) -> np.ndarray:
         key = (t, s)
         row = self._rows.get(key)
         if row is None:
-            ends: list = []
-            alive = allowed(self.info.trie, self.dfas[t], s, ends)
-            row = pack_bits(alive, self.info.num_words)
-            if ends:
-                ends = (np.concatenate([e[0] for e in ends]), np.concatenate([e[1] for e in ends]))
-            else:
-                ends = (np.empty(0, np.int64), np.empty(0, np.int64))
-            self._end_nodes[key] = ends
-            self._rows[key] = row
+            row = self._once.get(self._rows, key, lambda: self._build_state_row(t, s))
         return row
+
+    def _build_state_row(self, t: int, s: int) -> np.ndarray:
+        ends: list = []
+        alive = allowed(self.info.trie, self.dfas[t], s, ends)
+        if ends:
+            ends = (np.concatenate([e[0] for e in ends]), np.concatenate([e[1] for e in ends]))
+        else:
+            ends = (np.empty(0, np.int64), np.empty(0, np.int64))
+        self._end_nodes[(t, s)] = ends      # before the row is stored: readers of a row see it
+        return pack_bits(alive, self.info.num_words)
 
     def fresh_row(self, expected: frozenset) -> np.ndarray:
         row = self._fresh_rows.get(expected)
@@ -158,23 +167,25 @@ class CompiledGrammar:
         key = (t, s, expected)
         row = self._cross_rows.get(key)
         if row is None:
-            self.state_row(t, s)
-            tokens, cut = self._end_nodes[(t, s)]
-            table = self.info.trie
-            alive = np.zeros(table.vocab_size, dtype=bool)
-            if len(tokens):
-                next_bytes = np.zeros(256, dtype=bool)
-                next_bytes[table.flat[table.offsets[tokens] + cut]] = True
-                for u in expected:
-                    if not (self._first_bytes(u) & next_bytes).any():
-                        continue            # no end is followed by a byte u can start with
-                    dfa = self.dfas[u]
-                    if dfa.start != DEAD:
-                        start = np.full(len(tokens), dfa.start, dtype=np.int64)
-                        alive[walk(table, dfa, tokens, cut, start)] = True
-            row = pack_bits(alive, self.info.num_words)
-            self._cross_rows[key] = row
+            row = self._once.get(self._cross_rows, key, lambda: self._build_cross_row(t, s, expected))
         return row
+
+    def _build_cross_row(self, t: int, s: int, expected: frozenset) -> np.ndarray:
+        self.state_row(t, s)
+        tokens, cut = self._end_nodes[(t, s)]
+        table = self.info.trie
+        alive = np.zeros(table.vocab_size, dtype=bool)
+        if len(tokens):
+            next_bytes = np.zeros(256, dtype=bool)
+            next_bytes[table.flat[table.offsets[tokens] + cut]] = True
+            for u in expected:
+                if not (self._first_bytes(u) & next_bytes).any():
+                    continue            # no end is followed by a byte u can start with
+                dfa = self.dfas[u]
+                if dfa.start != DEAD:
+                    start = np.full(len(tokens), dfa.start, dtype=np.int64)
+                    alive[walk(table, dfa, tokens, cut, start)] = True
+        return pack_bits(alive, self.info.num_words)
 
     def _first_bytes(self, u: int) -> np.ndarray:
         found = self._starts.get(u)
@@ -217,6 +228,16 @@ class GrammarMatcher(Matcher):
         self.hypotheses = [compiled.initial]
         self.history: list = []
         self.finished = False
+        prefetch(self)
+
+    def warm(self) -> None:
+        if not self.finished:
+            for hyp in self.hypotheses:
+                self.compiled.hypothesis_mask(hyp)
+
+    def _moved(self) -> None:
+        if not all(self.compiled.has_mask(h) for h in self.hypotheses):
+            prefetch(self)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         if self.finished:
@@ -250,6 +271,7 @@ class GrammarMatcher(Matcher):
                 return False
         self.history.append(self.hypotheses)
         self.hypotheses = hypotheses
+        self._moved()
         return True
 
     def rollback(self, n: int) -> None:
@@ -258,6 +280,7 @@ class GrammarMatcher(Matcher):
         for _ in range(n):
             self.hypotheses = self.history.pop()
             self.finished = False
+        self._moved()
 
     def is_complete(self) -> bool:
         return any(self.compiled.is_complete(h) for h in self.hypotheses)

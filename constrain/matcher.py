@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .automaton import DEAD
+from .prefetch import prefetch
 
 
 def write_row(bitmask, row: int, words: np.ndarray) -> None:
@@ -38,6 +39,10 @@ def decodable_prefix(data: bytes) -> str:
 class Matcher:
     def fill_bitmask(self, bitmask, row: int) -> None:
         raise NotImplementedError
+
+    def warm(self) -> None:
+        """Builds (and caches) the mask of the current state without writing it anywhere:
+        the prefetch worker's job (``prefetch.py``); reads shared caches only."""
 
     def accept(self, token_id: int) -> bool:
         raise NotImplementedError
@@ -75,6 +80,12 @@ class RegexMatcher(Matcher):
         self.state = self.dfa.start
         self.history: list[int] = []
         self.finished = False          # EOS accepted
+        prefetch(self)
+
+    def warm(self) -> None:
+        state = self.state
+        if not self.finished and state != DEAD:
+            self.compiled.mask_row(state)
 
     def fill_bitmask(self, bitmask, row: int) -> None:
         if self.finished:
@@ -103,6 +114,8 @@ class RegexMatcher(Matcher):
             return False
         self.history.append(self.state)
         self.state = nxt
+        if not self.compiled.has_row(nxt):
+            prefetch(self)
         return True
 
     def rollback(self, n: int) -> None:
@@ -111,6 +124,8 @@ class RegexMatcher(Matcher):
         for _ in range(n):
             self.state = self.history.pop()
             self.finished = False
+        if not self.compiled.has_row(self.state):
+            prefetch(self)
 
     def is_complete(self) -> bool:
         return self.dfa.is_accepting(self.state)
