@@ -91,15 +91,30 @@ def run_layer(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict) -> lis
 
 @torch.no_grad()
 def collect_linear_inputs(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict,
-                          on_input: Callable[[str, torch.Tensor], None]) -> None:
-    """Replays ``layer``, calling ``on_input(linear_name, x [T, K])`` for every linear."""
+                          on_input: Callable[[str, torch.Tensor], None],
+                          names: list[str] | None = None) -> None:
+    """Replays ``layer``, calling ``on_input(linear_name, x [T, K])`` for every linear (or
+    only those in ``names``: the replay then stops once they have all been seen)."""
+    wanted = None if names is None else set(names)
     handles = []
+
+    def hook(name: str, x: torch.Tensor, seen: set) -> None:
+        on_input(name, x.reshape(-1, x.shape[-1]))
+        seen.add(name)
+        if wanted is not None and seen >= wanted:
+            raise _Captured  # the rest of the layer is not needed
+
     for name, module in layer.named_modules():
-        if isinstance(module, nn.Linear):
+        if isinstance(module, nn.Linear) and (wanted is None or name in wanted):
             handles.append(module.register_forward_hook(
-                lambda _m, args, _out, name=name: on_input(name, args[0].reshape(-1, args[0].shape[-1]))))
+                lambda _m, args, _out, name=name: hook(name, args[0], seen_now)))
     try:
-        run_layer(layer, inputs, kwargs)
+        for hidden in inputs:
+            seen_now: set = set()
+            try:
+                layer(hidden, **kwargs)
+            except _Captured:
+                pass
     finally:
         for handle in handles:
             handle.remove()

@@ -71,29 +71,52 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,
                   sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
-                  min_zero: int = 0, search: bool = True) -> QuantizedWeight:
+                  min_zero: int = 0, search: bool = True, weighted_clip: bool = False,
+                  static_groups: bool = False) -> QuantizedWeight:
     """weight [N, K] float; hessian [K, K]. Returns codes in the original column order.
     Each group's grid is fitted (``fit_grid``, clipping search unless ``search`` is
-    False) on its error-updated weights when the solve reaches the group's first column."""
+    False) on its error-updated weights when the solve reaches the group's first column.
+    ``weighted_clip``: the clipping search minimizes the group's output error under its
+    block of ``hessian`` instead of the plain squared weight error. ``static_groups``
+    (act-order only): groups stay contiguous in K and their grids are fitted on the
+    original weights before the solve (``g_idx`` = column // group)."""
     n, k = weight.shape
     perm = visiting_order(hessian, act_order)
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
     codes = torch.empty(n, k, dtype=torch.int32)
     scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
+    h_perm = hessian[perm][:, perm] if weighted_clip else None
+    static = static_groups and act_order
+    if static:
+        for g in range(groups):
+            cols = slice(g * group, min((g + 1) * group, k))
+            block = hessian[cols, cols] if weighted_clip else None
+            scales[:, g], zeros[:, g] = fit_grid(weight[:, cols], bits, sym, min_zero,
+                                                 search=search, hessian=block)
     grid = {}
 
     def round_column(position: int, column: torch.Tensor, pending) -> torch.Tensor:
-        if position % group == 0:
-            grid["scale"], grid["zero"] = fit_grid(pending()[:, :group], bits, sym, min_zero,
-                                                   search=search)
-            scales[:, position // group], zeros[:, position // group] = grid["scale"], grid["zero"]
-        scale, zero = grid["scale"], grid["zero"]
+        if static:
+            g = int(perm[position]) // group
+            scale, zero = scales[:, g], zeros[:, g]
+        else:
+            if position % group == 0:
+                cols = slice(position, position + group)
+                block = h_perm[cols, cols] if weighted_clip else None
+                grid["scale"], grid["zero"] = fit_grid(pending()[:, :group], bits, sym,
+                                                       min_zero, search=search, hessian=block)
+                scales[:, position // group] = grid["scale"]
+                zeros[:, position // group] = grid["zero"]
+            scale, zero = grid["scale"], grid["zero"]
         q = quantize_codes(column[:, None], scale, zero, bits)[:, 0]
         codes[:, position] = q
         return (q.float() - zero) * scale
 
     gptq_solve(weight, hessian, perm, round_column, damp, block_size)
     inverse = torch.argsort(perm)
-    g_idx = (inverse // group).to(torch.int32)  # column c was visited at position inverse[c]
+    if static:
+        g_idx = (torch.arange(k) // group).to(torch.int32)
+    else:
+        g_idx = (inverse // group).to(torch.int32)  # column c was visited at position inverse[c]
     return QuantizedWeight(codes[:, inverse].contiguous(), scales, zeros, g_idx, bits, group_size)

@@ -39,25 +39,32 @@ SHRINK_FACTORS = tuple(1.0 - 0.025 * i for i in range(17))  # 1.0 ... 0.6
 
 
 def fit_grid(w: torch.Tensor, bits: int, sym: bool, min_zero: int = 0,
-             importance: torch.Tensor | None = None, search: bool = True
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             importance: torch.Tensor | None = None, search: bool = True,
+             hessian: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (scale [R], zero [R]) of a grid for ``w`` [R, C] that contains 0.
 
     With ``search`` the grid's range is the shrink of w's [min, max] (``SHRINK_FACTORS``)
     minimizing sum_c importance[c] * (Q(w) - w)[:, c]**2 (importance [C] or [R, C],
-    default 1); without, it covers all of w (GPTQ's grid). Symmetric grids put the zero
-    point at 2**(bits-1); ``min_zero`` lifts asymmetric zero points (GPTQ's v1 format
-    cannot store a zero point of 0)."""
+    default 1), or, given ``hessian`` [C, C] (the inputs' x^T x over these columns),
+    the full output error e H e^T of each row, e = Q(w) - w: what a row's rounding adds to
+    ||x w^T||^2 on the calibration tokens, cross-channel correlations included. Without
+    ``search`` it covers all of w (GPTQ's grid). Symmetric grids put the zero point at
+    2**(bits-1); ``min_zero`` lifts asymmetric zero points (GPTQ's v1 format cannot store
+    a zero point of 0)."""
     w = w.float()
     if not search:
         return _grid_for_range(w.amin(dim=1), w.amax(dim=1), bits, sym, min_zero)
     lo, hi = w.amin(dim=1), w.amax(dim=1)
     weight = torch.ones_like(w) if importance is None else importance.float().expand_as(w)
+    hessian = None if hessian is None else hessian.float()
     best = best_loss = None
     for factor in SHRINK_FACTORS:
         scale, zero = _grid_for_range(lo * factor, hi * factor, bits, sym, min_zero)
         error = (quantize_codes(w, scale, zero, bits) - zero[:, None]) * scale[:, None] - w
-        loss = (error.square() * weight).sum(dim=1)
+        if hessian is None:
+            loss = (error.square() * weight).sum(dim=1)
+        else:
+            loss = ((error @ hessian) * error).sum(dim=1)
         if best is None:
             best, best_loss = (scale, zero), loss
             continue
@@ -94,12 +101,15 @@ def quantize_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bit
 
 def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
                  min_zero: int = 0, importance: torch.Tensor | None = None,
-                 search: bool = True) -> QuantizedWeight:
+                 search: bool = True, hessian: torch.Tensor | None = None) -> QuantizedWeight:
     """Round-to-nearest per group of ``group_size`` input columns (-1: whole rows);
-    ``importance`` [K] (e.g. the inputs' mean square) weights the clipping search."""
+    ``importance`` [K] (e.g. the inputs' mean square) weights the clipping search, or
+    ``hessian`` [K, K] (the inputs' x^T x) makes it minimize each group's output error."""
     n, k = weight.shape
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
+    if hessian is not None:
+        return _rtn_output_error(weight, bits, group, sym, min_zero, hessian, group_size)
     # Zero padding leaves each group's grid unchanged: the grid always covers 0.
     pad = groups * group - k
     rows = torch.nn.functional.pad(weight.float(), (0, pad)).reshape(n * groups, group)
@@ -111,3 +121,21 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
     g_idx = (torch.arange(k) // group).to(torch.int32)
     return QuantizedWeight(codes.contiguous(), scale.reshape(n, groups),
                            zero.reshape(n, groups), g_idx, bits, group_size)
+
+
+def _rtn_output_error(weight: torch.Tensor, bits: int, group: int, sym: bool, min_zero: int,
+                      hessian: torch.Tensor, group_size: int) -> QuantizedWeight:
+    """``rtn_quantize`` whose clipping search weighs each group by its block of the
+    Hessian (one group at a time: a [C, C] block per group, not per row)."""
+    n, k = weight.shape
+    codes, scales, zeros = [], [], []
+    for start in range(0, k, group):
+        cols = slice(start, min(start + group, k))
+        w = weight[:, cols].float()
+        scale, zero = fit_grid(w, bits, sym, min_zero, hessian=hessian[cols, cols])
+        codes.append(quantize_codes(w, scale, zero, bits))
+        scales.append(scale)
+        zeros.append(zero)
+    g_idx = (torch.arange(k) // group).to(torch.int32)
+    return QuantizedWeight(torch.cat(codes, dim=1).contiguous(), torch.stack(scales, dim=1),
+                           torch.stack(zeros, dim=1), g_idx, bits, group_size)

@@ -44,6 +44,14 @@ class QuantizeOptions:
     num_samples: int = 16
     seq_len: int = 512
     damp: float = 0.01
+    # GPTQ: re-collect each stage's inputs through the stages already quantized in the
+    # layer (q/k/v, o, gate/up, down) instead of one replay of the unquantized layer.
+    true_sequential: bool = False
+    # GPTQ group grids / AWQ final rounding: clipping search on the output error under
+    # the Hessian block of each group (AutoAWQ's clip loss), not the (diagonal) weight error.
+    output_clip: bool = False
+    static_groups: bool = False  # GPTQ act-order: grids fitted before the permutation
+    awq_gptq: bool = False  # AWQ: round the scaled weights with GPTQ instead of RTN
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -165,18 +173,71 @@ def _min_zero(options: QuantizeOptions) -> int:
 def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
                          options: QuantizeOptions, result: QuantizeResult) -> None:
     linears = _linears(layer)
-    hessians = {name: HessianAccumulator(m.in_features) for name, m in linears.items()}
+    stages = _stages(linears)
+    if not options.true_sequential:  # one replay of the layer before any is quantized
+        hessians = _hessians(layer, inputs, kwargs, list(linears))
+    for stage in stages:
+        if options.true_sequential:  # this stage's inputs through the quantized stages
+            hessians = _hessians(layer, inputs, kwargs, stage)
+        if options.method == "fp8":  # one per-tensor scale per linear: solve them apart
+            for name in stage:
+                quantized = _gptq_linear(linears[name].weight.data, hessians[name], options)
+                _store(linears[name], f"{prefix}.{name}", quantized, result)
+            continue
+        # The linears of a stage read one input, so share one Hessian, and GPTQ treats
+        # output rows independently: one solve over their stacked rows gives each the
+        # result of its own solve, in one pass over K instead of one per linear.
+        weights = [linears[name].weight.data for name in stage]
+        stacked = _gptq_linear(torch.cat(weights), hessians[stage[0]], options)
+        for name, quantized in zip(stage, _split_rows(stacked, [w.shape[0] for w in weights])):
+            _store(linears[name], f"{prefix}.{name}", quantized, result)
+
+
+def _hessians(layer: nn.Module, inputs, kwargs, names: list[str]) -> dict[str, torch.Tensor]:
+    accumulators = {name: HessianAccumulator(layer.get_submodule(name).in_features)
+                    for name in names}
     calibration.collect_linear_inputs(layer, inputs, kwargs,
-                                      lambda name, x: hessians[name].add(x))
-    for name, linear in linears.items():
-        if options.method == "fp8":  # no groups: act-order changes nothing in the format
-            quantized = gptq_fp8(linear.weight.data, hessians[name].hessian, act_order=True,
-                                 damp=options.damp)
-        else:
-            quantized = gptq_quantize(linear.weight.data, hessians[name].hessian, options.bits,
-                                      options.group_size, options.sym, options.desc_act,
-                                      damp=options.damp, min_zero=_min_zero(options))
-        _store(linear, f"{prefix}.{name}", quantized, result)
+                                      lambda name, x: accumulators[name].add(x), names=names)
+    return {name: acc.hessian for name, acc in accumulators.items()}
+
+
+def _split_rows(quantized, rows: list[int]) -> list:
+    """The per-linear parts of a quantized stack of linears (rows = output features)."""
+    if len(rows) == 1:
+        return [quantized]
+    if isinstance(quantized, Fp8Weight):
+        raise ValueError("FP8 stacks share one per-tensor scale: quantize them apart")
+    return [QuantizedWeight(c.contiguous(), s.contiguous(), z.contiguous(),
+                            quantized.g_idx.clone(),  # safetensors refuses shared tensors
+                            quantized.bits, quantized.group_size)
+            for c, s, z in zip(quantized.codes.split(rows), quantized.scales.split(rows),
+                               quantized.zeros.split(rows))]
+
+
+# The order a Llama-style layer reads its linears in; linears of one stage share an input.
+_STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+           ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",))
+
+
+def _stages(linears: dict[str, nn.Linear]) -> list[list[str]]:
+    """True-sequential stages; a layer with other linears is one stage."""
+    known = [name for stage in _STAGES for name in stage]
+    if sorted(known) != sorted(linears):
+        return [list(linears)]
+    return [list(stage) for stage in _STAGES]
+
+
+def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeOptions,
+                 sym: bool | None = None, act_order: bool | None = None, min_zero=None):
+    if options.method == "fp8":  # no groups: act-order changes nothing in the format
+        return gptq_fp8(weight, hessian, act_order=True, damp=options.damp)
+    return gptq_quantize(weight, hessian, options.bits, options.group_size,
+                         options.sym if sym is None else sym,
+                         options.desc_act if act_order is None else act_order,
+                         damp=options.damp,
+                         min_zero=_min_zero(options) if min_zero is None else min_zero,
+                         weighted_clip=options.output_clip,
+                         static_groups=options.static_groups)
 
 
 def _quantize_layer_awq(layer: nn.Module, prefix: str, inputs, kwargs,
@@ -188,8 +249,14 @@ def _quantize_layer_awq(layer: nn.Module, prefix: str, inputs, kwargs,
         raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
                          f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
     seen: dict[str, list[torch.Tensor]] = {}
-    calibration.collect_linear_inputs(layer, inputs, kwargs,
-                                      lambda name, x: seen.setdefault(name, []).append(x))
+    hessians: dict[str, HessianAccumulator] = {}
+
+    def on_input(name: str, x: torch.Tensor) -> None:
+        seen.setdefault(name, []).append(x)
+        if options.output_clip or options.awq_gptq:
+            hessians.setdefault(name, HessianAccumulator(x.shape[-1])).add(x)
+
+    calibration.collect_linear_inputs(layer, inputs, kwargs, on_input)
     x = {name: _subsample(torch.cat(chunks)) for name, chunks in seen.items()}
     bits, group = options.bits, options.group_size
     scaled = {}  # linear name -> s its input was divided by
@@ -210,11 +277,21 @@ def _quantize_layer_awq(layer: nn.Module, prefix: str, inputs, kwargs,
         _fold_linear(mlp.up_proj, s, mlp.down_proj)
         scaled["mlp.down_proj"] = s
     for name, linear in _linears(layer).items():
-        # Clipping search weighted by the mean square of the (scaled) inputs: the diagonal
-        # of the output-error loss AutoAWQ's clip search measures on calibration tokens.
-        inputs_seen = x[name] / scaled.get(name, torch.ones(()))
-        quantized = rtn_quantize(linear.weight.data, bits, group, sym=False,
-                                 importance=inputs_seen.float().pow(2).mean(dim=0))
+        s = scaled.get(name)
+        if name in hessians:  # the Hessian of the scaled inputs x / s
+            h = hessians[name].hessian
+            hessian = h if s is None else h / (s[:, None] * s[None, :]).to(h.dtype)
+        if options.awq_gptq:  # contiguous groups, zero points >= 0: AWQ GEMM-storable
+            quantized = _gptq_linear(linear.weight.data, hessian, options, sym=False,
+                                     act_order=False, min_zero=0)
+        elif options.output_clip:
+            quantized = rtn_quantize(linear.weight.data, bits, group, sym=False, hessian=hessian)
+        else:
+            # Clipping search weighted by the mean square of the (scaled) inputs: the
+            # diagonal of the output-error loss AutoAWQ's clip search measures.
+            inputs_seen = x[name] / (torch.ones(()) if s is None else s)
+            quantized = rtn_quantize(linear.weight.data, bits, group, sym=False,
+                                     importance=inputs_seen.float().pow(2).mean(dim=0))
         _store(linear, f"{prefix}.{name}", quantized, result)
 
 
