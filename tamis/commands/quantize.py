@@ -42,6 +42,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="calibration windows (default 16)")
     parser.add_argument("--seq-len", type=int, default=512,
                         help="tokens per calibration window (default 512)")
+    parser.add_argument("--true-sequential", action="store_true",
+                        help="gptq: calibrate q/k/v, o, gate/up, down in turn, each through "
+                             "the stages already quantized")
+    parser.add_argument("--output-clip", action="store_true",
+                        help="clipping search on each group's output error (Hessian block), "
+                             "not the weight error (gptq, awq)")
+    parser.add_argument("--static-groups", action="store_true",
+                        help="gptq --desc-act: group grids fitted before the permutation")
+    parser.add_argument("--awq-gptq", action="store_true",
+                        help="awq: round the scaled weights with GPTQ instead of RTN")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(func=run)
     return parser
@@ -60,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
         options = QuantizeOptions(method=args.method, bits=args.bits, group_size=args.group_size,
                                   desc_act=args.desc_act, sym=args.sym, rtn=args.rtn,
                                   calibration_text=text, num_samples=args.num_samples,
-                                  seq_len=args.seq_len)
+                                  seq_len=args.seq_len, true_sequential=args.true_sequential,
+                                  output_clip=args.output_clip,
+                                  static_groups=args.static_groups, awq_gptq=args.awq_gptq)
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():
             raise ValueError(f"{model} is not a Hugging Face model folder (no config.json)")
