@@ -53,6 +53,11 @@ def _create(venv: Path) -> None:
         site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               check=True, capture_output=True, text=True).stdout.strip()
         Path(site, "_tamis_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        # AutoAWQ builds from an sdist without build isolation (its setup.py imports torch),
+        # so the venv needs a setuptools that has bdist_wheel: the one a Python 3.11 venv
+        # starts with (65.x) lacks it unless `wheel` is installed.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "setuptools>=70.1", "wheel"],
+                       check=True, capture_output=True, text=True, timeout=600)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-build-isolation", *PINS],
                        check=True, capture_output=True, text=True, timeout=1200)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
