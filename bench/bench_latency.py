@@ -121,9 +121,11 @@ def build_tamis(model_dir: Path, hf_model, args):
 
 def tamis_generate(llm, prompt: list[int], new_tokens: int) -> list[int]:
     from tamis.engine.sampling_params import SamplingParams
-    # min_tokens bans EOS as transformers' min_new_tokens does (a real checkpoint has one).
+    # min_tokens bans EOS until new_tokens are out, as transformers' min_new_tokens does.
+    # Not ignore_eos: that takes EOS out of the stop ids min_tokens masks (vLLM's semantics),
+    # so on a real checkpoint an EOS argmax would be kept where transformers bans it.
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0,
-                            ignore_eos=True, detokenize=False)
+                            detokenize=False)
     out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     return list(out[0].outputs[0].token_ids)
 
