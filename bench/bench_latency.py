@@ -87,6 +87,26 @@ def hf_generate(model, prompt: list[int], new_tokens: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
+@torch.inference_mode()
+def hf_uncached(model, prompt: list[int], new_tokens: int) -> list[int]:
+    """transformers' greedy tokens with no KV cache: one full forward over the whole
+    sequence per token. The same weights and math as ``generate`` with other kernel
+    shapes (a prefill GEMM instead of a GEMV, no cache): how far transformers agrees
+    with itself sets the bar for any other engine at bf16 near-ties."""
+    eos = model.generation_config.eos_token_id
+    banned = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    ids = list(prompt)
+    for _ in range(new_tokens):
+        logits = model(torch.tensor([ids], device=DEVICE), use_cache=False).logits[0, -1]
+        logits[banned] = float("-inf")     # as min_new_tokens in hf_generate
+        ids.append(int(logits.argmax()))
+    return ids[len(prompt):]
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def text_prompt(model_dir: Path, index: int) -> list[int]:
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -110,7 +130,7 @@ def build_tamis(model_dir: Path, hf_model, args):
     llm = LLM(model=str(model_dir), load_format="auto" if real else "dummy", dtype=args.dtype,
               skip_tokenizer_init=not real, max_model_len=args.max_model_len, max_num_seqs=256,
               gpu_memory_utilization=args.gpu_memory_utilization,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, attention_backend=args.attention_backend)
     if real:
         return llm
     runner_model = llm.llm_engine.runner.model
@@ -140,6 +160,9 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.6)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--attention-backend", default="auto", choices=("auto", "torch", "triton"))
+    parser.add_argument("--hf-uncached", action="store_true",
+                        help="greedy check: also transformers without KV cache, compared to both")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                         help="both engines' weights and compute (W2 is defined in bfloat16)")
     parser.add_argument("--model", help="a real checkpoint folder instead of dummy weights")
@@ -177,11 +200,16 @@ def main() -> None:
     for i in range(args.check_greedy):
         p = text_prompt(model_dir, i) if args.model else random_prompt(rng, rng.randint(16, 256), vocab)
         a, b = tamis_generate(llm, p, 32), hf_generate(hf, p, 32)
-        first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        first_diff = first_difference(a, b)
         margin = None if first_diff is None else round(
             hf_margin(hf, p + b[:first_diff], b[first_diff], a[first_diff]), 4)
-        greedy.append(dict(prompt_len=len(p), identical=a == b, first_diff=first_diff,
-                           hf_margin_in_std=margin))
+        row = dict(prompt_len=len(p), identical=a == b, first_diff=first_diff,
+                   hf_margin_in_std=margin)
+        if args.hf_uncached:
+            c = hf_uncached(hf, p, 32)
+            row.update(tamis_vs_uncached=first_difference(a, c),
+                       generate_vs_uncached=first_difference(b, c))
+        greedy.append(row)
 
     result = dict(dtype=args.dtype, hf_seconds=hf_times, tamis_seconds=tamis_times,
                   hf_tok_s=args.output_len / statistics.median(hf_times),
@@ -195,6 +223,13 @@ def main() -> None:
               f"{same}/{len(greedy)} identical; first differing index per prompt: "
               f"{[g['first_diff'] for g in greedy]}; transformers' logit margin there, in "
               f"logit std: {[g['hf_margin_in_std'] for g in greedy]}")
+        if args.hf_uncached:
+            for key, what in (("tamis_vs_uncached", "tamis vs transformers without cache"),
+                              ("generate_vs_uncached", "transformers generate vs without cache")):
+                firsts = [g[key] for g in greedy]
+                print(f"greedy ({args.dtype}), {what}: "
+                      f"{sum(f is None for f in firsts)}/{len(greedy)} identical; first differing "
+                      f"index per prompt: {firsts}")
     if args.skip_timing:
         return
 
