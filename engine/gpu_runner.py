@@ -242,7 +242,8 @@ def _fused_rotary_forward(self, positions: torch.Tensor, q: torch.Tensor, k: tor
     from tamis.kernels.rotary import rotary_embedding_
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         q, k = q.contiguous(), k.contiguous()
-    return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling)
+    return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
+                             cos_sin=self.kernel_cos_sin(positions, q.dtype))
 
 
 def _fused_silu_and_mul_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,12 @@
   near-tied logits then parts from the reference implementations.
 - neox layout (Llama, Qwen, Mistral): x1 = first half of the rotary dims, x2 = second;
   GPT-J layout (``is_neox=False``): x1 = even dims, x2 = odd dims.
+
+cos/sin are computed by torch (``rotary_cos_sin``), never inside the kernel: Triton's
+``tl.cos``/``tl.sin`` lower to the GPU's approximate instructions, whose error grows with
+the angle (positions x inv_freq reach 1e5 radians in long contexts) and moves bf16
+roundings away from transformers'. A model computes the table once per forward pass and
+passes it to every layer (``cos_sin=``).
 """
 from __future__ import annotations
 
@@ -42,11 +48,17 @@ def _check(positions, q, k, inv_freq) -> int:
     return rotary_dim
 
 
-def _cos_sin(positions, inv_freq, scaling, dtype):
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float,
+                   dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[T, R // 2]`` in ``dtype``: ``position * inv_freq`` in float32, cos/sin
+    in float32 times ``scaling``, then rounded (transformers' order)."""
     angles = positions.float()[:, None] * inv_freq.float()[None, :]
-    cos = (angles.cos() * scaling).to(dtype).float()
-    sin = (angles.sin() * scaling).to(dtype).float()
-    return cos[:, None, :], sin[:, None, :]
+    return (angles.cos() * scaling).to(dtype), (angles.sin() * scaling).to(dtype)
+
+
+def _cos_sin(positions, inv_freq, scaling, dtype):
+    cos, sin = rotary_cos_sin(positions, inv_freq, scaling, dtype)
+    return cos.float()[:, None, :], sin.float()[:, None, :]
 
 
 def _rotate_ref_(x: torch.Tensor, cos, sin, rotary_dim: int, is_neox: bool) -> None:
@@ -73,7 +85,7 @@ def rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 if tl is not None:
     @kernel
-    def _rotary_kernel(pos_ptr, q_ptr, k_ptr, inv_freq_ptr, scaling,
+    def _rotary_kernel(cos_ptr, sin_ptr, q_ptr, k_ptr,
                        q_tok_stride, q_head_stride, k_tok_stride, k_head_stride,
                        num_q_heads, num_k_heads, half,
                        IS_NEOX: tl.constexpr, Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr,
@@ -81,10 +93,8 @@ if tl is not None:
         tok = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, HALF)
         in_rot = i < half
-        pos = tl.load(pos_ptr + tok).to(tl.float32)
-        angle = pos * tl.load(inv_freq_ptr + i, mask=in_rot, other=0.0)
-        cos = (tl.cos(angle) * scaling).to(q_ptr.dtype.element_ty).to(tl.float32)
-        sin = (tl.sin(angle) * scaling).to(q_ptr.dtype.element_ty).to(tl.float32)
+        cos = tl.load(cos_ptr + tok * half + i, mask=in_rot, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + tok * half + i, mask=in_rot, other=0.0).to(tl.float32)
         if IS_NEOX:
             off1 = i
             off2 = i + half
@@ -120,16 +130,24 @@ if tl is not None:
 
 def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                             inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-                            is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                            is_neox: bool = True,
+                            cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos_sin``: ``rotary_cos_sin(positions, inv_freq, attention_scaling, q.dtype)``
+    when the caller has it already (computed here otherwise)."""
     rotary_dim = _check(positions, q, k, inv_freq)
     if q.shape[0] == 0:
         return q, k
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
-    inv_freq = inv_freq.to(device=q.device, dtype=torch.float32).contiguous()
     half = rotary_dim // 2
+    if cos_sin is None:
+        cos_sin = rotary_cos_sin(positions, inv_freq.to(q.device), attention_scaling, q.dtype)
+    cos, sin = (t.contiguous() for t in cos_sin)
+    if cos.shape != (q.shape[0], half) or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin must be [{q.shape[0]}, {half}], got {tuple(cos.shape)}")
     _rotary_kernel[(q.shape[0],)](
-        positions, q, k, inv_freq, float(attention_scaling),
+        cos, sin, q, k,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1], half,
         IS_NEOX=is_neox, Q_HEADS=next_power_of_2(q.shape[1]),
         K_HEADS=next_power_of_2(k.shape[1]), HALF=next_power_of_2(half), num_warps=4)
@@ -138,8 +156,11 @@ def rotary_embedding_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.T
 
 def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                       inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-                      is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                      is_neox: bool = True,
+                      cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotates q and k in place and returns them (Triton on CUDA, reference elsewhere)."""
     if use_triton(q):
-        return rotary_embedding_triton(positions, q, k, inv_freq, attention_scaling, is_neox)
+        return rotary_embedding_triton(positions, q, k, inv_freq, attention_scaling, is_neox,
+                                       cos_sin)
     return rotary_embedding_ref(positions, q, k, inv_freq, attention_scaling, is_neox)

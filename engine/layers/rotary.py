@@ -157,9 +157,17 @@ class RotaryEmbedding(nn.Module):
             from tamis.kernels.rotary import rotary_embedding_
             if q.stride(-1) != 1 or k.stride(-1) != 1:
                 q, k = q.contiguous(), k.contiguous()
-            return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling)
+            return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
+                                     cos_sin=self.kernel_cos_sin(positions, q.dtype))
         cos, sin = self.cache.get(positions, q.dtype, lambda: self._cos_sin_as(positions, q.dtype))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def kernel_cos_sin(self, positions: torch.Tensor,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused kernel's cos, sin [T, rotary_dim // 2] in ``dtype``, shared by the layers."""
+        from tamis.kernels.rotary import rotary_cos_sin
+        return self.cache.get(positions, dtype, lambda: rotary_cos_sin(
+            positions, self.inv_freq, self.attention_scaling, dtype))
 
     def _cos_sin_as(self, positions: torch.Tensor,
                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

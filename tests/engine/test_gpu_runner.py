@@ -181,7 +181,9 @@ def _generate(monkeypatch, checkpoint, use_gpu_runner: bool, triton_attention: b
     from tamis.engine.sampling_params import SamplingParams
     if use_gpu_runner:
         monkeypatch.setattr(engine_module, "make_runner", GPUModelRunner)
-    llm = LLM(model=str(checkpoint), enforce_eager=True, max_num_seqs=4,
+    # device="cpu" on a GPU machine too: the kernels run interpreted, and the two greedy
+    # runs compare the runners, not cuBLAS's and Triton's roundings at a tiny model's ties.
+    llm = LLM(model=str(checkpoint), device="cpu", enforce_eager=True, max_num_seqs=4,
               max_num_batched_tokens=16, kv_cache_memory_bytes="4MiB")
     monkeypatch.undo()
     if triton_attention:   # kernels run under the Triton interpreter on CPU
