@@ -10,6 +10,13 @@ Triton's own library functions (``tl.zeros``, ``tl.sum``, ...) are jitted too, a
 the mode of Triton's import. When Triton was imported for the GPU, an interpreted launch
 routes their calls through the interpreter for its duration (``_library_interpreted``).
 Kernel bodies must be self-contained (no calls to other jitted helpers of ours).
+
+ROUNDING. Kernels that promise transformers' bf16/fp16 results bit for bit (RMSNorm,
+rotary, SiLU-and-mul: each product and sum rounded to the tensor dtype, as eager torch
+does) launch with ``enable_fp_fusion=False``. With fusion on, Triton drops the
+``.to(bf16).to(float32)`` round trips between a product and the following add and emits
+one FMA: measured on the H200, 20% of a rotary's outputs then differ by one ulp from
+torch's; with fusion off, 0.
 """
 from __future__ import annotations
 
