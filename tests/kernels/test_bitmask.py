@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tamis.kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_ref,
-                                   apply_token_bitmask_triton, unpack_bitmask)
+from tamis.kernels.bitmask import (apply_token_bitmask_, apply_token_bitmask_cpu,
+                                   apply_token_bitmask_ref, apply_token_bitmask_triton,
+                                   unpack_bitmask)
 
 
 def _random_bitmask(rows: int, vocab: int, device="cpu") -> torch.Tensor:
@@ -61,7 +62,20 @@ def test_all_allowed_leaves_logits_unchanged():
     assert torch.equal(apply_token_bitmask_triton(logits.clone(), bitmask), logits)
 
 
-def test_dispatcher_uses_reference_on_cpu():
+@pytest.mark.parametrize("rows,vocab,logit_vocab", [(1, 32, 32), (4, 100, 100), (3, 77, 130),
+                                                    (32, 49152, 49152)])
+def test_cpu_path_matches_reference(rows, vocab, logit_vocab):
+    bitmask = _random_bitmask(rows, vocab)
+    logits = torch.randn(rows, logit_vocab)
+    logits[0, :3] = torch.tensor([float("inf"), float("-inf"), float("nan")])
+    expected = apply_token_bitmask_ref(logits.clone(), bitmask)
+    got = apply_token_bitmask_cpu(logits.clone(), bitmask)
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+    assert torch.isinf(got).any() and torch.isfinite(got).any()
+
+
+def test_dispatcher_on_cpu_matches_reference():
     bitmask = _random_bitmask(2, 50)
     logits = torch.randn(2, 50)
     assert torch.equal(apply_token_bitmask_(logits.clone(), bitmask),
