@@ -62,20 +62,33 @@ def perplexity(model_dir: Path, ids: torch.Tensor, window: int, quantization=Non
     return math.exp(nll / count)
 
 
+_GPTQ = ["--method", "gptq", "--bits", "4", "--group-size", "128"]
+_AWQ = ["--method", "awq", "--group-size", "64"]
 PPL_METHODS = {
     # SmolLM2's K = 576 is not a multiple of 128: AWQ (K % G == 0) takes group 64.
-    "awq-4bit-g64": ["--method", "awq", "--group-size", "64"],
-    "gptq-4bit-g128": ["--method", "gptq", "--bits", "4", "--group-size", "128"],
-    "gptq-4bit-g128-act-order": ["--method", "gptq", "--bits", "4", "--group-size", "128",
-                                 "--desc-act"],
-    "gptq-4bit-g128-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128", "--no-sym"],
-    "gptq-4bit-g128-act-order-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128",
-                                      "--desc-act", "--no-sym"],
-    "rtn-4bit-g128-asym": ["--method", "gptq", "--bits", "4", "--group-size", "128", "--no-sym",
-                           "--rtn"],
+    "awq-4bit-g64": _AWQ,
+    "gptq-4bit-g128": _GPTQ,
+    "gptq-4bit-g128-act-order": [*_GPTQ, "--desc-act"],
+    "gptq-4bit-g128-asym": [*_GPTQ, "--no-sym"],
+    "gptq-4bit-g128-act-order-asym": [*_GPTQ, "--desc-act", "--no-sym"],
+    "rtn-4bit-g128-asym": [*_GPTQ, "--no-sym", "--rtn"],
     "fp8-dynamic": ["--method", "fp8"],  # GPTQ-rounded FP8 weights, per-tensor scales
     "fp8-dynamic-rtn": ["--method", "fp8", "--rtn"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
+    # The quantizer's options one at a time against the defaults (pipeline.DEFAULTS);
+    # "-plain": every option off (tamis quantize before issue 5's quality push).
+    "gptq-4bit-g128-plain": [*_GPTQ, "--no-output-clip", "--no-static-groups", "--refine", "0"],
+    "gptq-4bit-g128-no-output-clip": [*_GPTQ, "--no-output-clip"],
+    "gptq-4bit-g128-no-static-groups": [*_GPTQ, "--no-static-groups"],
+    "gptq-4bit-g128-no-refine": [*_GPTQ, "--refine", "0"],
+    "gptq-4bit-g128-refine3": [*_GPTQ, "--refine", "3"],
+    "gptq-4bit-g128-descent": [*_GPTQ, "--descent", "2"],
+    "gptq-4bit-g128-true-sequential": [*_GPTQ, "--true-sequential"],
+    "gptq-4bit-g128-damp0.1": [*_GPTQ, "--damp", "0.1"],
+    "gptq-4bit-g128-act-order-static": [*_GPTQ, "--desc-act", "--static-groups"],
+    "awq-4bit-g64-plain": [*_AWQ, "--no-output-clip", "--refine", "0"],
+    "awq-4bit-g64-gptq": [*_AWQ, "--awq-gptq"],
+    "awq-4bit-g64-descent": [*_AWQ, "--descent", "2"],
 }
 
 
@@ -129,13 +142,13 @@ def _print_ppl_table(work: Path, tokens: int, window: int) -> None:
     rows = {p.stem[4:]: json.loads(p.read_text()) for p in sorted(work.glob("ppl-*.json"))}
     reference = rows.get("unquantized", {}).get("ppl")
     print(f"\nperplexity on pydoc_data.topics, {tokens} tokens, windows of {window}")
-    print(f"{'model':28s} {'ppl':>9s} {'unquantized':>12s} {'change':>8s} {'quantize s':>11s}")
+    print(f"{'model':32s} {'ppl':>9s} {'unquantized':>12s} {'change':>8s} {'quantize s':>11s}")
     for name in ["unquantized", *PPL_METHODS]:
         if name not in rows:
             continue
         ppl = rows[name]["ppl"]
         change = f"{100 * (ppl / reference - 1):+7.2f}%" if reference else "n/a"
-        print(f"{name:28s} {ppl:9.4f} {reference or float('nan'):12.4f} {change:>8s} "
+        print(f"{name:32s} {ppl:9.4f} {reference or float('nan'):12.4f} {change:>8s} "
               f"{rows[name]['quantize_s']:11.0f}")
 
 

@@ -16,24 +16,28 @@ from tamis.quant.quantizer.grid import rtn_quantize
 GRID_POINTS = 20
 
 
-def _pseudo_quantize(weight: torch.Tensor, bits: int, group_size: int) -> torch.Tensor:
+def _pseudo_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool) -> torch.Tensor:
     # Full-range grids here (no clipping search: 20x cheaper); the weights are clipped
     # once, after the scales are chosen (pipeline), as AutoAWQ does.
-    return rtn_quantize(weight, bits, group_size, sym=False, search=False).dequantize()
+    return rtn_quantize(weight, bits, group_size, sym=sym, search=False).dequantize()
 
 
 def _weight_profile(weights: list[torch.Tensor], group_size: int) -> torch.Tensor:
     w = torch.cat(weights, dim=0).abs().float()
     n, k = w.shape
-    grouped = w.reshape(n, k // group_size, group_size)
+    group = k if group_size == -1 else group_size
+    pad = -k % group  # zero columns: a partial last group (GPTQ's ceil(K / G) groups)
+    grouped = torch.nn.functional.pad(w, (0, pad)).reshape(n, -1, group)
     relative = grouped / grouped.amax(dim=2, keepdim=True).clamp(min=1e-8)
-    return relative.reshape(n, k).mean(dim=0)
+    return relative.reshape(n, k + pad)[:, :k].mean(dim=0)
 
 
 @torch.no_grad()
 def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int,
-                  group_size: int) -> torch.Tensor:
-    """x [T, K] calibration inputs; weights: the [N_i, K] linears reading x. Returns s [K]."""
+                  group_size: int, sym: bool = False) -> torch.Tensor:
+    """x [T, K] calibration inputs; weights: the [N_i, K] linears reading x. Returns s [K].
+    ``sym``: the grid the weights will be rounded on (AWQ's own format is asymmetric;
+    GPTQ checkpoints may be symmetric)."""
     x = x.float()
     x_mean = x.abs().mean(dim=0)
     w_mean = _weight_profile(weights, group_size)
@@ -44,8 +48,68 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor], bits: int,
         ratio = step / GRID_POINTS
         s = (x_mean.pow(ratio) / w_mean.pow(1 - ratio).clamp(min=1e-4)).clamp(min=1e-4)
         s = s / (s.max() * s.min()).sqrt()
-        quantized = _pseudo_quantize(w_all * s, bits, group_size) / s
+        quantized = _pseudo_quantize(w_all * s, bits, group_size, sym) / s
         loss = (x @ quantized.t() - reference).pow(2).mean().item()
         if loss < best_loss:
             best, best_loss = s, loss
     return best
+
+
+# ---------------------------------------------------------------- one decoder layer
+
+SEARCH_ROWS = 512  # calibration rows (evenly spaced) the scale-search loss is measured on
+
+
+def subsample(x: torch.Tensor, rows: int = SEARCH_ROWS) -> torch.Tensor:
+    if x.shape[0] <= rows:
+        return x
+    return x[torch.linspace(0, x.shape[0] - 1, rows).long()]
+
+
+@torch.no_grad()
+def search_and_fold(layer, prefix: str, x: dict[str, torch.Tensor], bits: int,
+                    group_size: int, sym: bool) -> dict[str, torch.Tensor]:
+    """Searches the AWQ scales of a Llama-style ``layer`` on ``x`` (linear name -> its
+    calibration inputs [T, K]) and folds them in: the layer computes the same function,
+    its linears now read x / s. Returns linear name -> s (linears left unscaled absent)."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    if attn is None or mlp is None or not all(
+            hasattr(attn, n) or hasattr(mlp, n) for n in needed):
+        raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
+                         f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+    x = {name: subsample(value) for name, value in x.items()}
+
+    def search(name: str, linears) -> torch.Tensor:
+        return search_scales(x[name], [m.weight for m in linears], bits, group_size, sym)
+
+    scaled = {}
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    s = search("self_attn.q_proj", qkv)
+    _fold_norm(layer.input_layernorm.weight, s, qkv)
+    scaled.update(dict.fromkeys(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), s))
+    if attn.v_proj.out_features == attn.o_proj.in_features:  # no GQA: v rows feed o
+        s = search("self_attn.o_proj", [attn.o_proj])
+        _fold_linear(attn.v_proj, s, attn.o_proj)
+        scaled["self_attn.o_proj"] = s
+    gate_up = [mlp.gate_proj, mlp.up_proj]
+    s = search("mlp.gate_proj", gate_up)
+    _fold_norm(layer.post_attention_layernorm.weight, s, gate_up)
+    scaled.update(dict.fromkeys(("mlp.gate_proj", "mlp.up_proj"), s))
+    s = search("mlp.down_proj", [mlp.down_proj])
+    _fold_linear(mlp.up_proj, s, mlp.down_proj)
+    scaled["mlp.down_proj"] = s
+    return scaled
+
+
+def _fold_norm(norm_weight: torch.Tensor, s: torch.Tensor, linears) -> None:
+    norm_weight.div_(s)
+    for linear in linears:
+        linear.weight.mul_(s[None, :])
+
+
+def _fold_linear(previous, s: torch.Tensor, linear) -> None:
+    previous.weight.div_(s[:, None])
+    if previous.bias is not None:
+        previous.bias.div_(s)
+    linear.weight.mul_(s[None, :])

@@ -72,14 +72,17 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,
                   sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
                   min_zero: int = 0, search: bool = True, weighted_clip: bool = False,
-                  static_groups: bool = False) -> QuantizedWeight:
+                  static_groups: bool = False,
+                  grids: tuple[torch.Tensor, torch.Tensor] | None = None) -> QuantizedWeight:
     """weight [N, K] float; hessian [K, K]. Returns codes in the original column order.
     Each group's grid is fitted (``fit_grid``, clipping search unless ``search`` is
     False) on its error-updated weights when the solve reaches the group's first column.
     ``weighted_clip``: the clipping search minimizes the group's output error under its
     block of ``hessian`` instead of the plain squared weight error. ``static_groups``
     (act-order only): groups stay contiguous in K and their grids are fitted on the
-    original weights before the solve (``g_idx`` = column // group)."""
+    original weights before the solve (``g_idx`` = column // group). ``grids``: the
+    (scales, zeros) [N, G] of a previous call with the same arguments, held fixed (no
+    fitting; the same groups, hence the same ``g_idx``)."""
     n, k = weight.shape
     perm = visiting_order(hessian, act_order)
     group = k if group_size == -1 else group_size
@@ -88,7 +91,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
     h_perm = hessian[perm][:, perm] if weighted_clip else None
     static = static_groups and act_order
-    if static:
+    if grids is not None:
+        scales, zeros = grids[0].clone(), grids[1].clone()
+    elif static:
         for g in range(groups):
             cols = slice(g * group, min((g + 1) * group, k))
             block = hessian[cols, cols] if weighted_clip else None
@@ -97,8 +102,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     grid = {}
 
     def round_column(position: int, column: torch.Tensor, pending) -> torch.Tensor:
-        if static:
-            g = int(perm[position]) // group
+        if static or grids is not None:
+            g = int(perm[position]) // group if static else position // group
             scale, zero = scales[:, g], zeros[:, g]
         else:
             if position % group == 0:

@@ -4,7 +4,8 @@
 load (transformers, fp32) -> calibration windows -> layer 0 inputs
 for each decoder layer:                                  (a progress bar step per layer)
     replay -> inputs of every linear (GPTQ: Hessians; AWQ: activations)
-    quantize its linears (GPTQ solve | AWQ scale search + fold + RTN | RTN | FP8)
+    quantize its linears (GPTQ solve | AWQ scale search + fold + RTN | RTN | FP8),
+        then optionally refit the scales / descend on the codes (refit.py, descent.py)
     put the dequantized weights back, replay -> inputs of the next layer
 write safetensors + config.json quantization_config (quant/quantizer/writer.py)
 ```
@@ -23,13 +24,14 @@ from torch import nn
 from tamis.quant.quantizer import awq as awq_search
 from tamis.quant.quantizer import calibration, writer
 from tamis.quant.quantizer.fp8 import Fp8Weight, gptq_fp8, rtn_fp8
+from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
+from tamis.quant.quantizer.refit import refit_scales
 
 METHODS = ("awq", "gptq", "fp8")
 BITS = {"awq": (4,), "gptq": (4, 8), "fp8": (8,)}
 GROUP_SIZES = {"awq": (32, 64, 128), "gptq": (-1, 32, 64, 128), "fp8": (-1,)}
-AWQ_ROWS = 512  # calibration rows (evenly spaced) the AWQ scale-search loss is measured on
 
 
 @dataclass
@@ -47,10 +49,18 @@ class QuantizeOptions:
     # GPTQ: re-collect each stage's inputs through the stages already quantized in the
     # layer (q/k/v, o, gate/up, down) instead of one replay of the unquantized layer.
     true_sequential: bool = False
+    # The options below left as None take the method's default (``DEFAULTS``).
     # GPTQ group grids / AWQ final rounding: clipping search on the output error under
     # the Hessian block of each group (AutoAWQ's clip loss), not the (diagonal) weight error.
-    output_clip: bool = False
-    static_groups: bool = False  # GPTQ act-order: grids fitted before the permutation
+    output_clip: bool | None = None
+    # GPTQ: visit columns in act order (decreasing Hessian diagonal) with groups kept
+    # contiguous in K, their grids fitted before the solve; g_idx stays column // group,
+    # so without --desc-act the checkpoint is a plain (non act-order) one.
+    static_groups: bool | None = None
+    # GPTQ: rounds of (least-squares refit of the scales for the codes found, GPTQ again
+    # with those grids held), then a last refit (refit.py); 0: GPTQ's own grids.
+    refine: int | None = None
+    descent: int | None = None  # rounds of (coordinate descent on the codes, refit)
     awq_gptq: bool = False  # AWQ: round the scaled weights with GPTQ instead of RTN
 
     def __post_init__(self):
@@ -73,6 +83,35 @@ class QuantizeOptions:
                              "use --no-sym or --method gptq")
         if self.desc_act and (self.method != "gptq" or self.rtn):
             raise ValueError("--desc-act needs --method gptq without --rtn")
+        if self.static_groups and (self.method != "gptq" or self.rtn):
+            raise ValueError("--static-groups needs --method gptq without --rtn")
+        if self.awq_gptq and self.method != "awq":
+            raise ValueError("--awq-gptq needs --method awq")
+        for name, value in DEFAULTS[self.method](self).items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+
+
+def _defaults_gptq(options: QuantizeOptions) -> dict:
+    # Chosen on SmolLM2-135M (bench/results/quant.md, issue 5): the output-error clip,
+    # act-order visiting with static groups when the format has no act-order, and one
+    # refit round each lowered perplexity.
+    static = options.static_groups
+    if static is None:
+        static = not (options.desc_act or options.rtn)
+    return dict(output_clip=not options.rtn, static_groups=static,
+                refine=1 if static else 0, descent=0)
+
+
+def _defaults_awq(options: QuantizeOptions) -> dict:
+    return dict(output_clip=True, static_groups=False, refine=0, descent=0)
+
+
+def _defaults_fp8(options: QuantizeOptions) -> dict:
+    return dict(output_clip=False, static_groups=False, refine=0, descent=0)
+
+
+DEFAULTS = {"gptq": _defaults_gptq, "awq": _defaults_awq, "fp8": _defaults_fp8}
 
 
 @dataclass
@@ -103,8 +142,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             samples = _calibration_samples(model_path, options)
         inputs, kwargs = calibration.capture_layer_inputs(model, samples)
         for index, layer in enumerate(layers):
-            quantize = _quantize_layer_awq if options.method == "awq" else _quantize_layer_gptq
-            quantize(layer, f"model.layers.{index}", inputs, kwargs, options, result)
+            _quantize_layer(layer, f"model.layers.{index}", inputs, kwargs, options, result)
             inputs = calibration.run_layer(layer, inputs, kwargs)
             bar.update(1)
     bar.close()
@@ -113,6 +151,17 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
                                               options.desc_act, options.sym)
     writer.write_checkpoint(model_path, output, state, quant_config)
     return result
+
+
+def _quantize_layer(layer: nn.Module, prefix: str, inputs, kwargs, options: QuantizeOptions,
+                    result: QuantizeResult) -> None:
+    """Quantizes one decoder layer in place (calibrated methods)."""
+    if options.method == "awq":
+        _awq_fold(layer, prefix, inputs, kwargs, options)
+        if not options.awq_gptq:
+            _quantize_layer_awq_rtn(layer, prefix, inputs, kwargs, options, result)
+            return
+    _quantize_layer_gptq(layer, prefix, inputs, kwargs, options, result)
 
 
 def _calibration_samples(model_path: Path, options: QuantizeOptions) -> list[torch.Tensor]:
@@ -227,91 +276,76 @@ def _stages(linears: dict[str, nn.Linear]) -> list[list[str]]:
     return [list(stage) for stage in _STAGES]
 
 
-def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeOptions,
-                 sym: bool | None = None, act_order: bool | None = None, min_zero=None):
+def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeOptions):
     if options.method == "fp8":  # no groups: act-order changes nothing in the format
         return gptq_fp8(weight, hessian, act_order=True, damp=options.damp)
-    return gptq_quantize(weight, hessian, options.bits, options.group_size,
-                         options.sym if sym is None else sym,
-                         options.desc_act if act_order is None else act_order,
-                         damp=options.damp,
-                         min_zero=_min_zero(options) if min_zero is None else min_zero,
-                         weighted_clip=options.output_clip,
-                         static_groups=options.static_groups)
+    # Static groups visit in act order whatever the format: their g_idx stays contiguous.
+    arguments = dict(bits=options.bits, group_size=options.group_size, sym=options.sym,
+                     act_order=options.desc_act or options.static_groups, damp=options.damp,
+                     min_zero=_min_zero(options), weighted_clip=options.output_clip,
+                     static_groups=options.static_groups)
+    quantized = gptq_quantize(weight, hessian, **arguments)
+    for _ in range(options.refine):
+        quantized = refit_scales(weight, hessian, quantized)
+        quantized = gptq_quantize(weight, hessian, **arguments,
+                                  grids=(quantized.scales, quantized.zeros))
+    return _polish(weight, hessian, quantized, options)
 
 
-def _quantize_layer_awq(layer: nn.Module, prefix: str, inputs, kwargs,
-                        options: QuantizeOptions, result: QuantizeResult) -> None:
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    if attn is None or mlp is None or not all(
-            hasattr(attn, n) or hasattr(mlp, n) for n in needed):
-        raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
-                         f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+def _polish(weight: torch.Tensor, hessian: torch.Tensor, quantized: QuantizedWeight,
+            options: QuantizeOptions) -> QuantizedWeight:
+    """A last refit of the scales after ``refine``, and ``descent`` rounds of coordinate
+    descent on the codes (each followed by a refit), under the damped Hessian."""
+    if options.refine:
+        quantized = refit_scales(weight, hessian, quantized)
+    if options.descent:
+        h = hessian.to(torch.float64)
+        damped = h + options.damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0],
+                                                                           dtype=h.dtype)
+        for _ in range(options.descent):
+            quantized = refit_scales(weight, damped, descend_codes(weight, damped, quantized))
+    return quantized
+
+
+def _awq_fold(layer: nn.Module, prefix: str, inputs, kwargs, options: QuantizeOptions) -> None:
+    """AWQ's scale search on the layer's calibration inputs, folded into the layer (same
+    function; its linears then read x / s and are quantized as such)."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    calibration.collect_linear_inputs(layer, inputs, kwargs,
+                                      lambda name, x: seen.setdefault(name, []).append(x))
+    x = {name: torch.cat(chunks) for name, chunks in seen.items()}
+    awq_search.search_and_fold(layer, prefix, x, options.bits, options.group_size, options.sym)
+
+
+def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
+                            options: QuantizeOptions, result: QuantizeResult) -> None:
+    """Rounds the (already AWQ-scaled) linears of ``layer`` to nearest, with a clipping
+    search weighted by their inputs (``output_clip``: by the Hessian block of each group),
+    then ``refine`` / ``descent`` (``_polish``)."""
     seen: dict[str, list[torch.Tensor]] = {}
     hessians: dict[str, HessianAccumulator] = {}
+    need_hessian = options.output_clip or options.refine or options.descent
 
     def on_input(name: str, x: torch.Tensor) -> None:
         seen.setdefault(name, []).append(x)
-        if options.output_clip or options.awq_gptq:
+        if need_hessian:
             hessians.setdefault(name, HessianAccumulator(x.shape[-1])).add(x)
 
     calibration.collect_linear_inputs(layer, inputs, kwargs, on_input)
-    x = {name: _subsample(torch.cat(chunks)) for name, chunks in seen.items()}
-    bits, group = options.bits, options.group_size
-    scaled = {}  # linear name -> s its input was divided by
-    with torch.no_grad():
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        s = awq_search.search_scales(x["self_attn.q_proj"], [m.weight for m in qkv], bits, group)
-        _fold(layer.input_layernorm.weight, s, qkv)
-        scaled.update(dict.fromkeys(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), s))
-        if attn.v_proj.out_features == attn.o_proj.in_features:  # no GQA: v rows feed o
-            s = awq_search.search_scales(x["self_attn.o_proj"], [attn.o_proj.weight], bits, group)
-            _fold_linear(attn.v_proj, s, attn.o_proj)
-            scaled["self_attn.o_proj"] = s
-        gate_up = [mlp.gate_proj, mlp.up_proj]
-        s = awq_search.search_scales(x["mlp.gate_proj"], [m.weight for m in gate_up], bits, group)
-        _fold(layer.post_attention_layernorm.weight, s, gate_up)
-        scaled.update(dict.fromkeys(("mlp.gate_proj", "mlp.up_proj"), s))
-        s = awq_search.search_scales(x["mlp.down_proj"], [mlp.down_proj.weight], bits, group)
-        _fold_linear(mlp.up_proj, s, mlp.down_proj)
-        scaled["mlp.down_proj"] = s
     for name, linear in _linears(layer).items():
-        s = scaled.get(name)
-        if name in hessians:  # the Hessian of the scaled inputs x / s
-            h = hessians[name].hessian
-            hessian = h if s is None else h / (s[:, None] * s[None, :]).to(h.dtype)
-        if options.awq_gptq:  # contiguous groups, zero points >= 0: AWQ GEMM-storable
-            quantized = _gptq_linear(linear.weight.data, hessian, options, sym=False,
-                                     act_order=False, min_zero=0)
-        elif options.output_clip:
-            quantized = rtn_quantize(linear.weight.data, bits, group, sym=False, hessian=hessian)
+        weight = linear.weight.data
+        if options.output_clip:
+            quantized = rtn_quantize(weight, options.bits, options.group_size, sym=False,
+                                     hessian=hessians[name].hessian)
         else:
             # Clipping search weighted by the mean square of the (scaled) inputs: the
             # diagonal of the output-error loss AutoAWQ's clip search measures.
-            inputs_seen = x[name] / (torch.ones(()) if s is None else s)
-            quantized = rtn_quantize(linear.weight.data, bits, group, sym=False,
-                                     importance=inputs_seen.float().pow(2).mean(dim=0))
+            x = awq_search.subsample(torch.cat(seen[name]))
+            quantized = rtn_quantize(weight, options.bits, options.group_size, sym=False,
+                                     importance=x.float().pow(2).mean(dim=0))
+        if need_hessian:
+            quantized = _polish(weight, hessians[name].hessian, quantized, options)
         _store(linear, f"{prefix}.{name}", quantized, result)
-
-
-def _subsample(x: torch.Tensor) -> torch.Tensor:
-    if x.shape[0] <= AWQ_ROWS:
-        return x
-    return x[torch.linspace(0, x.shape[0] - 1, AWQ_ROWS).long()]
-
-
-def _fold(norm_weight: torch.Tensor, s: torch.Tensor, linears: list[nn.Linear]) -> None:
-    norm_weight.div_(s)
-    for linear in linears:
-        linear.weight.mul_(s[None, :])
-
-
-def _fold_linear(previous: nn.Linear, s: torch.Tensor, linear: nn.Linear) -> None:
-    previous.weight.div_(s[:, None])
-    if previous.bias is not None:
-        previous.bias.div_(s)
-    linear.weight.mul_(s[None, :])
 
 
 def _checkpoint_state(model: nn.Module, result: QuantizeResult,

@@ -45,13 +45,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--true-sequential", action="store_true",
                         help="gptq: calibrate q/k/v, o, gate/up, down in turn, each through "
                              "the stages already quantized")
-    parser.add_argument("--output-clip", action="store_true",
+    parser.add_argument("--output-clip", action=argparse.BooleanOptionalAction, default=None,
                         help="clipping search on each group's output error (Hessian block), "
-                             "not the weight error (gptq, awq)")
-    parser.add_argument("--static-groups", action="store_true",
-                        help="gptq --desc-act: group grids fitted before the permutation")
+                             "not the weight error (gptq, awq; default on)")
+    parser.add_argument("--static-groups", action=argparse.BooleanOptionalAction, default=None,
+                        help="gptq: visit columns in act order with groups contiguous in K, "
+                             "grids fitted first (default on without --desc-act; the "
+                             "checkpoint stays a plain one)")
+    parser.add_argument("--refine", type=int, default=None, metavar="N",
+                        help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
+                             "those grids, then a last refit (default 1; 0 = off)")
+    parser.add_argument("--descent", type=int, default=None, metavar="N",
+                        help="gptq, awq: N rounds of coordinate descent on the codes + "
+                             "scale refit (default 0)")
     parser.add_argument("--awq-gptq", action="store_true",
                         help="awq: round the scaled weights with GPTQ instead of RTN")
+    parser.add_argument("--damp", type=float, default=None,
+                        help="GPTQ Hessian damping, a fraction of its mean diagonal (0.01)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(func=run)
     return parser
@@ -71,8 +81,10 @@ def run(args: argparse.Namespace) -> int:
                                   desc_act=args.desc_act, sym=args.sym, rtn=args.rtn,
                                   calibration_text=text, num_samples=args.num_samples,
                                   seq_len=args.seq_len, true_sequential=args.true_sequential,
-                                  output_clip=args.output_clip,
-                                  static_groups=args.static_groups, awq_gptq=args.awq_gptq)
+                                  output_clip=args.output_clip, static_groups=args.static_groups,
+                                  refine=args.refine, descent=args.descent,
+                                  awq_gptq=args.awq_gptq,
+                                  **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():
             raise ValueError(f"{model} is not a Hugging Face model folder (no config.json)")

@@ -1,14 +1,18 @@
 """`tamis quantize`'s newer options: stacked GPTQ solves equal separate ones, the
-output-error clip search minimizes the output error, and every option still writes a
-checkpoint whose reload matches the quantizer (round trip)."""
+output-error clip search minimizes the output error, the scale refit and the coordinate
+descent never raise it, static groups keep a plain checkpoint, and every option still
+writes a checkpoint whose reload matches the quantizer (round trip)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tamis.quant.quantizer.awq import search_scales
+from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import gptq_quantize
 from tamis.quant.quantizer.grid import fit_grid, quantize_codes, rtn_quantize
 from tamis.quant.quantizer.pipeline import QuantizeOptions, _split_rows
+from tamis.quant.quantizer.refit import refit_scales
 
 from tests.quant.test_roundtrip import _round_trip, one_layer, samples, tiny  # noqa: F401  (fixtures)
 
@@ -57,7 +61,51 @@ def test_static_groups_keep_contiguous_g_idx_with_act_order():
     assert not torch.equal(dynamic.g_idx.long(), torch.arange(96) // 32)
 
 
+@pytest.mark.parametrize("sym,act_order,static", [(True, False, False), (False, True, False),
+                                                    (True, True, True)])
+def test_refit_and_descent_lower_the_output_error(sym, act_order, static):
+    h = _correlated_hessian(96)
+    w = torch.randn(32, 96)
+    qw = gptq_quantize(w, h, 4, 32, sym, act_order, min_zero=0 if sym else 1,
+                       weighted_clip=True, static_groups=static)
+    refit = refit_scales(w, h, qw)
+    assert torch.equal(refit.codes, qw.codes) and torch.equal(refit.zeros, qw.zeros)
+    assert torch.equal(refit.scales, refit.scales.half().float())  # storable as written
+    assert _output_error(w, refit, h) < 0.95 * _output_error(w, qw, h)
+    descended = descend_codes(w, h, refit)
+    assert torch.equal(descended.scales, refit.scales)
+    assert _output_error(w, descended, h) <= _output_error(w, refit, h) * (1 + 1e-6)
+    again = gptq_quantize(w, h, 4, 32, sym, act_order, min_zero=0 if sym else 1,
+                          weighted_clip=True, static_groups=static,
+                          grids=(refit.scales, refit.zeros))
+    assert torch.equal(again.scales, refit.scales) and torch.equal(again.g_idx, qw.g_idx)
+
+
+def test_static_groups_without_desc_act_write_a_plain_checkpoint(one_layer, samples, tmp_path):
+    """The default GPTQ visits columns in act order but keeps g_idx = column // group and
+    desc_act false: a checkpoint engines load as a plain (non act-order) one."""
+    import json
+    options = QuantizeOptions("gptq", group_size=32)
+    assert options.static_groups and not options.desc_act
+    result = _round_trip(one_layer, tmp_path, options, samples, layers=1)
+    for quantized in result.weights.values():
+        assert torch.equal(quantized.g_idx.long(), torch.arange(quantized.codes.shape[1]) // 32)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert config["desc_act"] is False
+
+
+def test_awq_scale_search_handles_a_partial_last_group():
+    """K = 96 with group 64 (GPTQ's ceil(K / G) groups), symmetric grid."""
+    s = search_scales(torch.randn(64, 96), [torch.randn(16, 96)], 4, 64, sym=True)
+    assert s.shape == (96,) and bool(torch.isfinite(s).all()) and bool((s > 0).all())
+
+
 @pytest.mark.parametrize("method,options", [
+    ("gptq", dict(refine=2, descent=1, sym=False)),
+    ("gptq", dict(desc_act=True, static_groups=True, refine=1)),
+    ("gptq", dict(output_clip=False, static_groups=False, refine=0)),
+    ("awq", dict(group_size=64, descent=1)),
+    ("awq", dict(group_size=64, output_clip=False, refine=0)),
     ("gptq", dict(desc_act=True, true_sequential=True, output_clip=True)),
     ("gptq", dict(desc_act=True, sym=False, static_groups=True)),
     ("awq", dict(group_size=64, output_clip=True)),
