@@ -290,13 +290,16 @@ def main() -> None:
                         help="sample every constrained token (same steps as unconstrained)")
     parser.add_argument("--engine-masks", action="store_true",
                         help="step-path mask fill times in real generation, prefetch off and on")
+    parser.add_argument("--engine-masks-kind", choices=("json", "regex", "grammar"),
+                        default="json", help="the constraints of --engine-masks' batch")
     parser.add_argument("--prefetch", choices=("on", "off"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.prefetch:              # a child of --engine-masks
         import structured_engine_masks as engine_masks
         engine_masks.write_json(engine_masks.run(args.prefetch == "on", args.batch, args.max_tokens,
-                                                 args.per_subset, args.threads), args.json)
+                                                 args.per_subset, args.threads,
+                                                 args.engine_masks_kind), args.json)
         return
     names = ([n for n in backend_registry.BACKENDS if backend_registry.is_installed(n)]
              if args.backend == "all" else [backend_registry.check_installed(args.backend)])
@@ -314,7 +317,7 @@ def main() -> None:
         import structured_engine_masks as engine_masks
         from subprocess_runs import run_each
         results = run_each(__file__, "--prefetch", ["off", "on"], "/tmp/tamis_engine_masks",
-                           "engine_masks", "prefetch")
+                           f"engine_masks_{args.engine_masks_kind}", "prefetch")
         print("\n" + "\n".join(engine_masks.rows(results)))
     if args.throughput:
         rows = []

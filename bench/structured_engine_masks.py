@@ -1,8 +1,12 @@
 """Mask fill time as the engine's step path sees it, during real constrained generation.
 
-Used by ``bench_structured.py --engine-masks``: SmolLM2 on CPU, one batch of ``batch``
-requests, each constrained by a *different* maskbench-dev schema (the first ``batch`` of the
-BENCHMARKS.md sample that tamis compiles), temperature 1.0, one seed per request, so every
+Used by ``bench_structured.py --engine-masks [--engine-masks-kind json|regex|grammar]``:
+SmolLM2 on CPU, one batch of ``batch`` requests, temperature 1.0, one seed per request.
+``json``: each request constrained by a *different* maskbench-dev schema (the first
+``batch`` of the BENCHMARKS.md sample that tamis compiles); ``regex``: each by a different
+regex (``regexes``: eight families, each with its own bounds per request); ``grammar``: the
+llama.cpp GBNF grammars of the conformance data, in turn (several requests share one
+compiled grammar but walk it with their own samples). Every
 automaton state is visited cold (no constrained warm-up pass; an unconstrained 8-token pass
 warms the model). Every call of a matcher's ``fill_bitmask`` on the step path is timed
 (wall clock: it includes any wait for the prefetch worker and for the GIL), and so is the
@@ -43,6 +47,42 @@ def pick_schemas(count: int, per_subset: int) -> list[tuple[str, dict]]:
     return out
 
 
+def regexes(count: int) -> list[tuple[str, str]]:
+    """(name, pattern): ``count`` distinct regexes, eight families with bounds varied per index."""
+    families = [
+        lambda i: rf"(([a-z]{{2,{6 + i % 9}}}) ){{{10 + i}}}",
+        lambda i: rf"[a-z0-9._]{{1,{8 + i}}}@[a-z]{{2,{6 + i % 5}}}\.(com|org|net|io)",
+        lambda i: rf"(19|20)[0-9]{{2}}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])( [a-z]{{3,{5 + i}}}){{0,3}}",
+        lambda i: r"((25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1?[0-9]?[0-9])"
+                  + rf"(:[0-9]{{1,{2 + i % 4}}})?",
+        lambda i: rf"\+[1-9][0-9]{{0,2}} \(?[0-9]{{3}}\)? [0-9]{{3}}-[0-9]{{2,{4 + i}}}",
+        lambda i: rf"[0-9a-f]{{8}}-[0-9a-f]{{4}}-[1-5][0-9a-f]{{3}}-[89ab][0-9a-f]{{3}}-[0-9a-f]{{{12 - i % 4}}}",
+        lambda i: rf"(Yes|No|Maybe)(, because [A-Za-z ,]{{10,{40 + i}}})?\.",
+        lambda i: rf"https?://[a-z]{{2,{10 + i % 7}}}(\.[a-z]{{2,8}}){{1,3}}(/[a-zA-Z0-9_-]{{1,{12 + i}}}){{0,4}}",
+    ]
+    return [(f"regex-{i}", families[i % len(families)](i // len(families))) for i in range(count)]
+
+
+def grammars(count: int) -> list[tuple[str, str]]:
+    """(name, GBNF text): the conformance llama.cpp grammars, in turn, ``count`` of them."""
+    from conformance import CONFORMANCE
+    folder = CONFORMANCE / "grammars/gbnf/llama.cpp-grammars"
+    texts = [(path.stem, path.read_text()) for path in sorted(folder.glob("*.gbnf"))]
+    return [texts[i % len(texts)] for i in range(count)]
+
+
+def constraints(kind: str, count: int, per_subset: int) -> list[tuple[str, object]]:
+    """(name, StructuredOutputsParams) for the batch."""
+    if kind == "json":
+        return [(name, StructuredOutputsParams(json=schema))
+                for name, schema in pick_schemas(count, per_subset)]
+    if kind == "regex":
+        return [(name, StructuredOutputsParams(regex=pattern)) for name, pattern in regexes(count)]
+    if kind == "grammar":
+        return [(name, StructuredOutputsParams(grammar=text)) for name, text in grammars(count)]
+    raise ValueError(f"unknown kind {kind!r}: json, regex or grammar")
+
+
 def _time_class_method(cls, name: str, sink: list) -> None:
     inner = getattr(cls, name)
 
@@ -55,13 +95,14 @@ def _time_class_method(cls, name: str, sink: list) -> None:
     setattr(cls, name, timed)
 
 
-def run(prefetch_on: bool, batch: int, max_tokens: int, per_subset: int, threads: int) -> dict:
+def run(prefetch_on: bool, batch: int, max_tokens: int, per_subset: int, threads: int,
+        kind: str = "json") -> dict:
     import torch
     torch.set_num_threads(threads)
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
     prefetch.set_enabled(prefetch_on)
-    schemas = pick_schemas(batch, per_subset)
+    batch_constraints = constraints(kind, batch, per_subset)
     llm = LLM()
     llm.generate(["Hello"] * batch, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     row_times: list = []
@@ -73,9 +114,10 @@ def run(prefetch_on: bool, batch: int, max_tokens: int, per_subset: int, threads
     _time_class_method(type(engine._structured_manager()), "fill_bitmask", step_times)
     _time_class_method(type(engine.runner), "execute_model", forward_times)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens,
-                             structured_outputs=StructuredOutputsParams(json=schema))
-              for i, (_, schema) in enumerate(schemas)]
-    prompts = [f"Write one JSON value ({name}): " for name, _ in schemas]
+                             structured_outputs=constraint)
+              for i, (_, constraint) in enumerate(batch_constraints)]
+    what = "JSON value" if kind == "json" else f"{kind} match"
+    prompts = [f"Write one {what} ({name}): " for name, _ in batch_constraints]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
@@ -83,7 +125,8 @@ def run(prefetch_on: bool, batch: int, max_tokens: int, per_subset: int, threads
     reasons: dict = {}
     for o in outputs:
         reasons[o.outputs[0].finish_reason] = reasons.get(o.outputs[0].finish_reason, 0) + 1
-    return {"prefetch": "on" if prefetch_on else "off", "requests": len(schemas),
+    return {"prefetch": "on" if prefetch_on else "off", "kind": kind,
+            "requests": len(batch_constraints),
             "tokens": tokens, "seconds": elapsed, "tok/s": tokens / elapsed,
             "steps": len(forward_times), "finish": reasons,
             "row fills": len(row_times), "row_us": _percentiles(row_times),
@@ -101,7 +144,8 @@ def _percentiles(times: list) -> list[float]:
 
 
 def rows(results: list[dict]) -> list[str]:
-    out = ["| engine step path, batch of different schemas | " + " | ".join(
+    kind = results[0].get("kind", "json") if results else "json"
+    out = [f"| engine step path, {kind} constraints | " + " | ".join(
         f"prefetch {r.get('prefetch', '?')}" for r in results) + " | target |",
            "|---|" + "---|" * len(results) + "---|"]
 
