@@ -1,6 +1,6 @@
 """JSON-schema coverage on ALL maskbench-dev schemas (model-free), with refusal reasons.
 
-    python bench/maskbench_coverage.py [--jobs 2] [--out /tmp/maskbench.jsonl] [--limit N]
+    python bench/maskbench_coverage.py [--jobs 2] [--out /tmp/maskbench.jsonl] [--limit N] [--every K]
 
 Every schema is compiled (``compile_constraint``, SmolLM2 tokenizer, 10 s limit) and each of
 its test instances is walked token by token (compact JSON, then EOS) through a fresh matcher:
@@ -152,6 +152,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="/tmp/maskbench_coverage")
     parser.add_argument("--limit", type=int, default=None, help="first N schemas only (smoke run)")
+    parser.add_argument("--every", type=int, default=1,
+                        help="every K-th schema of the sorted list: a spread sample of all subsets")
     parser.add_argument("--report-only", action="store_true", help="re-print from --out files")
     args = parser.parse_args()
     outs = [f"{args.out}.{k}.jsonl" for k in range(args.jobs)]
@@ -161,16 +163,16 @@ def main() -> None:
     for name in outs:
         if os.path.exists(name):
             os.remove(name)
-    procs = [subprocess.Popen([sys.executable, __file__, "--supervise", outs[k], str(k), str(args.jobs)]
-                              + ([str(args.limit)] if args.limit else [])) for k in range(args.jobs)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--supervise", outs[k], str(k), str(args.jobs),
+                               str(args.every), str(args.limit or 0)]) for k in range(args.jobs)]
     for proc in procs:
         proc.wait()
     report(outs)
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--supervise":
-    out, part, parts = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    limit = int(sys.argv[5]) if len(sys.argv) > 5 else None
-    supervise(all_schemas()[:limit][part::parts], out)
+    out, part, parts, every = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    limit = int(sys.argv[6]) or None
+    supervise(all_schemas()[::every][:limit][part::parts], out)
 elif __name__ == "__main__":
     main()
