@@ -88,6 +88,7 @@ PPL_METHODS = {
     "gptq-4bit-g128-act-order-static": [*_GPTQ, "--desc-act", "--static-groups"],
     "awq-4bit-g64-plain": [*_AWQ, "--no-output-clip", "--refine", "0"],
     "awq-4bit-g64-gptq": [*_AWQ, "--awq-gptq"],
+    "awq-4bit-g64-gptq-static": [*_AWQ, "--awq-gptq", "--static-groups", "--refine", "1"],
     "awq-4bit-g64-descent": [*_AWQ, "--descent", "2"],
 }
 

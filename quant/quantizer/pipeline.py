@@ -83,8 +83,9 @@ class QuantizeOptions:
                              "use --no-sym or --method gptq")
         if self.desc_act and (self.method != "gptq" or self.rtn):
             raise ValueError("--desc-act needs --method gptq without --rtn")
-        if self.static_groups and (self.method != "gptq" or self.rtn):
-            raise ValueError("--static-groups needs --method gptq without --rtn")
+        if self.static_groups and (self.rtn or not (self.method == "gptq" or self.awq_gptq)):
+            raise ValueError("--static-groups needs a GPTQ solve: --method gptq without "
+                             "--rtn, or --method awq --awq-gptq")
         if self.awq_gptq and self.method != "awq":
             raise ValueError("--awq-gptq needs --method awq")
         for name, value in DEFAULTS[self.method](self).items():
