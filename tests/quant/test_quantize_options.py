@@ -110,6 +110,7 @@ def test_awq_scale_search_handles_a_partial_last_group():
     ("gptq", dict(desc_act=True, sym=False, static_groups=True)),
     ("awq", dict(group_size=64, output_clip=True)),
     ("awq", dict(group_size=64, awq_gptq=True)),
+    ("awq", dict(group_size=64, awq_gptq=True, static_groups=True, refine=1)),
 ])
 def test_new_options_round_trip(one_layer, samples, tmp_path, method, options):
     _round_trip(one_layer, tmp_path, QuantizeOptions(method, **options), samples, layers=1)
