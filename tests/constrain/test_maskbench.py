@@ -10,9 +10,9 @@ from conformance import compact, in_schema_order, maskbench_sample, smollm2, wal
 from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, deadline
 
 PER_SUBSET = int(os.environ.get("TAMIS_MASKBENCH_PER_SUBSET", "2"))
-# The target is 90% coverage; measured 85-88% on larger samples (see
-# bench/results/constrain.md): the floor below guards against regressions until it is met.
-COVERAGE_FLOOR = 0.80
+# The target: 90% coverage. Measured 92.9% on this sample and 94.4% on every 5th
+# schema of all maskbench-dev (bench/maskbench_coverage.py, bench/results/constrain.md).
+COVERAGE_FLOOR = 0.90
 
 
 def test_maskbench_sample():
