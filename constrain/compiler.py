@@ -35,8 +35,18 @@ DEFAULT_TIME_LIMIT_S = 10.0
 
 
 def compile_constraint(params: StructuredOutputsParams, info):
-    """Compiles one constraint now, in this thread (no cache, no time limit of its own)."""
+    """Compiles one constraint now, in this thread (no cache, no time limit of its own).
+    Raises ConstraintError for anything it cannot compile, a structure too deep for the
+    recursive passes included (Python's recursion limit: a clear error, not a crash)."""
     params.validate()
+    try:
+        return _compile(params, info)
+    except RecursionError:
+        raise ConstraintError(f"structured_outputs.{params.kind} is nested or mutually "
+                              f"recursive too deeply to compile; flatten it") from None
+
+
+def _compile(params: StructuredOutputsParams, info):
     kind = params.kind
     if kind == "choice":
         node = ra.alt(*(ra.literal(c) for c in params.choice))

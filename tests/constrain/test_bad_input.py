@@ -48,6 +48,27 @@ def test_deeply_nested_schema_is_refused_quickly():
     assert time.monotonic() - start < 5
 
 
+def test_recursion_limit_is_a_clear_error_not_a_crash():
+    """Some real schemas (two of maskbench-dev's 5,585, 20-27 kB of many properties) nest
+    the compiler's recursive passes past Python's limit: a ConstraintError, as any refusal.
+    A lowered limit makes a small nested schema hit it here."""
+    import inspect
+    import sys
+    node = {"$ref": "#/$defs/node"}
+    schema = {"$defs": {"node": {"type": "object", "properties": {"next": node}}},
+              "type": "object", "properties": {f"p{i}": node for i in range(60)},
+              "required": [f"p{i}" for i in range(60)]}
+    info = smollm2()[1]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 40)   # compiling needs about 60 more
+    try:
+        with pytest.raises(ConstraintError, match="too deeply to compile"):
+            compile_constraint(StructuredOutputsParams(json=schema), info)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert compile_constraint(StructuredOutputsParams(json=schema), info) is not None
+
+
 def test_huge_enum_is_refused_quickly():
     start = time.monotonic()
     with pytest.raises(SchemaError, match="enum with 100000 values"):
