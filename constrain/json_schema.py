@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from fractions import Fraction
 from urllib.parse import urldefrag, urljoin
 
 from . import deadline
@@ -818,6 +819,14 @@ class _SchemaCompiler:
 _UNSAT = object()
 
 
+def _common_multiple(x, y):
+    """The least common multiple of two positive steps, exact for decimals (2 and 3 -> 6,
+    0.5 and 0.3 -> 1.5): a number is a multiple of both iff it is a multiple of it."""
+    fx, fy = Fraction(str(x)), Fraction(str(y))
+    step = Fraction(math.lcm(fx.numerator, fy.numerator), math.gcd(fx.denominator, fy.denominator))
+    return int(step) if step.denominator == 1 else float(step)
+
+
 def _merge_keyword(key, x, y, a, b, path):
     if key == "properties":
         out = dict(x)
@@ -840,6 +849,9 @@ def _merge_keyword(key, x, y, a, b, path):
         both = (xs & ys) | ({"integer"} if ("integer" in xs and "number" in ys)
                             or ("number" in xs and "integer" in ys) else set())
         return sorted(both) if both else _UNSAT
+    if key == "multipleOf" and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   and v > 0 for v in (x, y)):
+        return _common_multiple(x, y)
     if key == "enum":
         kept = [v for v in x if any(_json_equal(v, w) for w in y)]
         return kept if kept else _UNSAT

@@ -75,3 +75,16 @@ def test_long_max_length_is_capped_soundly():
     schema = {"type": "string", "maxLength": 4096}
     assert _ok('"' + "x" * 256 + '"', json=schema)
     assert not _ok('"' + "x" * 257 + '"', json=schema)      # valid, but beyond the cap
+
+
+def test_all_of_multiple_of_steps_combine_to_their_least_common_multiple():
+    """allOf of multipleOf 2 and 3 (and an integer step 5 via oneOf): multiples of 30 only."""
+    from conformance import smollm2, walk
+    from tamis.constrain import StructuredOutputsParams, compile_constraint
+    compiled = compile_constraint(StructuredOutputsParams(json={
+        "allOf": [{"multipleOf": 2}], "anyOf": [{"multipleOf": 3}],
+        "oneOf": [{"multipleOf": 5}]}), smollm2()[1])
+    assert [t for t in ("2", "3", "5", "6", "10", "15", "30", "60", "45") if walk(compiled, t)[0]] == ["30", "60"]
+    decimal = compile_constraint(StructuredOutputsParams(json={
+        "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.3}]}), smollm2()[1])
+    assert walk(decimal, "1.5")[0] and walk(decimal, "3")[0] and not walk(decimal, "0.5")[0]
