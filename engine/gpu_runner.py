@@ -238,14 +238,6 @@ def _fused_rms_norm_forward(self, x: torch.Tensor, residual: torch.Tensor | None
     return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
-def _fused_rotary_forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-    from tamis.kernels.rotary import rotary_embedding_
-    if q.stride(-1) != 1 or k.stride(-1) != 1:
-        q, k = q.contiguous(), k.contiguous()
-    return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
-                             cos_sin=self.kernel_cos_sin(positions, q.dtype))
-
-
 def _fused_silu_and_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
     from tamis.kernels.activation import silu_and_mul
     return silu_and_mul(x)
@@ -259,7 +251,7 @@ def use_fused_kernels(model: torch.nn.Module) -> int:
     from tamis.engine.layers.activation import SiluAndMul
     from tamis.engine.layers.layernorm import RMSNorm
     from tamis.engine.layers.rotary import RotaryEmbedding
-    fused = {RMSNorm: _fused_rms_norm_forward, RotaryEmbedding: _fused_rotary_forward,
+    fused = {RMSNorm: _fused_rms_norm_forward, RotaryEmbedding: RotaryEmbedding.forward_fused,
              SiluAndMul: _fused_silu_and_mul_forward}
     count = 0
     for module in model.modules():

@@ -154,20 +154,21 @@ class RotaryEmbedding(nn.Module):
         """Returns rotated (q, k); on CUDA they are rotated in place by one fused kernel
         (``tamis.kernels.rotary``), on CPU new tensors are returned."""
         if q.is_cuda:
-            from tamis.kernels.rotary import rotary_embedding_
-            if q.stride(-1) != 1 or k.stride(-1) != 1:
-                q, k = q.contiguous(), k.contiguous()
-            return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
-                                     cos_sin=self.kernel_cos_sin(positions, q.dtype))
+            return self.forward_fused(positions, q, k)
         cos, sin = self.cache.get(positions, q.dtype, lambda: self._cos_sin_as(positions, q.dtype))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
-    def kernel_cos_sin(self, positions: torch.Tensor,
-                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The fused kernel's cos, sin [T, rotary_dim // 2] in ``dtype``, shared by the layers."""
-        from tamis.kernels.rotary import rotary_cos_sin
-        return self.cache.get(positions, dtype, lambda: rotary_cos_sin(
-            positions, self.inv_freq, self.attention_scaling, dtype))
+    def forward_fused(self, positions: torch.Tensor, q: torch.Tensor,
+                      k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kernels room's in-place rotary (Triton on CUDA, its reference elsewhere), with
+        the cos/sin table [T, rotary_dim // 2] computed once per pass and shared by the layers."""
+        from tamis.kernels.rotary import rotary_cos_sin, rotary_embedding_
+        if q.stride(-1) != 1 or k.stride(-1) != 1:
+            q, k = q.contiguous(), k.contiguous()
+        cos_sin = self.cache.get(positions, q.dtype, lambda: rotary_cos_sin(
+            positions, self.inv_freq, self.attention_scaling, q.dtype))
+        return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
+                                 cos_sin=cos_sin)
 
     def _cos_sin_as(self, positions: torch.Tensor,
                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
