@@ -111,24 +111,29 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any],
 
 
 class CosSinCache:
-    """cos/sin of one positions tensor, shared by rotary modules with the same frequencies."""
+    """cos/sin of one positions tensor, shared by rotary modules with the same frequencies.
+
+    An entry is keyed by the positions tensor (identity), the dtype and the table's
+    ``layout``: the torch path keeps [T, 1, R] cos and sin, the fused kernel one [T, R/2]
+    table, and a lookup must never hand one to the other."""
 
     def __init__(self):
-        self._entry: tuple | None = None   # (positions, dtype, cos, sin)
+        self._entry: tuple | None = None   # (positions, dtype, layout, value)
 
     def clear(self) -> None:
         """Forgets the entry; call once per forward pass, before the layers."""
         self._entry = None
 
-    def get(self, positions: torch.Tensor, dtype: torch.dtype, compute) -> tuple:
-        """(cos, sin) for ``positions`` (the same tensor object) in ``dtype``; ``compute()``
-        makes them on a miss."""
+    def get(self, positions: torch.Tensor, dtype: torch.dtype, layout: str, compute):
+        """The table for ``positions`` (the same tensor object) in ``dtype`` and ``layout``;
+        ``compute()`` makes it on a miss."""
         entry = self._entry
-        if entry is not None and entry[0] is positions and entry[1] == dtype:
-            return entry[2], entry[3]
-        cos, sin = compute()
-        self._entry = (positions, dtype, cos, sin)
-        return cos, sin
+        if (entry is not None and entry[0] is positions and entry[1] == dtype
+                and entry[2] == layout):
+            return entry[3]
+        value = compute()
+        self._entry = (positions, dtype, layout, value)
+        return value
 
 
 class RotaryEmbedding(nn.Module):
@@ -155,7 +160,8 @@ class RotaryEmbedding(nn.Module):
         (``tamis.kernels.rotary``), on CPU new tensors are returned."""
         if q.is_cuda:
             return self.forward_fused(positions, q, k)
-        cos, sin = self.cache.get(positions, q.dtype, lambda: self._cos_sin_as(positions, q.dtype))
+        cos, sin = self.cache.get(positions, q.dtype, "torch",
+                                  lambda: self._cos_sin_as(positions, q.dtype))
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def forward_fused(self, positions: torch.Tensor, q: torch.Tensor,
@@ -165,7 +171,7 @@ class RotaryEmbedding(nn.Module):
         from tamis.kernels.rotary import rotary_cos_sin, rotary_embedding_
         if q.stride(-1) != 1 or k.stride(-1) != 1:
             q, k = q.contiguous(), k.contiguous()
-        cos_sin = self.cache.get(positions, q.dtype, lambda: rotary_cos_sin(
+        cos_sin = self.cache.get(positions, q.dtype, "fused", lambda: rotary_cos_sin(
             positions, self.inv_freq, self.attention_scaling, q.dtype))
         return rotary_embedding_(positions, q, k, self.inv_freq, self.attention_scaling,
                                  cos_sin=cos_sin)

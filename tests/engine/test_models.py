@@ -148,6 +148,21 @@ def test_old_style_rope_scaling_config_is_read():
     torch.testing.assert_close(get_rope(old, 16).inv_freq * 4, get_rope(plain, 16).inv_freq)
 
 
+def test_shared_cos_sin_cache_keeps_the_torch_and_fused_tables_apart():
+    """The torch path's [T, 1, R] cos/sin and the fused kernel's [T, R/2] table share one
+    cache per model: a lookup in one layout must not return the other's entry."""
+    config = SimpleNamespace(rope_theta=1000.0, max_position_embeddings=64)
+    rope = get_rope(config, 16)
+    positions = torch.arange(5)
+    q, k = torch.randn(5, 2, 16), torch.randn(5, 1, 16)
+    q_ref, k_ref = rope(positions, q, k)            # fills the cache with the torch tables
+    q_fused, k_fused = rope.forward_fused(positions, q.clone(), k.clone())
+    torch.testing.assert_close(q_fused, q_ref)
+    torch.testing.assert_close(k_fused, k_ref)
+    q_again, _ = rope(positions, q, k)              # the fused table did not replace them
+    torch.testing.assert_close(q_again, q_ref)
+
+
 def test_unsupported_rope_type_names_it():
     config = SimpleNamespace(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4},
                              max_position_embeddings=64)
