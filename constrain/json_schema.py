@@ -116,7 +116,10 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
         compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
         node = compiler.value(schema, "#", 0)
     except RecursionError:
-        raise SchemaError(f"schema nesting deeper than {MAX_DEPTH} levels is not supported") from None
+        # The explicit depth check in value() catches plain nesting; this is a chain the
+        # check does not count (long $ref / allOf chains, deep subschemas of keywords).
+        raise SchemaError("the schema is nested or chains $ref/allOf too deeply to compile "
+                          "(Python's recursion limit); flatten it") from None
     if node == ra.NOTHING:
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
     return node, compiler.rules
