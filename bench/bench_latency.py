@@ -56,6 +56,20 @@ TEXT_PROMPTS = [
     "def fibonacci(n):", "Explain photosynthesis to a child in three sentences.",
     "List five prime numbers:", "Once upon a time, in a small village,",
     "Translate to French: I would like a cup of coffee.", "The three laws of motion are",
+    # 24 more, so that --check-greedy 32 compares distinct prompts (the first 8 are the
+    # recorded set; the index wraps past the end)
+    "The largest planet in the solar system is", "Write a short poem about autumn leaves.",
+    "import numpy as np\n\ndef mean(values):", "What is the boiling point of water?",
+    "Give three tips for staying healthy.", "The history of the Roman Empire began",
+    "Summarize the plot of Romeo and Juliet.", "A recipe for pancakes needs",
+    "The difference between a virus and a bacterium is", "SELECT name FROM users WHERE",
+    "Describe the color blue to someone who cannot see.", "The first person to walk on the moon",
+    "Count from one to ten in Spanish:", "Why is the sky blue?",
+    "My favourite book is", "Write a limerick about a cat.",
+    "The steps to solve a quadratic equation are", "In 1492, Columbus",
+    "Explain what a neural network is.", "The best way to learn a language is",
+    "for (int i = 0; i < n; i++) {", "Dear hiring manager,",
+    "The main ingredients of bread are", "List the days of the week:",
 ]
 
 
