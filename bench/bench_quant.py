@@ -86,10 +86,15 @@ PPL_METHODS = {
     "gptq-4bit-g128-true-sequential": [*_GPTQ, "--true-sequential"],
     "gptq-4bit-g128-damp0.1": [*_GPTQ, "--damp", "0.1"],
     "gptq-4bit-g128-act-order-static": [*_GPTQ, "--desc-act", "--static-groups"],
-    "awq-4bit-g64-plain": [*_AWQ, "--no-output-clip", "--refine", "0"],
-    "awq-4bit-g64-gptq": [*_AWQ, "--awq-gptq"],
+    "gptq-4bit-g128-act-order-static-asym": [*_GPTQ, "--desc-act", "--static-groups", "--no-sym"],
+    "gptq-4bit-g128-act-order-asym-refine1": [*_GPTQ, "--desc-act", "--no-sym", "--refine", "1"],
+    "gptq-4bit-g128-act-order-asym-awq": [*_GPTQ, "--desc-act", "--no-sym", "--awq-scales"],
+    "gptq-4bit-g128-asym-awq": [*_GPTQ, "--no-sym", "--awq-scales"],
+    "awq-4bit-g64-plain": [*_AWQ, "--no-awq-gptq", "--no-output-clip", "--refine", "0"],
+    "awq-4bit-g64-rtn": [*_AWQ, "--no-awq-gptq"],  # AutoAWQ's rounding (the old default)
+    "awq-4bit-g64-gptq": [*_AWQ, "--no-static-groups"],  # GPTQ rounding in K order
     "awq-4bit-g64-gptq-static": [*_AWQ, "--awq-gptq", "--static-groups", "--refine", "1"],
-    "awq-4bit-g64-descent": [*_AWQ, "--descent", "2"],
+    "awq-4bit-g64-descent": [*_AWQ, "--no-awq-gptq", "--descent", "2"],
 }
 
 
@@ -362,8 +367,9 @@ def main() -> None:
     ppl.add_argument("--tokens", type=int, default=20480)
     ppl.add_argument("--window", type=int, default=512)
     ppl.add_argument("--methods", nargs="+", default=list(PPL_METHODS), choices=list(PPL_METHODS))
-    ppl.add_argument("--num-samples", type=int, default=8)
-    ppl.add_argument("--seq-len", type=int, default=256)
+    # Calibration windows x tokens: `tamis quantize`'s own defaults (16 x 512).
+    ppl.add_argument("--num-samples", type=int, default=16)
+    ppl.add_argument("--seq-len", type=int, default=512)
     ppl.add_argument("--no-reference", action="store_true",
                      help="skip the unquantized model (another process computes it)")
     ppl.add_argument("--threads", type=int, default=2)

@@ -58,8 +58,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--descent", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of coordinate descent on the codes + "
                              "scale refit (default 0)")
-    parser.add_argument("--awq-gptq", action="store_true",
-                        help="awq: round the scaled weights with GPTQ instead of RTN")
+    parser.add_argument("--awq-gptq", action=argparse.BooleanOptionalAction, default=None,
+                        help="awq: round the scaled weights with GPTQ (static groups, "
+                             "--refine 1; default on) instead of RTN (--no-awq-gptq)")
+    parser.add_argument("--awq-scales", action="store_true",
+                        help="gptq: fold AWQ's activation-aware scales into the layer "
+                             "before GPTQ (the checkpoint stays a GPTQ one)")
     parser.add_argument("--damp", type=float, default=None,
                         help="GPTQ Hessian damping, a fraction of its mean diagonal (0.01)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -83,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                                   seq_len=args.seq_len, true_sequential=args.true_sequential,
                                   output_clip=args.output_clip, static_groups=args.static_groups,
                                   refine=args.refine, descent=args.descent,
-                                  awq_gptq=args.awq_gptq,
+                                  awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
                                   **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():

@@ -10,7 +10,8 @@ import torch
 from tamis.quant.quantizer.awq import search_scales
 from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import gptq_quantize
-from tamis.quant.quantizer.grid import fit_grid, quantize_codes, rtn_quantize
+from tamis.quant.quantizer.grid import (SHRINK_FACTORS, _grid_for_range, fit_grid,
+                                        quantize_codes, rtn_quantize)
 from tamis.quant.quantizer.pipeline import QuantizeOptions, _split_rows
 from tamis.quant.quantizer.refit import refit_scales
 
@@ -50,6 +51,34 @@ def test_output_error_clip_beats_diagonal_clip_on_output_error():
     assert _output_error(w, full, h) < 0.97 * _output_error(w, diag, h)
     scale, zero = fit_grid(w[:, :64], 4, False, hessian=h[:64, :64])
     assert torch.equal(quantize_codes(w[:, :64], scale, zero, 4), full.codes[:, :64])
+
+
+def test_asymmetric_search_shrinks_min_and_max_apart():
+    """On rows with a one-sided tail the (lo, hi) pair search beats shrinking both ends by
+    one factor on the loss it minimizes, and is never worse (it contains those grids)."""
+    h = _correlated_hessian(64)[:64, :64].float()
+    w = torch.randn(64, 64) * 0.1
+    w[:, :2] = w[:, :2].abs() * 20  # long positive tail only
+    losses = []
+    for factor in SHRINK_FACTORS:  # the common-factor search alone
+        scale, zero = _grid_for_range(w.amin(1) * factor, w.amax(1) * factor, 4, False, 0)
+        e = (quantize_codes(w, scale, zero, 4) - zero[:, None]) * scale[:, None] - w
+        losses.append(((e @ h) * e).sum(dim=1))
+    common = torch.stack(losses).amin(dim=0)
+    scale, zero = fit_grid(w, 4, False, hessian=h)
+    e = (quantize_codes(w, scale, zero, 4) - zero[:, None]) * scale[:, None] - w
+    paired = ((e @ h) * e).sum(dim=1)
+    assert (paired <= common * (1 + 1e-5)).all()
+    assert paired.sum() < 0.99 * common.sum()
+
+
+def test_awq_defaults_to_gptq_rounding_with_static_groups():
+    options = QuantizeOptions("awq", group_size=64)
+    assert options.awq_gptq and options.static_groups and options.refine == 1
+    rtn = QuantizeOptions("awq", group_size=64, awq_gptq=False)
+    assert not rtn.static_groups and rtn.refine == 0
+    with pytest.raises(ValueError, match="--awq-scales needs --method gptq"):
+        QuantizeOptions("awq", awq_scales=True)
 
 
 def test_static_groups_keep_contiguous_g_idx_with_act_order():
@@ -111,6 +140,8 @@ def test_awq_scale_search_handles_a_partial_last_group():
     ("awq", dict(group_size=64, output_clip=True)),
     ("awq", dict(group_size=64, awq_gptq=True)),
     ("awq", dict(group_size=64, awq_gptq=True, static_groups=True, refine=1)),
+    ("awq", dict(group_size=64, awq_gptq=False)),
+    ("gptq", dict(desc_act=True, sym=False, awq_scales=True)),
 ])
 def test_new_options_round_trip(one_layer, samples, tmp_path, method, options):
     _round_trip(one_layer, tmp_path, QuantizeOptions(method, **options), samples, layers=1)
