@@ -161,8 +161,10 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             bar.update(1)
     bar.close()
     state = _checkpoint_state(model, result, options)
-    quant_config = writer.quantization_config(options.method, options.bits, options.group_size,
-                                              options.desc_act, options.sym)
+    quant_config = writer.quantization_config(
+        options.method, options.bits, options.group_size, options.desc_act, options.sym,
+        static_groups=bool(options.static_groups), true_sequential=options.true_sequential,
+        damp=options.damp)
     writer.write_checkpoint(model_path, output, state, quant_config)
     return result
 

@@ -49,14 +49,19 @@ def fp8_tensors(name: str, weight: torch.Tensor, scale: torch.Tensor) -> dict[st
 
 
 def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
-                        sym: bool) -> dict[str, Any]:
+                        sym: bool, static_groups: bool = False, true_sequential: bool = False,
+                        damp: float = 0.01) -> dict[str, Any]:
+    """``quantization_config`` for config.json; the GPTQ provenance fields (damp,
+    true-sequential, static groups) record how the checkpoint was made (loaders ignore
+    them: ``g_idx`` carries the groups)."""
     if method == "awq":
         return {"quant_method": "awq", "bits": bits, "group_size": group_size,
                 "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
     if method == "gptq":
         return {"quant_method": "gptq", "bits": bits, "group_size": group_size,
                 "desc_act": desc_act, "sym": sym, "checkpoint_format": "gptq",
-                "damp_percent": 0.01, "true_sequential": False, "static_groups": False,
+                "damp_percent": damp, "true_sequential": true_sequential,
+                "static_groups": static_groups,
                 "lm_head": False}
     return {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": []}
 

@@ -8,6 +8,7 @@ and FP8 layouts, ``config.json`` with ``quantization_config``.
 
 Examples:
   tamis quantize --method gptq --bits 4 --group-size 128 --desc-act --output smol-gptq
+  tamis quantize --method gptq --no-sym --desc-act --static-groups --output smol-gptq-ao
   tamis quantize path/to/model --method awq --output model-awq
   tamis quantize --method fp8 --output smol-fp8 && tamis serve smol-fp8
 """
@@ -50,8 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "not the weight error (gptq, awq; default on)")
     parser.add_argument("--static-groups", action=argparse.BooleanOptionalAction, default=None,
                         help="gptq: visit columns in act order with groups contiguous in K, "
-                             "grids fitted first (default on without --desc-act; the "
-                             "checkpoint stays a plain one)")
+                             "grids fitted first (default on without --desc-act, where the "
+                             "checkpoint stays a plain one; with --desc-act it is AutoGPTQ's "
+                             "static_groups: g_idx = column // group)")
     parser.add_argument("--refine", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
                              "those grids, then a last refit (default 1; 0 = off)")

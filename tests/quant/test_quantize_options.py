@@ -120,7 +120,7 @@ def test_static_groups_without_desc_act_write_a_plain_checkpoint(one_layer, samp
     for quantized in result.weights.values():
         assert torch.equal(quantized.g_idx.long(), torch.arange(quantized.codes.shape[1]) // 32)
     config = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
-    assert config["desc_act"] is False
+    assert config["desc_act"] is False and config["static_groups"] is True
 
 
 def test_awq_scale_search_handles_a_partial_last_group():
