@@ -90,6 +90,9 @@ PPL_METHODS = {
     "gptq-4bit-g128-act-order-asym-refine1": [*_GPTQ, "--desc-act", "--no-sym", "--refine", "1"],
     "gptq-4bit-g128-act-order-asym-awq": [*_GPTQ, "--desc-act", "--no-sym", "--awq-scales"],
     "gptq-4bit-g128-asym-awq": [*_GPTQ, "--no-sym", "--awq-scales"],
+    "gptq-4bit-g128-act-order-asym-ts": [*_GPTQ, "--desc-act", "--no-sym", "--true-sequential"],
+    "gptq-4bit-g128-act-order-asym-awq-ts": [*_GPTQ, "--desc-act", "--no-sym", "--awq-scales",
+                                             "--true-sequential"],
     "awq-4bit-g64-plain": [*_AWQ, "--no-awq-gptq", "--no-output-clip", "--refine", "0"],
     "awq-4bit-g64-rtn": [*_AWQ, "--no-awq-gptq"],  # AutoAWQ's rounding (the old default)
     "awq-4bit-g64-gptq": [*_AWQ, "--no-static-groups"],  # GPTQ rounding in K order
