@@ -52,7 +52,8 @@ def fit_grid(w: torch.Tensor, bits: int, sym: bool, min_zero: int = 0,
 
     With ``search`` the grid's range is the shrink of w's [min, max] (``SHRINK_FACTORS``;
     asymmetric grids: min and max also shrunk apart, ``SHRINK_PAIRS``) minimizing
-    sum_c importance[c] * (Q(w) - w)[:, c]**2 (importance [C] or [R, C], default 1), or, given ``hessian`` [C, C] (the inputs' x^T x over these columns),
+    sum_c importance[c] * (Q(w) - w)[:, c]**2 (importance [C] or [R, C], default 1), or,
+    given ``hessian`` [C, C] (the inputs' x^T x over these columns),
     the full output error e H e^T of each row, e = Q(w) - w: what a row's rounding adds to
     ||x w^T||^2 on the calibration tokens, cross-channel correlations included. Without
     ``search`` it covers all of w (GPTQ's grid). Symmetric grids put the zero point at
