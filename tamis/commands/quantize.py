@@ -3,8 +3,9 @@
 No MODEL quantizes the embedded SmolLM2-135M-Instruct. GPTQ, AWQ and FP8 calibrate on
 ``--calibration-text`` (a text file; default: standard-library docstrings); ``--rtn``
 skips calibration (round to nearest). FP8 has one weight scale per tensor and dynamic
-activations; its weights are rounded by GPTQ unless ``--rtn``. The output loads in tamis (and in vLLM / transformers): AWQ GEMM, GPTQ v1
-and FP8 layouts, ``config.json`` with ``quantization_config``.
+activations; its weights are rounded by GPTQ unless ``--rtn``. The output loads in tamis
+(and in vLLM / transformers): AWQ GEMM, GPTQ v1 and FP8 layouts, ``config.json`` with
+``quantization_config``.
 
 Examples:
   tamis quantize --method gptq --bits 4 --group-size 128 --desc-act --output smol-gptq
@@ -36,7 +37,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="symmetric grid (GPTQ default)")
     parser.add_argument("--no-sym", dest="sym", action="store_false",
                         help="asymmetric grid with zero points (AWQ always)")
-    parser.add_argument("--rtn", action="store_true", help="round to nearest, no calibration (gptq, fp8)")
+    parser.add_argument("--rtn", action="store_true",
+                        help="round to nearest, no calibration (gptq, fp8)")
     parser.add_argument("--calibration-text", default=None, metavar="FILE",
                         help="UTF-8 text file to calibrate on")
     parser.add_argument("--num-samples", type=int, default=16,
