@@ -4,8 +4,10 @@ For linears sharing one input x, search ``s = mean|x|^a / mean|w~|^(1-a)`` (norm
 ``a`` on a grid of 20 points in [0, 1); w~ is |w| relative to its group's max, AutoAWQ's
 "duo scaling") minimizing ``|| x W^T - (x / s) Q(W * s)^T ||^2`` over calibration rows;
 then W <- W * s and the op producing x absorbs 1 / s (a norm's weight, or the rows of the
-preceding linear). The scaled weights are finally rounded to nearest with an asymmetric
-grid (AWQ's zero-point format).
+preceding linear). The pipeline then rounds the scaled weights on an asymmetric grid
+(AWQ's zero-point format): by default with GPTQ's error feedback (static groups, so the
+checkpoint stays a plain AWQ GEMM one; ``pipeline.QuantizeOptions.awq_gptq``), or to
+nearest as AutoAWQ does (``--no-awq-gptq``).
 """
 from __future__ import annotations
 
