@@ -4,8 +4,11 @@
 
 Times, per Llama-3.1-8B layer shape and M, bf16 ``F.linear``, the dispatched
 ``w4a16_gemm`` and a grid of ``GemmConfig`` tiles of ``w4a16_gemm_triton`` (words
-unpacked once by reshape, or loaded once per row). Each candidate is checked against the fp32 reference before it is timed (CUDA-graph replay,
-``bench_quant.graph_time``). Prints the three fastest per cell and a summary table.
+unpacked once by reshape, or loaded once per row; tiles of 16 / 32 rows run Ampere-style
+MMAs on Hopper, whose warpgroup MMA needs 64). Each candidate is checked against the fp32
+reference before it is timed (CUDA-graph replay, ``bench_quant.graph_time``). Prints the
+three fastest per cell and a summary table. The full grid at M = 64 compiles ~300
+variants (about 4 minutes on the H200); ``--quick`` times every third candidate.
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ from bench_quant import SHAPES, _rel_err, graph_time, w4a16_operands  # noqa: E4
 
 def grid(m: int):
     from tamis.kernels.w4a16 import GemmConfig
-    block_m = 16 if m <= 16 else 64
-    for bn, bk, warps, stages, split, once in itertools.product(
-            (64, 128, 256), (64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8), (True, False)):
+    block_ms = [b for b in (16, 32, 64) if b <= max(16, m)]
+    for block_m, bn, bk, warps, stages, split, once in itertools.product(
+            block_ms, (64, 128, 256), (64, 128), (4, 8), (2, 3, 4), (1, 2, 4, 8), (True, False)):
         if bn == 256 and bk == 128 and stages == 4:
             continue  # over the shared-memory budget
         yield GemmConfig(block_m, bn, bk, split, warps, stages, once)
