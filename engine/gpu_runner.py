@@ -25,9 +25,9 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
   RMSNorm (with its residual add), rotary and SiLU-and-mul modules through
   ``tamis.kernels``: one kernel each instead of five to ten torch ops (at 8,192 tokens
   on the H200: add+RMSNorm 0.07 ms against 0.49, rotary 0.06 against 0.53, SiLU-and-mul
-  0.18 against 1.57; bench_kernels.py). A workaround until ``engine/layers`` dispatches
-  to the kernels itself on CUDA: it swaps the instances' ``forward`` and relies on their
-  attribute names (``weight``/``eps``; ``inv_freq``/``attention_scaling``).
+  0.18 against 1.57; bench_kernels.py). The layers take the same path on CUDA tensors
+  themselves; the switch points each instance's ``forward`` at its ``forward_fused``
+  whatever the device (CPU tests check the kernels room's dispatchers that way).
 
 The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
 ``build_host_batch``, ``BlockTableRows``) take plain Python values and are tested on
@@ -231,18 +231,6 @@ _ALL_TOKEN_IDS = operator.attrgetter("all_token_ids")
 
 # --- fused elementwise layers ----------------------------------------------------------------
 
-def _fused_rms_norm_forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-    from tamis.kernels.norm import fused_add_rms_norm, rms_norm
-    if residual is None:
-        return rms_norm(x, self.weight, self.eps)
-    return fused_add_rms_norm(x, residual, self.weight, self.eps)
-
-
-def _fused_silu_and_mul_forward(self, x: torch.Tensor) -> torch.Tensor:
-    from tamis.kernels.activation import silu_and_mul
-    return silu_and_mul(x)
-
-
 def use_fused_kernels(model: torch.nn.Module) -> int:
     """Points the model's RMSNorm / RotaryEmbedding / SiluAndMul modules at the fused
     kernels (module docstring); returns how many modules were switched."""
@@ -251,8 +239,8 @@ def use_fused_kernels(model: torch.nn.Module) -> int:
     from tamis.engine.layers.activation import SiluAndMul
     from tamis.engine.layers.layernorm import RMSNorm
     from tamis.engine.layers.rotary import RotaryEmbedding
-    fused = {RMSNorm: _fused_rms_norm_forward, RotaryEmbedding: RotaryEmbedding.forward_fused,
-             SiluAndMul: _fused_silu_and_mul_forward}
+    fused = {RMSNorm: RMSNorm.forward_fused, RotaryEmbedding: RotaryEmbedding.forward_fused,
+             SiluAndMul: SiluAndMul.forward_fused}
     count = 0
     for module in model.modules():
         forward = fused.get(type(module))

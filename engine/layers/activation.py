@@ -12,10 +12,14 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
-            from tamis.kernels.activation import silu_and_mul
-            return silu_and_mul(x)
+            return self.forward_fused(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` through the kernels room (Triton on CUDA, its reference elsewhere)."""
+        from tamis.kernels.activation import silu_and_mul
+        return silu_and_mul(x)
 
 
 def get_act_and_mul(hidden_act: str) -> nn.Module:

@@ -31,11 +31,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.is_cuda:
-            from tamis.kernels.norm import fused_add_rms_norm, rms_norm
-            if residual is None:
-                return rms_norm(x, self.weight, self.eps)
-            return fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return self.forward_fused(x, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``forward`` through the kernels room (Triton on CUDA, its reference elsewhere)."""
+        from tamis.kernels.norm import fused_add_rms_norm, rms_norm
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
