@@ -148,6 +148,10 @@ class Fp8GemvConfig:
     split_k: int   # programs along K per row block (reduced in the same launch)
     num_warps: int = 4
     num_stages: int = 3
+    # Software-pipeline the loop's loads through shared memory, this many tiles deep
+    # (1 = plain loads; Triton pipelines loads that feed no tl.dot only in a tl.range
+    # loop given num_stages).
+    loop_stages: int = 1
     prefetch: bool = False  # load the next weight tile before using this one
 
 
@@ -174,7 +178,8 @@ if triton is not None:
     def _fp8_gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
                          M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr):
+                         SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+                         LOOP_STAGES: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -191,7 +196,7 @@ if triton is not None:
         if PREFETCH:
             ahead = tl.load(w_ptr + offs_n[:, None] * stride_wn + (k_lo + offs_k)[None, :],
                             mask=mask_n[:, None] & ((k_lo + offs_k) < k_hi)[None, :], other=0.0)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
             kk = k0 + offs_k
             kmask = kk < k_hi
             if PREFETCH:
@@ -279,6 +284,7 @@ def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
         x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
+        LOOP_STAGES=config.loop_stages,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 

@@ -48,6 +48,10 @@ class PackedGemvConfig:
     split_k: int = 8      # programs along K per column block (reduced in the same launch)
     num_warps: int = 4
     prefetch: bool = True  # load the next tile of words before this one's arithmetic
+    # Software-pipeline the loop's loads through shared memory (cp.async), this many
+    # tiles deep; 1 = plain loads (Triton pipelines loads that feed no tl.dot only in a
+    # tl.range loop given num_stages).
+    loop_stages: int = 1
 
 
 def _word_dot_asm(bf16: bool) -> str:
@@ -149,7 +153,7 @@ if triton is not None:
         GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
         SPLIT, HAS_SPLIT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
         PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, BF16: tl.constexpr,
-        ASM: tl.constexpr,
+        ASM: tl.constexpr, LOOP_STAGES: tl.constexpr,
     ):
         BLOCK_K: tl.constexpr = BLOCK_KW * 8
         pid_n = tl.program_id(0)
@@ -165,7 +169,7 @@ if triton is not None:
         if PREFETCH:
             ahead = tl.load(qw_ptr + (k_lo // 8 + offs_w)[:, None] * stride_qk
                             + offs_n[None, :], mask=mask_n[None, :], other=0)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
             rows = k0 // 8 + offs_w
             if PREFETCH:
                 # The next tile; the last step reloads its own (no row mask needed then).
@@ -274,7 +278,7 @@ def w4a16_gemv_packed(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         GROUP_SIZE=group_size, BLOCK_N=config.block_n, BLOCK_KW=block_kw,
         SPLIT=splits, HAS_SPLIT=splits > 1, EVEN_N=even_n, EVEN_K=even_k,
         PREFETCH=prefetch, USE_ASM=use_asm, BF16=bf16,
-        ASM=WORD_DOT_BF16 if bf16 else WORD_DOT_F16,
+        ASM=WORD_DOT_BF16 if bf16 else WORD_DOT_F16, LOOP_STAGES=config.loop_stages,
         num_warps=config.num_warps, num_stages=1,
     )
     return out

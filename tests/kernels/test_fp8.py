@@ -86,6 +86,7 @@ def test_scaled_mm_matches_emulation(static):
     (3, 64, 256, fp8.Fp8GemvConfig(32, 128, 2)),
     (4, 16, 64, fp8.Fp8GemvConfig(16, 128, 4)),    # more splits asked than tiles
     (1, 40, 520, fp8.Fp8GemvConfig(16, 64, 3, prefetch=True)),   # next tile loaded ahead
+    (2, 40, 520, fp8.Fp8GemvConfig(16, 64, 3, loop_stages=3)),   # loads pipelined
 ])
 def test_w8a16_gemv_matches_dequantized_weight(m, n, k, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -47,6 +47,7 @@ _RUNNABLE = os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available
     (200, 32, 200, PackedGemvConfig(32, 8, 2, 4, True)),     # one group over K, K tail
     (256, 64, 32, PackedGemvConfig(32, 16, 2, 4, False)),    # group 32: tile shrinks to 4 rows
     (320, 64, 64, PackedGemvConfig(64, 16, 3, 4, True)),     # group 64, K past a group
+    (384, 40, 128, PackedGemvConfig(32, 16, 4, 4, False, 3)),  # loads pipelined, N tail
 ])
 def test_portable_twin_matches_reference(dtype, k, n, group_size, config):
     """Under the interpreter (or on a GPU) the plain-Triton twin, exact fp32 per word."""
@@ -75,6 +76,7 @@ def test_support_and_config():
     (4096, 1000, 128, PackedGemvConfig(256, 16, 8, 4, True)),   # N tail
     (1024, 256, 64, PackedGemvConfig(128, 16, 3, 8, True)),     # uneven splits, group 64
     (1000, 256, 1000, PackedGemvConfig(128, 16, 2, 4, False)),  # K tail, one group
+    (4096, 1000, 128, PackedGemvConfig(256, 16, 8, 4, False, 3)),  # loads pipelined
 ])
 def test_ptx_matches_reference_on_cuda(dtype, k, n, group_size, config):
     """The PTX path: 4 products per word summed in bf16 (f16) first, hence the looser
