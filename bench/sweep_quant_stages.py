@@ -39,7 +39,7 @@ def fp8_gemv_grid(n: int):
     base = pick_fp8_gemv_config(1, n, 0)
     for bk, stages, split in itertools.product((256, 512), (2, 3, 4),
                                                (base.split_k, 2 * base.split_k)):
-        yield Fp8GemvConfig(16, bk, split, 4, 3, False, stages)
+        yield Fp8GemvConfig(16, bk, split, 4, 3, loop_stages=stages)
 
 
 def gemm_grid(m: int):
