@@ -1,6 +1,5 @@
 """Sweep of software-pipelined loads (``tl.range(num_stages=...)``) in the quantized
-GEMV / GEMM kernels, and of the W4A16 tile built with a word's codes in one thread
-(``GemmConfig.trans_w``), at Llama-3.1-8B layer shapes (H200, device tool).
+GEMV / GEMM kernels at Llama-3.1-8B layer shapes (H200, device tool).
 
     python3 -P bench/sweep_quant_stages.py [--parts gemv fp8 gemm] [--ms 16 64]
 
@@ -45,9 +44,9 @@ def fp8_gemv_grid(n: int):
 def gemm_grid(m: int):
     from tamis.kernels.w4a16 import GemmConfig
     block_m = 16 if m <= 16 else 64
-    for (bn, warps), stages, split, trans in itertools.product(
-            ((64, 4), (128, 4), (128, 8)), (3, 4), (1, 2, 4, 8), (False, True)):
-        yield GemmConfig(block_m, bn, 128, split, warps, stages, True, trans)
+    for (bn, warps), stages, split in itertools.product(
+            ((64, 4), (128, 4), (128, 8)), (3, 4), (1, 2, 4, 8)):
+        yield GemmConfig(block_m, bn, 128, split, warps, stages, True)
 
 
 def main() -> None:

@@ -74,10 +74,6 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     unpack_once: bool = False  # load each word once and unpack by reshape (else 8 loads)
-    # Build the dequantized tile as w^T with each word's codes in one thread (tl.join), so
-    # the dot's shared-memory copy is K-major and written with 16-byte stores instead of
-    # one 16-bit store per weight. Groups must be whole tiles (group_size % block_k == 0).
-    trans_w: bool = False
 
 
 GEMV_DISPATCH_M = 1  # rows w4a16_gemm sends to it: at M = 2..4 the 16-row tl.dot with
@@ -96,7 +92,8 @@ def _pow2_split(blocks: int, target: int, cap: int) -> int:
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> GemmConfig:
     """tl.dot tiles by M bucket, from the H200 sweeps in bench/results/quant.md. Small M
     has few column tiles, so K is split until there are enough programs: M <= 16 a
-    16x64 tile (16x128 on wide layers) aiming at 4 programs per SM; M <= 64 a 64x64x128
+    16x64 tile split up to 4 ways, 3 stages (16x128 split up to 8 on wide layers) aiming
+    at 4 programs per SM; M <= 64 a 64x64x128
     tile split up to 4 ways aiming at 2 (or, when N alone gives that many, a 64x128x128
     8-warp tile); larger M 128x128 with 8 warps."""
     block_k = 128 if group_size % 128 == 0 else (64 if group_size % 64 == 0 else 32)
@@ -105,7 +102,7 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
         if n64 >= 2 * num_sms:   # wide layers: 128-column tiles
             return GemmConfig(16, 128, block_k, _pow2_split(-(-n // 128), 4 * num_sms, 8), 4, 3,
                               True)
-        return GemmConfig(16, 64, block_k, _pow2_split(n64, 4 * num_sms, 8), 4, 2, True)
+        return GemmConfig(16, 64, block_k, _pow2_split(n64, 4 * num_sms, 4), 4, 3, True)
     if m <= 64:
         if n64 >= 2 * num_sms:
             return GemmConfig(64, 128, block_k, 1, 8, 3, True)
@@ -118,36 +115,11 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
 if triton is not None:
 
     @triton.jit
-    def _nibbles(words, first: tl.constexpr, step: tl.constexpr, BITS: tl.constexpr):
-        MASK: tl.constexpr = (1 << BITS) - 1
-        return (words >> (first * BITS)) & MASK, (words >> ((first + step) * BITS)) & MASK
-
-    @triton.jit
-    def _unpack_in_thread(words, BITS: tl.constexpr):
-        """[R, C] int32 words -> [R, C, 32 // BITS] codes, code j of each word at index j,
-        all codes of a word in the thread that holds the word (tl.join adds an in-thread
-        dimension; a broadcast shift would spread the codes over threads)."""
-        if BITS == 4:
-            # join(a, b)[..., i, t] = (a, b)[t][..., i]: flattening (i2, i1, t) gives
-            # code 4 * i2 + 2 * i1 + t, so the leaves are ordered to land codes 0..7.
-            c0, c4 = _nibbles(words, 0, 4, BITS)
-            c2, c6 = _nibbles(words, 2, 4, BITS)
-            c1, c5 = _nibbles(words, 1, 4, BITS)
-            c3, c7 = _nibbles(words, 3, 4, BITS)
-            return tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)),
-                           tl.join(tl.join(c1, c5), tl.join(c3, c7)))
-        else:  # 8 bits: 4 codes
-            c0, c2 = _nibbles(words, 0, 2, BITS)
-            c1, c3 = _nibbles(words, 1, 2, BITS)
-            return tl.join(tl.join(c0, c2), tl.join(c1, c3))
-
-    @triton.jit
-    def _dot_codes_by_row(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
-                          stride_qk, stride_qn, stride_sg, stride_sn,
-                          GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
-                          GROUPS_ALIGNED: tl.constexpr, UNPACK_ONCE: tl.constexpr):
-        """x [BLOCK_M, BLOCK_K] @ the dequantized [BLOCK_K, BLOCK_N] tile of rows k0.., fp32
-        (any group size; the codes of a word spread over threads)."""
+    def _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
+                  stride_qk, stride_qn, stride_sg, stride_sn,
+                  GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUPS_ALIGNED: tl.constexpr, UNPACK_ONCE: tl.constexpr):
+        """x [BLOCK_M, BLOCK_K] @ the dequantized [BLOCK_K, BLOCK_N] tile of rows k0.., fp32."""
         PACK: tl.constexpr = 32 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
         BLOCK_N: tl.constexpr = offs_n.shape[0]
@@ -183,27 +155,6 @@ if triton is not None:
             return tl.dot(x, w)
 
     @triton.jit
-    def _dot_codes_in_thread(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
-                             stride_qk, stride_qn, stride_sg, stride_sn,
-                             GROUP_SIZE: tl.constexpr, BITS: tl.constexpr,
-                             BLOCK_K: tl.constexpr):
-        """x [BLOCK_M, BLOCK_K] @ the dequantized tile of rows k0.. (one group), fp32.
-        The tile is built as w^T [BLOCK_N, BLOCK_K] with a word's codes contiguous in K and
-        in one thread: the dot's shared copy of w is then K-major and written with 16-byte
-        stores, where the [BLOCK_K, BLOCK_N] build needs one 16-bit store per weight."""
-        PACK: tl.constexpr = 32 // BITS
-        BLOCK_N: tl.constexpr = offs_n.shape[0]
-        rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-        words = tl.load(qw_ptr + rows[None, :] * stride_qk + offs_n[:, None] * stride_qn,
-                        mask=(rows[None, :] * PACK < K) & mask_n[:, None], other=0)
-        codes = tl.reshape(_unpack_in_thread(words, BITS), (BLOCK_N, BLOCK_K))
-        g = k0 // GROUP_SIZE
-        s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0)
-        z = tl.load(z_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0)
-        w_t = (codes.to(tl.float32) - z.to(tl.float32)[:, None]).to(x.dtype)
-        return tl.dot(x, tl.trans(w_t)) * s.to(tl.float32)[None, :]
-
-    @triton.jit
     def _wna16_gemm_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K,
@@ -212,7 +163,7 @@ if triton is not None:
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUPS_ALIGNED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT_K, HAS_SPLIT: tl.constexpr, UNPACK_ONCE: tl.constexpr,
-        LOOP_STAGES: tl.constexpr, TRANS_W: tl.constexpr,
+        LOOP_STAGES: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -227,15 +178,9 @@ if triton is not None:
             mask_k = offs_k < K
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-            if TRANS_W:
-                acc += _dot_codes_in_thread(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
-                                            stride_qk, stride_qn, stride_sg, stride_sn,
-                                            GROUP_SIZE, BITS, BLOCK_K)
-            else:
-                acc += _dot_codes_by_row(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
-                                         stride_qk, stride_qn, stride_sg, stride_sn,
-                                         GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED,
-                                         UNPACK_ONCE)
+            acc += _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
+                             stride_qk, stride_qn, stride_sg, stride_sn,
+                             GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED, UNPACK_ONCE)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
         out_mask = mask_m[:, None] & mask_n[None, :]
         if not HAS_SPLIT:
@@ -282,7 +227,7 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         GROUP_SIZE=group_size, BITS=bits, GROUPS_ALIGNED=aligned,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=splits, HAS_SPLIT=splits > 1, UNPACK_ONCE=config.unpack_once,
-        LOOP_STAGES=config.num_stages, TRANS_W=config.trans_w and aligned,
+        LOOP_STAGES=config.num_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
