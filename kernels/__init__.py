@@ -15,6 +15,7 @@ rotary                 rotary_embedding_           neox-style rotary on q and k,
 activation             silu_and_mul
 attention_prefill      paged_attention_prefill     varlen chunks over cached prefix, causal
 attention_decode       paged_attention_decode      one query per sequence, split-K
+gemv                   linear                      F.linear; one bf16/fp16 row: split-K GEMV
 =====================  ==========================  =========================================
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ _HOME = {
     "paged_attention_prefill_ref": "attention_prefill",
     "paged_attention_decode": "attention_decode",
     "paged_attention_decode_ref": "attention_decode",
+    "linear": "gemv",
 }
 
 __all__ = sorted(_HOME)

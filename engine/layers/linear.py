@@ -15,11 +15,11 @@ Fused layers lay their shards out along N::
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from tamis.engine.layers.quant_method import (LinearMethodBase, QuantizationConfig,
                                               set_weight_attrs)
+from tamis.kernels.gemv import linear
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
@@ -34,7 +34,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return linear(x, layer.weight, bias)   # F.linear; a split-K GEMV for one CUDA row
 
 
 def get_linear_method(quant_config: QuantizationConfig | None, prefix: str) -> LinearMethodBase:
