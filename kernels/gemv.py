@@ -47,16 +47,19 @@ class GemvTiles:
 GEMV_MAX_M = 4      # rows the GEMV kernel takes
 
 
-def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132) -> GemvTiles:
-    """From the H200 sweep (bench/results/quant.md): 16 rows per program; 512 K per step
-    unless N alone gives 8 programs per SM (then 256, fewer live registers); K split
-    until there are 2 programs per SM; one row pipelines its loads 3 tiles deep (session
-    6 sweep: 14336x4096 19.8 -> 17.4 us). Several rows take 256 K per step."""
+def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132,
+                    weight_bytes: int = 1) -> GemvTiles:
+    """From the H200 sweeps (bench/results/quant.md, gpu.md): 16 rows per program; 512 K
+    per step unless N alone gives 8 programs per SM (then 256, fewer live registers); K
+    split until the programs' tiles hold 2 SMs' worth of 1-byte tiles (fp8 weights: 2
+    programs per SM; bf16, twice the bytes per tile, stops one split earlier: 4096x4096
+    6.6 us unsplit against 7.9 split in 2); one row pipelines its loads 3 tiles deep
+    (fp8 14336x4096 19.8 -> 17.4 us). Several rows take 256 K per step."""
     block_n = 16
     blocks = -(-n // block_n)
     block_k = 512 if m == 1 and blocks < 8 * num_sms else 256
     split_k = 1
-    while blocks * split_k < 2 * num_sms and split_k < 16:
+    while blocks * split_k * weight_bytes < 2 * num_sms and split_k < 16:
         split_k *= 2
     return GemvTiles(block_n, block_k, split_k, loop_stages=3 if m == 1 else 1)
 
@@ -165,7 +168,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
         scale = scale.float().reshape(-1)
         if scale.numel() == 1:
             scale = scale.expand(n).contiguous()
-    config = config or pick_gemv_tiles(m, n, k, sm_count(x))
+    config = config or pick_gemv_tiles(m, n, k, sm_count(x), weight.element_size())
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = triton.cdiv(n, config.block_n)
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
