@@ -37,9 +37,24 @@ class HessianAccumulator:
         self.count = total
 
 
-def visiting_order(hessian: torch.Tensor, act_order: bool) -> torch.Tensor:
+def visiting_order(hessian: torch.Tensor, act_order: bool, block: int = 1) -> torch.Tensor:
+    """The order GPTQ visits the K columns in: K order, or (``act_order``) decreasing
+    Hessian diagonal. ``block`` > 1 orders runs of ``block`` contiguous columns (the last
+    may be shorter) by their summed diagonal instead, each run kept together and visited
+    by decreasing diagonal within: with dynamic groups a group is then a union of whole
+    runs (``block`` dividing the group size)."""
     k = hessian.shape[0]
-    return torch.argsort(torch.diag(hessian), descending=True) if act_order else torch.arange(k)
+    diagonal = torch.diag(hessian)
+    if not act_order:
+        return torch.arange(k)
+    if block == 1:
+        return torch.argsort(diagonal, descending=True)
+    run = torch.arange(k) // block
+    score = torch.zeros(int(run[-1]) + 1, dtype=diagonal.dtype).index_add_(0, run, diagonal)
+    # Sort by run (heaviest first), then by diagonal within a run: one stable sort per key.
+    within = torch.argsort(diagonal, descending=True, stable=True)
+    rank = torch.argsort(torch.argsort(score, descending=True, stable=True))
+    return within[torch.argsort(rank[run[within]], stable=True)]
 
 
 def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
@@ -72,7 +87,7 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,
                   sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
                   min_zero: int = 0, search: bool = True, weighted_clip: bool = False,
-                  static_groups: bool = False,
+                  static_groups: bool = False, act_order_block: int = 1,
                   grids: tuple[torch.Tensor, torch.Tensor] | None = None) -> QuantizedWeight:
     """weight [N, K] float; hessian [K, K]. Returns codes in the original column order.
     Each group's grid is fitted (``fit_grid``, clipping search unless ``search`` is
@@ -82,9 +97,10 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     (act-order only): groups stay contiguous in K and their grids are fitted on the
     original weights before the solve (``g_idx`` = column // group). ``grids``: the
     (scales, zeros) [N, G] of a previous call with the same arguments, held fixed (no
-    fitting; the same groups, hence the same ``g_idx``)."""
+    fitting; the same groups, hence the same ``g_idx``). ``act_order_block``: act order
+    over runs of that many contiguous columns (``visiting_order``)."""
     n, k = weight.shape
-    perm = visiting_order(hessian, act_order)
+    perm = visiting_order(hessian, act_order, act_order_block)
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
     codes = torch.empty(n, k, dtype=torch.int32)

@@ -58,6 +58,9 @@ class QuantizeOptions:
     # contiguous in K, their grids fitted before the solve; g_idx stays column // group,
     # so without --desc-act the checkpoint is a plain (non act-order) one.
     static_groups: bool | None = None
+    # GPTQ --desc-act: act order over runs of this many contiguous columns (1: GPTQ's
+    # column act order); dynamic groups are then unions of whole runs.
+    act_order_block: int = 1
     # GPTQ: rounds of (least-squares refit of the scales for the codes found, GPTQ again
     # with those grids held), then a last refit (refit.py); 0: GPTQ's own grids.
     refine: int | None = None
@@ -94,6 +97,12 @@ class QuantizeOptions:
         if self.static_groups and (self.rtn or not (self.method == "gptq" or self.awq_gptq)):
             raise ValueError("--static-groups needs a GPTQ solve: --method gptq without "
                              "--rtn, or --method awq --awq-gptq")
+        if self.act_order_block != 1 and not (self.method == "gptq" and self.desc_act):
+            raise ValueError("--act-order-block needs --method gptq --desc-act")
+        if self.act_order_block < 1 or (self.group_size != -1
+                                        and self.group_size % self.act_order_block):
+            raise ValueError(f"--act-order-block {self.act_order_block} must divide the "
+                             f"group size {self.group_size}")
         if self.awq_gptq and self.method != "awq":
             raise ValueError("--awq-gptq needs --method awq")
         if self.awq_gptq and self.rtn:
@@ -299,7 +308,8 @@ def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeO
     arguments = dict(bits=options.bits, group_size=options.group_size, sym=options.sym,
                      act_order=options.desc_act or options.static_groups, damp=options.damp,
                      min_zero=_min_zero(options), weighted_clip=options.output_clip,
-                     static_groups=options.static_groups)
+                     static_groups=options.static_groups,
+                     act_order_block=options.act_order_block)
     quantized = gptq_quantize(weight, hessian, **arguments)
     for _ in range(options.refine):
         quantized = refit_scales(weight, hessian, quantized)

@@ -56,6 +56,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "grids fitted first (default on without --desc-act, where the "
                              "checkpoint stays a plain one; with --desc-act it is AutoGPTQ's "
                              "static_groups: g_idx = column // group)")
+    parser.add_argument("--act-order-block", type=int, default=1, metavar="B",
+                        help="gptq --desc-act: act order over runs of B contiguous columns "
+                             "(B divides the group size; default 1: per column)")
     parser.add_argument("--refine", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
                              "those grids, then a last refit (default 1; 0 = off)")
@@ -90,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                                   calibration_text=text, num_samples=args.num_samples,
                                   seq_len=args.seq_len, true_sequential=args.true_sequential,
                                   output_clip=args.output_clip, static_groups=args.static_groups,
+                                  act_order_block=args.act_order_block,
                                   refine=args.refine, descent=args.descent,
                                   awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
                                   **({} if args.damp is None else {"damp": args.damp}))

@@ -9,7 +9,7 @@ import torch
 
 from tamis.quant.quantizer.awq import search_scales
 from tamis.quant.quantizer.descent import descend_codes
-from tamis.quant.quantizer.gptq import gptq_quantize
+from tamis.quant.quantizer.gptq import gptq_quantize, visiting_order
 from tamis.quant.quantizer.grid import (SHRINK_FACTORS, _grid_for_range, fit_grid,
                                         quantize_codes, rtn_quantize)
 from tamis.quant.quantizer.pipeline import QuantizeOptions, _split_rows
@@ -142,6 +142,57 @@ def test_awq_scale_search_handles_a_partial_last_group():
     ("awq", dict(group_size=64, awq_gptq=True, static_groups=True, refine=1)),
     ("awq", dict(group_size=64, awq_gptq=False)),
     ("gptq", dict(desc_act=True, sym=False, awq_scales=True)),
+    ("gptq", dict(desc_act=True, group_size=32, act_order_block=8)),
 ])
 def test_new_options_round_trip(one_layer, samples, tmp_path, method, options):
     _round_trip(one_layer, tmp_path, QuantizeOptions(method, **options), samples, layers=1)
+
+
+@pytest.mark.parametrize("sym,act_order,static,block", [
+    (True, False, False, 1), (False, True, False, 1), (True, True, True, 1),
+    (False, True, False, 8), (True, True, False, 8)])
+def test_error_feedback_sees_the_written_weight(monkeypatch, sym, act_order, static, block):
+    """Each column GPTQ rounds (and feeds the error of) is the column the returned codes,
+    scales, zeros and g_idx dequantize to: a mismatch would leave errors uncorrected."""
+    from tamis.quant.quantizer import gptq
+    seen = {}
+    real_solve = gptq.gptq_solve
+
+    def spy(weight, hessian, perm, round_column, damp, block_size):
+        def recorded(position, column, pending):
+            seen[position] = round_column(position, column, pending).clone()
+            return seen[position]
+        seen["perm"] = perm
+        return real_solve(weight, hessian, perm, recorded, damp, block_size)
+
+    monkeypatch.setattr(gptq, "gptq_solve", spy)
+    h = _correlated_hessian(96)
+    w = torch.randn(16, 96)
+    qw = gptq.gptq_quantize(w, h, 4, 32, sym, act_order, min_zero=0 if sym else 1,
+                            weighted_clip=True, static_groups=static, act_order_block=block)
+    fed = torch.stack([seen[p] for p in range(96)], dim=1)
+    assert torch.equal(fed, qw.dequantize()[:, seen["perm"]])
+
+
+def test_act_order_block_keeps_runs_of_columns_together():
+    h = torch.diag(torch.tensor([1., 5, 2, 0, 9, 0, 0, 0, 3, 3, 1]))
+    assert visiting_order(h, True, 4).tolist() == [4, 5, 6, 7, 1, 2, 0, 3, 8, 9, 10]
+    assert visiting_order(h, True).tolist()[:2] == [4, 1]
+    assert torch.equal(visiting_order(h, False, 4), torch.arange(11))
+
+
+def test_act_order_block_groups_are_unions_of_runs():
+    h = _correlated_hessian(128)
+    qw = gptq_quantize(torch.randn(8, 128), h, 4, 32, False, True, min_zero=1,
+                       act_order_block=8)
+    runs = qw.g_idx.long().reshape(16, 8)
+    assert bool((runs == runs[:, :1]).all())  # each run of 8 columns sits in one group
+    assert torch.equal(torch.bincount(qw.g_idx.long()), torch.full((4,), 32))
+    assert not torch.equal(qw.g_idx.long(), torch.arange(128) // 32)
+
+
+def test_act_order_block_needs_desc_act_and_must_divide_the_group():
+    with pytest.raises(ValueError, match="--act-order-block needs"):
+        QuantizeOptions("gptq", act_order_block=32)
+    with pytest.raises(ValueError, match="must divide the group size"):
+        QuantizeOptions("gptq", desc_act=True, act_order_block=48)
