@@ -70,7 +70,7 @@ class DualKernel:
         def launch(*args, **kwargs):
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             on_cpu = bool(tensors) and not tensors[0].is_cuda
-            if not on_cpu and not _interpret_requested():
+            if not on_cpu and not _library_built_interpreted():
                 return self._variant(False)[grid](*args, **kwargs)
             # CPU tensors; or Triton imported under TRITON_INTERPRET, whose library then
             # cannot be compiled: interpret (CUDA tensors too, copied by the interpreter).
@@ -82,18 +82,21 @@ class DualKernel:
 _patch_lock = threading.Lock()
 
 
-def _interpret_requested() -> bool:
-    """TRITON_INTERPRET is on: Triton's library was (or will be) built for the interpreter."""
-    from triton import knobs
-    return bool(knobs.runtime.interpret)
+def _library_built_interpreted() -> bool:
+    """Triton's library was built for the interpreter: ``TRITON_INTERPRET`` was set when
+    Triton was imported. Read from the library itself, not from the variable, which may
+    have been set later (a test directory's conftest setting it after another module
+    imported Triton for the GPU: the library's functions are then compiled-mode)."""
+    from triton.language import standard
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(standard.zeros, InterpretedFunction)
 
 
 @contextlib.contextmanager
 def _library_interpreted():
     """Runs calls to compiled-mode ``@triton.jit`` functions (Triton's standard library
     when Triton was imported without ``TRITON_INTERPRET``) through the interpreter."""
-    from triton import knobs
-    if knobs.runtime.interpret:
+    if _library_built_interpreted():
         yield
         return
     from triton.runtime.interpreter import InterpretedFunction

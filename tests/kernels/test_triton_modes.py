@@ -1,0 +1,27 @@
+"""A kernel's interpreted launch works whatever ``TRITON_INTERPRET`` says *now*: what counts
+is the mode Triton's library was built in when Triton was imported."""
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = """
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import torch, triton                      # the library is built for the GPU here
+from triton.language import standard
+from triton.runtime.jit import JITFunction
+assert isinstance(standard.zeros, JITFunction)
+os.environ["TRITON_INTERPRET"] = "1"      # set later, as a test directory's conftest does
+from tamis.kernels.norm import rms_norm_ref, rms_norm_triton
+x, w = torch.randn(3, 64), torch.randn(64)
+torch.testing.assert_close(rms_norm_triton(x, w, 1e-6), rms_norm_ref(x, w, 1e-6))
+print("ok")
+"""
+
+
+def test_interpreted_launch_after_triton_imported_for_the_gpu():
+    pytest.importorskip("triton")
+    done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
