@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels._triton import use_triton
+from tamis.kernels._triton import kernel, use_triton
 from tamis.kernels.splitk import even_split, sm_count, split_counters
 
 try:
@@ -66,7 +66,9 @@ def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132,
 
 if triton is not None:
 
-    @triton.jit
+    # A dual-mode kernel (compiled for CUDA tensors, interpreted for CPU ones): dense layers
+    # import this module with the engine, before any test sets TRITON_INTERPRET.
+    @kernel
     def _gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
                      M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
