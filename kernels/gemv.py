@@ -66,8 +66,8 @@ def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132,
 
 if triton is not None:
 
-    # A dual-mode kernel (compiled for CUDA tensors, interpreted for CPU ones): dense layers
-    # import this module with the engine, before any test sets TRITON_INTERPRET.
+    # Dual-mode (compiled for CUDA tensors, interpreted for CPU ones, whatever
+    # TRITON_INTERPRET was at import): the engine's dense layers call it.
     @kernel
     def _gemv_kernel(x_ptr, w_ptr, ws_ptr, out_ptr, part_ptr, count_ptr,
                      M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,

@@ -5,8 +5,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tamis.kernels.gemv import linear
-
 
 class VocabEmbedding(nn.Module):
     """``input_ids [T] -> [T, hidden]``."""
@@ -36,4 +34,5 @@ class LMHead(nn.Module):
             self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from tamis.kernels.gemv import linear  # lazy, as in the other layers: no Triton at import
         return linear(hidden, self.weight).float()   # a split-K GEMV for one CUDA row

@@ -19,7 +19,6 @@ from torch import nn
 
 from tamis.engine.layers.quant_method import (LinearMethodBase, QuantizationConfig,
                                               set_weight_attrs)
-from tamis.kernels.gemv import linear
 
 
 class UnquantizedLinearMethod(LinearMethodBase):
@@ -34,6 +33,7 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
+        from tamis.kernels.gemv import linear  # lazy, as in the other layers: no Triton at import
         return linear(x, layer.weight, bias)   # F.linear; a split-K GEMV for one CUDA row
 
 
