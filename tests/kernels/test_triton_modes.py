@@ -25,3 +25,14 @@ def test_interpreted_launch_after_triton_imported_for_the_gpu():
     done = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_importing_the_engine_leaves_triton_unimported():
+    """Kernel modules load on first use: importing the engine must not fix Triton's library
+    mode before a test (or a user) sets TRITON_INTERPRET."""
+    code = ("import sys, tamis.engine.llm, tamis.engine.gpu_runner, tamis.engine.models.llama, "
+            "tamis.engine.layers.linear, tamis.engine.layers.embedding; "
+            "print('triton' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
