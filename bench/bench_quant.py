@@ -248,10 +248,10 @@ def sweep_configs(m: int, n: int, k: int):
 
 
 def fp8_sweep_configs(m: int = 1):
-    from tamis.kernels.fp8 import Fp8GemvConfig
+    from tamis.kernels.gemv import GemvTiles
     if m > 1:
         return []
-    return [Fp8GemvConfig(16, bk, sk, 4, 3, prefetch) for bk in (256, 512) for sk in (1, 2)
+    return [GemvTiles(16, bk, sk, 4, 3, prefetch) for bk in (256, 512) for sk in (1, 2)
             for prefetch in (False, True)]
 
 

@@ -37,11 +37,11 @@ class GemvTiles:
     split_k: int   # programs along K per row block (reduced in the same launch)
     num_warps: int = 4
     num_stages: int = 3
+    prefetch: bool = False  # load the next weight tile before using this one
     # Software-pipeline the loop's loads through shared memory, this many tiles deep
     # (1 = plain loads; Triton pipelines loads that feed no tl.dot only in a tl.range
     # loop given num_stages).
     loop_stages: int = 1
-    prefetch: bool = False  # load the next weight tile before using this one
 
 
 GEMV_MAX_M = 4      # rows the GEMV kernel takes
