@@ -25,11 +25,11 @@ LM_HEAD = (4096, 128256)
 
 
 def grid(n: int):
-    from tamis.kernels.fp8 import Fp8GemvConfig
+    from tamis.kernels.gemv import GemvTiles
     for block_n, block_k, split, stages in itertools.product(
             (8, 16, 32), (128, 256, 512), (1, 2, 4, 8), (1, 3)):
         if split == 1 or -(-n // block_n) * split <= 16 * 132:  # more never paid
-            yield Fp8GemvConfig(block_n, block_k, split, 4, 3, loop_stages=stages)
+            yield GemvTiles(block_n, block_k, split, 4, 3, loop_stages=stages)
 
 
 def main() -> None:

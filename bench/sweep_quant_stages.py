@@ -34,11 +34,11 @@ def packed_gemv_grid(n: int):
 
 
 def fp8_gemv_grid(n: int):
-    from tamis.kernels.fp8 import Fp8GemvConfig, pick_fp8_gemv_config
-    base = pick_fp8_gemv_config(1, n, 0)
+    from tamis.kernels.gemv import GemvTiles, pick_gemv_tiles
+    base = pick_gemv_tiles(1, n, 0)
     for bk, stages, split in itertools.product((256, 512), (2, 3, 4),
                                                (base.split_k, 2 * base.split_k)):
-        yield Fp8GemvConfig(16, bk, split, 4, 3, loop_stages=stages)
+        yield GemvTiles(16, bk, split, 4, 3, loop_stages=stages)
 
 
 def gemm_grid(m: int):

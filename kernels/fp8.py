@@ -9,9 +9,9 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
 
 - ``per_token_quant_fp8`` (Triton on CUDA; ``per_token_quant_fp8_ref`` otherwise): one
   scale per row, ``amax(row) / 448``.
-- ``fp8_gemv_triton``: W8A16 for M <= ``GEMV_MAX_M`` (decode): the row-streaming GEMV of
-  ``tamis.kernels.gemv`` on the e4m3 weights (converted in registers, per-channel scale
-  applied once at the end). No activation quantization, so the weight bytes are all it
+- ``fp8_gemv_triton``: W8A16 for M <= ``gemv.GEMV_MAX_M`` (decode): the row-streaming
+  GEMV of ``tamis.kernels.gemv`` on the e4m3 weights (converted in registers, per-channel
+  scale applied once at the end). No activation quantization, so the weight bytes are all it
   reads.
 - ``fp8_linear`` dispatches: on CUDA, M <= ``GEMV_DISPATCH_M`` runs that GEMV (any CUDA GPU);
   larger M on a GPU with FP8 (compute capability >= 8.9) runs W8A8 through
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels.gemv import GEMV_MAX_M, GemvTiles, gemv_triton, pick_gemv_tiles
+from tamis.kernels.gemv import GemvTiles, gemv_triton
 
 try:
     import triton
@@ -140,16 +140,14 @@ def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
     return out.to(x.dtype)
 
 
-# The W8A16 GEMV is the dense GEMV of tamis.kernels.gemv on e4m3 weights.
-Fp8GemvConfig = GemvTiles
-pick_fp8_gemv_config = pick_gemv_tiles
 GEMV_DISPATCH_M = 2  # rows fp8_linear sends to it (at M = 4 _scaled_mm was faster on the H200)
 
 
 def fp8_gemv_triton(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                     config: GemvTiles | None = None) -> torch.Tensor:
-    """W8A16 ``x @ (weight * weight_scale).T`` for x [M, K], M <= GEMV_MAX_M, weight
-    float8 [N, K], weight_scale float32 [N] (or one per tensor); out in x's dtype."""
+    """W8A16 ``x @ (weight * weight_scale).T`` for x [M, K], M <= ``gemv.GEMV_MAX_M``,
+    weight float8 [N, K], weight_scale float32 [N] (or one per tensor); out in x's dtype;
+    tiles ``gemv.GemvTiles`` (default ``gemv.pick_gemv_tiles``)."""
     return gemv_triton(x, weight, weight_scale, config)
 
 

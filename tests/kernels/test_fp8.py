@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tamis.kernels import fp8
+from tamis.kernels.gemv import GemvTiles
 
 
 def test_per_token_ref_scales_each_row_to_the_fp8_max():
@@ -81,12 +82,12 @@ def test_scaled_mm_matches_emulation(static):
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="Triton needs CUDA or TRITON_INTERPRET=1")
 @pytest.mark.parametrize("m,n,k,config", [
-    (1, 40, 300, fp8.Fp8GemvConfig(16, 64, 1)),    # K and N tails, no split
-    (2, 33, 520, fp8.Fp8GemvConfig(16, 64, 3)),    # split-K reduced in-kernel
-    (3, 64, 256, fp8.Fp8GemvConfig(32, 128, 2)),
-    (4, 16, 64, fp8.Fp8GemvConfig(16, 128, 4)),    # more splits asked than tiles
-    (1, 40, 520, fp8.Fp8GemvConfig(16, 64, 3, prefetch=True)),   # next tile loaded ahead
-    (2, 40, 520, fp8.Fp8GemvConfig(16, 64, 3, loop_stages=3)),   # loads pipelined
+    (1, 40, 300, GemvTiles(16, 64, 1)),    # K and N tails, no split
+    (2, 33, 520, GemvTiles(16, 64, 3)),    # split-K reduced in-kernel
+    (3, 64, 256, GemvTiles(32, 128, 2)),
+    (4, 16, 64, GemvTiles(16, 128, 4)),    # more splits asked than tiles
+    (1, 40, 520, GemvTiles(16, 64, 3, prefetch=True)),   # next tile loaded ahead
+    (2, 40, 520, GemvTiles(16, 64, 3, loop_stages=3)),   # loads pipelined
 ])
 def test_w8a16_gemv_matches_dequantized_weight(m, n, k, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,7 +110,7 @@ def test_w8a16_gemv_takes_a_per_tensor_scale():
     x = torch.randn(1, 96, generator=torch.Generator().manual_seed(5))
     expected = x @ (weight.float() * tensor_scale).t()
     got = fp8.fp8_gemv_triton(x.to(device), weight.to(device), tensor_scale.to(device),
-                              fp8.Fp8GemvConfig(16, 32, 2))
+                              GemvTiles(16, 32, 2))
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
