@@ -32,10 +32,6 @@ class GemvConfig:
     split_k: int    # programs along K per column block (reduced in the same launch)
     num_warps: int = 4
     num_stages: int = 3
-    # Software-pipeline the loop's loads through shared memory, this many tiles deep
-    # (1 = plain loads; Triton pipelines loads that feed no tl.dot only in a tl.range
-    # loop given num_stages).
-    loop_stages: int = 1
     # Load the next tile of words before unpacking this one (Triton does not pipeline
     # loads that feed no tl.dot, so otherwise a warp's loads and arithmetic alternate).
     prefetch: bool = False
@@ -67,7 +63,7 @@ if triton is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, ROW_GROUPS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-        SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         PACK: tl.constexpr = 32 // BITS
         BLOCK_K: tl.constexpr = BLOCK_KW * PACK
@@ -91,7 +87,7 @@ if triton is not None:
             first = k_lo // PACK + offs_w
             ahead = tl.load(qw_ptr + first[:, None] * stride_qk + offs_n[None, :],
                             mask=(first[:, None] * PACK < k_hi) & mask_n[None, :], other=0)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             rows = k0 // PACK + offs_w
             wmask = (rows[:, None] * PACK < k_hi) & mask_n[None, :]
             if PREFETCH:
@@ -220,7 +216,6 @@ def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         ROW_GROUPS=not (group_size % block_k == 0 or group_size >= k),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_KW=config.block_kw,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
-        LOOP_STAGES=config.loop_stages,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -81,7 +81,6 @@ GEMV_CASES = [  # m, k, n, group_size, bits, config
     (2, 256, 64, 128, 4, w4a16.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
     (3, 256, 40, 32, 4, w4a16.GemvConfig(32, 8, 4)),     # group 32 < tile: per-row groups, N tail
     (4, 320, 64, 64, 4, w4a16.GemvConfig(64, 16, 2)),    # group 64 < tile, K tail past a group
-    (2, 320, 40, 64, 4, w4a16.GemvConfig(32, 8, 2, loop_stages=3)),  # loads pipelined
     (1, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
     (4, 200, 32, 200, 4, w4a16.GemvConfig(32, 8, 2)),    # one group over K (group -1)
     (3, 96, 40, 32, 8, w4a16.GemvConfig(16, 8, 2)),      # 8-bit
