@@ -93,10 +93,9 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     """tl.dot tiles by M bucket, from the H200 sweeps in bench/results/quant.md. Small M
     has few column tiles, so K is split until there are enough programs: M <= 16 a
     16x64 tile split up to 4 ways, 3 stages (16x128 split up to 8 on wide layers) aiming
-    at 4 programs per SM; M <= 64 a 64x64x128
-    tile split up to 4 ways aiming at 2 (or, when N alone gives that many, a 64x128x128
-    4-warp tile: 8 warps ran 112 vs 87 us at 4096x28672 in session 6); larger M 128x128
-    with 8 warps."""
+    at 4 programs per SM; M <= 64 a 64x64x128 tile split up to 4 ways aiming at 2 (or,
+    when N alone gives that many, a 64x128x128 4-warp tile: 8 warps ran 112 vs 87 us at
+    4096x28672 in session 6); larger M 128x128 with 8 warps."""
     block_k = 128 if group_size % 128 == 0 else (64 if group_size % 64 == 0 else 32)
     n64 = -(-n // 64)
     if m <= 16:
