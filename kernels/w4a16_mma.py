@@ -1,0 +1,299 @@
+"""W4A16 GEMM on tensor cores with the weight dequantized straight into MMA registers
+(Gluon, NVIDIA sm_80+), for decode and small batches (M <= ``MMA_MAX_M``).
+
+Why a second layout. The tl.dot kernel of ``tamis.kernels.w4a16`` unpacks a tile in
+whatever register layout Triton picks for the load, and Triton then moves it through
+shared memory into the layout the tensor core wants. Here the weight is stored so that
+each thread's loaded words already hold exactly the codes of its ``mma.sync`` B fragments
+(Marlin's idea), and Gluon's explicit layouts prove at compile time that no data moves
+(``convert_layout(..., assert_trivial=True)``).
+
+Stored layout (``mma_pack``): int32 ``[K / 8, N]``; word row ``r`` of column ``n`` holds the
+8 codes of rows ``k = 32 * (r // 4) + 2 * (r % 4) + (i // 4) + 8 * (i % 2) + 16 * (i // 2 % 2)``
+at bits ``[4i, 4i + 4)``. A thread of an m16n8k16 MMA holds rows ``2c, 2c + 1, 2c + 8,
+2c + 9`` of a column (c = lane % 4): one word covers those rows of two k16 steps.
+
+Per word, one inline-PTX block (``_UNPACK``)::
+
+    v_j = lop3(word >> 4j, 0x000F000F, 0x43004300)   # bf16x2 (128 + q_j, 128 + q_{j+4})
+    v_j = fma(v_j, 1, -(128 + z))                      # (q_j - z, q_{j+4} - z), exact
+
+(integer zero points: ``q - z`` is an integer of at most 5 bits, exact in bf16). The MMA
+multiplies x [BLOCK_M, BLOCK_K] (bf16, rows past M are zeros) by that tile in fp32, and
+the group scale multiplies each step's product column-wise in fp32: every step lies
+inside one group. K is split over programs; the last program of a column block reduces
+the splits (``tamis.kernels.splitk``).
+
+Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
+points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tamis.kernels.splitk import even_split, sm_count, split_counters
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+except ImportError:  # no triton, or one without Gluon
+    gluon = None
+
+MMA_MAX_M = 64
+
+
+@dataclass(frozen=True)
+class MmaConfig:
+    block_n: int = 128      # output columns per program
+    block_k: int = 128      # rows of K per step (inside one group)
+    split_k: int = 4        # programs along K per column block
+    warps_m: int = 1        # warps along M (each covers BLOCK_M / warps_m rows)
+    warps_n: int = 4        # warps along N
+    prefetch: bool = True   # load the next step's words before this step's arithmetic
+    scale_in_b: bool = False  # (q - z) * s rounded to bf16 in the tile (else fp32 per step)
+
+
+def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
+    """128 columns x 128 rows per step (or the group, if shorter); K split until there
+    are about 4 programs per SM."""
+    block_k = min(128, group_size if group_size < k else 128)
+    blocks = -(-n // 128)
+    split = 1
+    while blocks * split < 4 * num_sms and split < 16:
+        split *= 2
+    return MmaConfig(128, block_k, split)
+
+
+def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
+    """bf16 x with at most MMA_MAX_M rows, 4-bit codes, K % 32 == 0, groups of 32-row
+    multiples or one group (zero points are checked when the weight is packed)."""
+    return (gluon is not None and x.dtype == torch.bfloat16 and x.shape[0] <= MMA_MAX_M
+            and bits == 4 and k % 32 == 0 and (group_size % 32 == 0 or group_size >= k))
+
+
+def mma_row_of(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(word row, nibble) of rows k in the stored layout (the module docstring's map, inverted)."""
+    kk = k % 32
+    row = 4 * (k // 32) + (kk >> 1) % 4
+    nibble = (kk >> 3) % 2 + 2 * ((kk >> 4) % 2) + 4 * (kk % 2)
+    return row, nibble
+
+
+def mma_pack(qweight: torch.Tensor, k: int) -> torch.Tensor:
+    """The canonical words (``tamis.kernels.w4a16``: code j of word r is row 8r + j) in
+    the stored layout of this kernel. K must be a multiple of 32."""
+    if k % 32 or qweight.shape[0] * 8 != k:
+        raise ValueError(f"mma_pack needs K % 32 == 0 and K / 8 word rows; got K={k}, "
+                         f"{qweight.shape[0]} rows")
+    shifts = torch.arange(8, dtype=torch.int32, device=qweight.device) * 4
+    codes = (qweight.unsqueeze(1) >> shifts[None, :, None]) & 0xF      # [K/8, 8, N]
+    codes = codes.reshape(k, -1)
+    row, nibble = mma_row_of(torch.arange(k, device=qweight.device))
+    packed = torch.zeros_like(qweight)
+    placed = codes << (4 * nibble)[:, None].to(torch.int32)
+    packed.index_add_(0, row, placed)
+    return packed
+
+
+def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
+    """The codes [K, N] (int32) of words in this kernel's stored layout."""
+    row, nibble = mma_row_of(torch.arange(k, device=packed.device))
+    return (packed[row] >> (4 * nibble)[:, None].to(torch.int32)) & 0xF
+
+
+if gluon is not None:
+
+    # Per word: $8 the word, $9 the column's -(128 + z) twice as bf16x2 (with the scale,
+    # $10 its scale twice as bf16x2); $0..$7 the (lo, hi) halves of v_0..v_3, bf16.
+    _UNPACK_TEMPLATE = """{
+ .reg .b32 t1, t2, t3, v0, v1, v2, v3, one, nzero;
+ mov.b32 one, 0x3F803F80;
+ mov.b32 nzero, 0x80008000;
+ shr.u32 t1, $8, 4;
+ shr.u32 t2, $8, 8;
+ shr.u32 t3, $8, 12;
+ lop3.b32 v0, $8, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v1, t1, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v2, t2, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v3, t3, 0x000F000F, 0x43004300, 0xEA;
+ fma.rn.bf16x2 v0, v0, one, $9;
+ fma.rn.bf16x2 v1, v1, one, $9;
+ fma.rn.bf16x2 v2, v2, one, $9;
+ fma.rn.bf16x2 v3, v3, one, $9;
+SCALE mov.b32 {$0, $1}, v0;
+ mov.b32 {$2, $3}, v1;
+ mov.b32 {$4, $5}, v2;
+ mov.b32 {$6, $7}, v3;
+}"""
+    # Without the scale: (q - z), exact; the scale goes on each step's fp32 product.
+    _UNPACK = gl.constexpr(_UNPACK_TEMPLATE.replace("SCALE", ""))
+    # With it: (q - z) * s rounded to bf16 (as a bf16 checkpoint would hold the weight),
+    # so the MMA accumulates straight into the output tile: no per-step product registers.
+    _UNPACK_SCALED = gl.constexpr(_UNPACK_TEMPLATE.replace("SCALE", "".join(
+        f" fma.rn.bf16x2 v{j}, v{j}, $10, nzero;\n" for j in range(4))))
+
+    @gluon.constexpr_function
+    def _word_layout(b_layout):
+        """The layout of the word tile [BLOCK_K / 8, BLOCK_N] whose unpacked codes land in
+        ``b_layout`` (linear) with no data movement: the B operand's register bases for
+        rows 1, 8, 16 become the 8 codes of a word; its other row bases map row k to word
+        row ((k >> 1) & 3) + 4 * (k >> 5)."""
+        def to_word(basis):
+            k, n = basis
+            return [((k >> 1) & 3) + 4 * (k >> 5), n]
+        regs = [to_word(b) for b in b_layout.reg_bases if b not in ([1, 0], [8, 0], [16, 0])]
+        shape = [b_layout.shape[0] // 8, b_layout.shape[1]]
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[to_word(b) for b in b_layout.lane_bases],
+            warp_bases=[to_word(b) for b in b_layout.warp_bases], block_bases=[], shape=shape)
+
+    @gluon.jit
+    def _bf16x2(v):
+        """Float values -> their bf16 bits twice in one int32 (the (lo, hi) of a bf16x2)."""
+        bits = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+        return bits | (bits << 16)
+
+    @gluon.jit
+    def _unpack_tile(words, nzz, ss, B_LAYOUT: gl.constexpr, SCALE_IN_B: gl.constexpr):
+        """Words [BLOCK_K / 8, BLOCK_N] -> the dequantized tile [BLOCK_K, BLOCK_N] (bf16)
+        in B_LAYOUT: (q - z), times s with SCALE_IN_B."""
+        KW: gl.constexpr = words.shape[0]
+        BN: gl.constexpr = words.shape[1]
+        if SCALE_IN_B:
+            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+                _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
+                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        else:
+            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+                _UNPACK, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, nzz],
+                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        # o_{2j+h} is code j + 4h. Joined: h (row bit 0), then j's bits (row bits 3, 4).
+        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
+        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
+        t = gl.join(q0, q1)                            # [KW, BN, h, j0, j1]
+        t = gl.reshape(t, [KW // 4, 4, BN, 2, 2, 2])   # word row = 4 r_hi + r_lo
+        t = gl.permute(t, [0, 5, 4, 1, 3, 2])          # rows: r_hi, j1, j0, r_lo, h
+        t = gl.reshape(t, [KW * 8, BN])
+        return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _w4_mma_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
+        M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
+        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, WARPS_M: gl.constexpr,
+        WARPS_N: gl.constexpr, PREFETCH: gl.constexpr, SCALE_IN_B: gl.constexpr,
+    ):
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        XL: gl.constexpr = gl.to_linear_layout(A_LAYOUT, [BLOCK_M, BLOCK_K])
+        WL: gl.constexpr = _word_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_N]))
+        BLOCK_KW: gl.constexpr = BLOCK_K // 8
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        k_lo = pid_k * K_SPLIT
+        k_hi = gl.minimum(k_lo + K_SPLIT, K)
+        # Index vectors, each in the slice of the layout it addresses.
+        offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(1, WL))
+        offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
+        offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
+        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, XL))
+        offs_cm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
+        offs_cn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA))
+        mask_wn = offs_wn < N
+        mask_cn = offs_cn < N
+        mask_xm = offs_xm < M
+        w_ptrs = qw_ptr + offs_wr[:, None] * stride_qk + offs_wn[None, :]
+
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
+        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
+        if PREFETCH:
+            ahead = gl.load(w_ptrs + (k_lo // 8) * stride_qk,
+                            mask=((k_lo // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
+                            other=0)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if PREFETCH:
+                words = ahead
+                nxt = gl.minimum(k0 + BLOCK_K, k_hi - BLOCK_K)  # the last step reloads its own
+                ahead = gl.load(w_ptrs + (nxt // 8) * stride_qk,
+                                mask=((nxt // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
+                                other=0)
+            else:
+                words = gl.load(w_ptrs + (k0 // 8) * stride_qk,
+                                mask=((k0 // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
+                                other=0)
+            kk = k0 + offs_xk
+            x = gl.load(x_ptr + offs_xm[:, None] * stride_xm + kk[None, :],
+                        mask=mask_xm[:, None] & (kk < K)[None, :], other=0.0)
+            xa = gl.convert_layout(x, A_LAYOUT, assert_trivial=True)
+            g = k0 // GROUP_SIZE
+            # -(128 + z) as bf16 (exact for integer z)
+            nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
+                                    other=0.0).to(gl.float32) + 128.0))
+            if SCALE_IN_B:
+                ss = _bf16x2(gl.load(s_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0))
+                w = _unpack_tile(words, nzz[None, :], ss[None, :], B_LAYOUT, True)
+                acc = mma_v2(xa, w, acc)
+            else:
+                w = _unpack_tile(words, nzz[None, :], nzz[None, :], B_LAYOUT, False)
+                s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
+                acc += mma_v2(xa, w, zero) * s.to(gl.float32)[None, :]
+
+        out_ptrs = out_ptr + offs_cm[:, None] * stride_om + offs_cn[None, :]
+        out_mask = (offs_cm < M)[:, None] & mask_cn[None, :]
+        if not HAS_SPLIT:
+            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
+        else:
+            part_ptrs = part_ptr + offs_cm[:, None] * N + offs_cn[None, :]
+            gl.store(part_ptrs + pid_k * BLOCK_M * N, acc, mask=out_mask)
+            gl.thread_barrier()  # every thread's partials are stored before the count
+            done = gl.atomic_add(count_ptr + pid_n, 1)
+            if done == SPLIT - 1:
+                total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
+                for sk in range(SPLIT):
+                    total += gl.load(part_ptrs + sk * BLOCK_M * N, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+                gl.store(count_ptr + pid_n, 0)
+
+
+def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                   zeros: torch.Tensor, group_size: int,
+                   config: MmaConfig | None = None) -> torch.Tensor:
+    """``w4a16_gemm_ref`` for x [M, K] bf16 (``mma_supported``) with the weight in this
+    kernel's stored layout (``mma_pack``); zero points must be integers in [0, 16]."""
+    if gluon is None:
+        raise RuntimeError("w4a16_gemm_mma needs triton with Gluon")
+    m, k = x.shape
+    n = packed.shape[1]
+    if not mma_supported(x, k, group_size, 4):
+        raise ValueError(f"MMA path takes bf16 x with M <= {MMA_MAX_M}, K % 32 == 0 and "
+                         f"32-row groups; got M={m}, K={k}, group {group_size}, {x.dtype}")
+    x = x.contiguous()
+    config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
+    if group_size < k and group_size % config.block_k:
+        raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
+    block_m = max(16 * config.warps_m, 16 if m <= 16 else (32 if m <= 32 else 64))
+    splits, k_split = even_split(k, config.block_k, config.split_k)
+    blocks = -(-n // config.block_n)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if splits > 1:
+        partials = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, blocks)
+    else:
+        partials = counters = out  # unused
+    _w4_mma_kernel[(blocks, splits)](
+        x, packed, scales, zeros, out, partials, counters,
+        m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+        GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
+        WARPS_M=config.warps_m, WARPS_N=config.warps_n, PREFETCH=config.prefetch,
+        SCALE_IN_B=config.scale_in_b, num_warps=config.warps_m * config.warps_n,
+    )
+    return out

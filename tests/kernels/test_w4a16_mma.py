@@ -1,0 +1,76 @@
+"""MMA-fragment W4A16 kernel: the stored layout (CPU) and the Gluon kernel against the
+reference (GPU; Gluon has no interpreter)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tamis.kernels import w4a16
+from tamis.kernels.w4a16_mma import (MmaConfig, mma_pack, mma_row_of, mma_supported,
+                                     mma_unpack, w4a16_gemm_mma)
+from tamis.quant.packing import pack_int32
+
+
+def _operands(k, n, group_size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    groups = -(-k // group_size)
+    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half()
+    zeros = torch.randint(0, 17, (groups, n), generator=gen).half()
+    return codes, pack_int32(codes, 4, dim=0), scales, zeros
+
+
+def test_row_map_is_a_bijection_within_each_32_row_block():
+    row, nibble = mma_row_of(torch.arange(96))
+    slots = row * 8 + nibble
+    assert sorted(slots.tolist()) == list(range(96))
+    assert bool((row // 4 == torch.arange(96) // 32).all())
+
+
+@pytest.mark.parametrize("k", [32, 576, 1024])
+def test_pack_then_unpack_gives_the_codes(k):
+    codes, qweight, _, _ = _operands(k, 24, 32, seed=k)
+    packed = mma_pack(qweight, k)
+    assert packed.shape == qweight.shape and packed.dtype == torch.int32
+    assert torch.equal(mma_unpack(packed, k), codes.to(torch.int32))
+
+
+def test_pack_refuses_k_not_a_multiple_of_32():
+    _, qweight, _, _ = _operands(40, 8, 8, seed=0)
+    with pytest.raises(ValueError, match="K % 32"):
+        mma_pack(qweight, 40)
+
+
+def test_supported_cases():
+    x = torch.zeros(16, 576, dtype=torch.bfloat16)
+    assert mma_supported(x, 576, 64, 4) == (mma_supported.__globals__["gluon"] is not None)
+    assert not mma_supported(x.half(), 576, 64, 4)
+    assert not mma_supported(x, 576, 64, 8)
+    assert not mma_supported(x, 576, 48, 4)
+    assert not mma_supported(torch.zeros(65, 576, dtype=torch.bfloat16), 576, 64, 4)
+
+
+_CONFIGS = [None, MmaConfig(128, 64, 1, 1, 4, False, False), MmaConfig(64, 32, 3, 1, 2, True, True),
+            MmaConfig(128, 64, 4, 2, 2, True, True), MmaConfig(256, 128, 2, 1, 8, True, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
+@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (576, 300, 64),
+                                            (1024, 520, 1024), (576, 136, 32),
+                                            (576, 200, 128)])
+@pytest.mark.parametrize("config", range(len(_CONFIGS)))
+def test_kernel_matches_reference(m, k, n, group_size, config):
+    cfg = _CONFIGS[config]
+    if cfg is not None and group_size < k and group_size % cfg.block_k:
+        cfg = MmaConfig(cfg.block_n, 32, *list(cfg.__dict__.values())[2:])
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size, cfg)
+    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+    tol = 1e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
