@@ -18,17 +18,19 @@ from bench_quant import SHAPES, graph_time, w4a16_operands  # noqa: E402
 
 
 def candidates(m: int, n: int, quick: bool):
+    """The default, then tiles around it: the swapped kernel (weight as the A operand)
+    and the direct one, 64-256 columns, K split 2-16 ways."""
     from tamis.kernels.w4a16_mma import MmaConfig, pick_mma_config
     yield "default", pick_mma_config(m, n, 4096, 128)
     if quick:
         return
-    tiles = [(128, 128, 1, 4), (256, 128, 1, 8), (64, 128, 1, 2)] if m <= 16 else \
-        [(128, 64, 1, 4), (128, 128, 1, 4), (128, 64, 2, 2), (128, 32, 1, 4), (256, 64, 1, 8)]
-    for bn, bk, wm, wn in tiles:
+    block_k = 128 if m <= 16 else 64
+    for bn, warps in ((64, 2), (128, 4), (256, 8), (128, 8)):
         for split in (2, 4, 8, 16):
-            for scale_in_b in (False, True):
-                yield "", MmaConfig(bn, bk, split, wm, wn, True, scale_in_b)
-    yield "", MmaConfig(128, 128, 4, 1, 4, False, m > 16)
+            yield "", MmaConfig(bn, block_k, split, 1, warps, True, False, True)
+    for bn, bk, wm, wn in ((64, 128, 1, 2), (128, 64, 2, 2)):
+        for split in (4, 8):
+            yield "", MmaConfig(bn, bk, split, wm, wn, True, m > 16)
 
 
 def main() -> None:

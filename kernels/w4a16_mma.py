@@ -8,10 +8,14 @@ each thread's loaded words already hold exactly the codes of its ``mma.sync`` B 
 (Marlin's idea), and Gluon's explicit layouts prove at compile time that no data moves
 (``convert_layout(..., assert_trivial=True)``).
 
-Stored layout (``mma_pack``): int32 ``[K / 8, N]``; word row ``r`` of column ``n`` holds the
-8 codes of rows ``k = 32 * (r // 4) + 2 * (r % 4) + (i // 4) + 8 * (i % 2) + 16 * (i // 2 % 2)``
-at bits ``[4i, 4i + 4)``. A thread of an m16n8k16 MMA holds rows ``2c, 2c + 1, 2c + 8,
-2c + 9`` of a column (c = lane % 4): one word covers those rows of two k16 steps.
+Stored layout (``mma_pack``): the canonical words (code j of word r is row 8r + j) with
+each word's nibbles interleaved as AWQ does, codes 0, 2, 4, 6, 1, 3, 5, 7 at nibbles
+0..7. Inside the kernel, K is visited in a permuted order (free: a dot product does not
+care): per 32-row block, logical row k' is physical row ``pi(k')``, with k' bits 0, 3, 4 ->
+physical bits 0, 1, 2 and k' bits 1, 2 -> physical bits 3, 4. An m16n8k16 MMA thread holds
+logical rows 2c, 2c + 1, 2c + 8, 2c + 9 of its k16 steps (c = lane % 4), so over a 32-row
+block it holds the 8 physically contiguous rows 8c .. 8c + 7: one word of weights (read
+with one shift per code pair) and one 16-byte load of x.
 
 Per word, one inline-PTX block (``_UNPACK``)::
 
@@ -54,6 +58,7 @@ class MmaConfig:
     warps_n: int = 4        # warps along N
     prefetch: bool = True   # load the next step's words before this step's arithmetic
     scale_in_b: bool = False  # (q - z) * s rounded to bf16 in the tile (else fp32 per step)
+    swap: bool = False      # out^T = W^T x^T (weight as the A operand; M pads to 8, not 16)
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -74,34 +79,27 @@ def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
             and bits == 4 and k % 32 == 0 and (group_size % 32 == 0 or group_size >= k))
 
 
-def mma_row_of(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(word row, nibble) of rows k in the stored layout (the module docstring's map, inverted)."""
-    kk = k % 32
-    row = 4 * (k // 32) + (kk >> 1) % 4
-    nibble = (kk >> 3) % 2 + 2 * ((kk >> 4) % 2) + 4 * (kk % 2)
-    return row, nibble
+_NIBBLE_OF_CODE = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7], dtype=torch.int32)
 
 
 def mma_pack(qweight: torch.Tensor, k: int) -> torch.Tensor:
     """The canonical words (``tamis.kernels.w4a16``: code j of word r is row 8r + j) in
-    the stored layout of this kernel. K must be a multiple of 32."""
+    the stored layout of this kernel (code j at nibble ``_NIBBLE_OF_CODE[j]``). K must be
+    a multiple of 32."""
     if k % 32 or qweight.shape[0] * 8 != k:
         raise ValueError(f"mma_pack needs K % 32 == 0 and K / 8 word rows; got K={k}, "
                          f"{qweight.shape[0]} rows")
-    shifts = torch.arange(8, dtype=torch.int32, device=qweight.device) * 4
-    codes = (qweight.unsqueeze(1) >> shifts[None, :, None]) & 0xF      # [K/8, 8, N]
-    codes = codes.reshape(k, -1)
-    row, nibble = mma_row_of(torch.arange(k, device=qweight.device))
     packed = torch.zeros_like(qweight)
-    placed = codes << (4 * nibble)[:, None].to(torch.int32)
-    packed.index_add_(0, row, placed)
+    for code, nibble in enumerate(_NIBBLE_OF_CODE.tolist()):
+        packed |= ((qweight >> (4 * code)) & 0xF) << (4 * nibble)
     return packed
 
 
 def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The codes [K, N] (int32) of words in this kernel's stored layout."""
-    row, nibble = mma_row_of(torch.arange(k, device=packed.device))
-    return (packed[row] >> (4 * nibble)[:, None].to(torch.int32)) & 0xF
+    shifts = (4 * _NIBBLE_OF_CODE).to(packed.device)
+    codes = (packed.unsqueeze(1) >> shifts[None, :, None]) & 0xF       # [K/8, 8, N]
+    return codes.reshape(k, -1)
 
 
 if gluon is not None:
@@ -139,8 +137,8 @@ SCALE mov.b32 {$0, $1}, v0;
     def _word_layout(b_layout):
         """The layout of the word tile [BLOCK_K / 8, BLOCK_N] whose unpacked codes land in
         ``b_layout`` (linear) with no data movement: the B operand's register bases for
-        rows 1, 8, 16 become the 8 codes of a word; its other row bases map row k to word
-        row ((k >> 1) & 3) + 4 * (k >> 5)."""
+        logical rows 1, 8, 16 become the 8 codes of a word; its other row bases map
+        logical row k' to word row ((k' >> 1) & 3) + 4 * (k' >> 5)."""
         def to_word(basis):
             k, n = basis
             return [((k >> 1) & 3) + 4 * (k >> 5), n]
@@ -149,6 +147,32 @@ SCALE mov.b32 {$0, $1}, v0;
         return gl.DistributedLinearLayout(
             reg_bases=regs, lane_bases=[to_word(b) for b in b_layout.lane_bases],
             warp_bases=[to_word(b) for b in b_layout.warp_bases], block_bases=[], shape=shape)
+
+    @gluon.constexpr_function
+    def _x_layout(a_layout):
+        """The layout of the x tile [BLOCK_M, BLOCK_K] in physical row order whose
+        permutation to logical order (``_logical_x``) is ``a_layout`` (linear): every row
+        basis k' goes to pi(k'); the register bases that are physical rows 1, 2, 4 come
+        first, so that each thread's 8 contiguous values load as one vector."""
+        def pi(k):
+            return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
+                    | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
+        regs = [[m, pi(k)] for m, k in a_layout.reg_bases]
+        regs = sorted(regs, key=lambda b: 0 if b in ([0, 1], [0, 2], [0, 4]) else 1)
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[m, pi(k)] for m, k in a_layout.lane_bases],
+            warp_bases=[[m, pi(k)] for m, k in a_layout.warp_bases], block_bases=[],
+            shape=a_layout.shape)
+
+    @gluon.jit
+    def _logical_x(x, A_LAYOUT: gl.constexpr):
+        """x [BLOCK_M, BLOCK_K] in physical row order -> logical order, in A_LAYOUT."""
+        BM: gl.constexpr = x.shape[0]
+        BK: gl.constexpr = x.shape[1]
+        t = gl.reshape(x, [BM, BK // 32, 2, 2, 2, 2, 2])  # physical bits 4, 3, 2, 1, 0
+        t = gl.permute(t, [0, 1, 4, 5, 2, 3, 6])            # k' bits 4, 3, 2, 1, 0
+        t = gl.reshape(t, [BM, BK])
+        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
     def _bf16x2(v):
@@ -180,18 +204,26 @@ SCALE mov.b32 {$0, $1}, v0;
         return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
 
     @gluon.jit
+    def _load_words(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
+        """The word tile at ``offset``; past K or N (unless EVEN) words read as 0."""
+        if EVEN:
+            return gl.load(w_ptrs + offset)
+        return gl.load(w_ptrs + offset, mask=(rows * 8 < K)[:, None] & mask_n[None, :], other=0)
+
+    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, WARPS_M: gl.constexpr,
         WARPS_N: gl.constexpr, PREFETCH: gl.constexpr, SCALE_IN_B: gl.constexpr,
+        EVEN: gl.constexpr,
     ):
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        XL: gl.constexpr = gl.to_linear_layout(A_LAYOUT, [BLOCK_M, BLOCK_K])
+        XL: gl.constexpr = _x_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_M, BLOCK_K]))
         WL: gl.constexpr = _word_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_N]))
         BLOCK_KW: gl.constexpr = BLOCK_K // 8
 
@@ -210,28 +242,29 @@ SCALE mov.b32 {$0, $1}, v0;
         mask_cn = offs_cn < N
         mask_xm = offs_xm < M
         w_ptrs = qw_ptr + offs_wr[:, None] * stride_qk + offs_wn[None, :]
+        x_ptrs = x_ptr + offs_xm[:, None] * stride_xm + offs_xk[None, :]
 
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
         zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
         if PREFETCH:
-            ahead = gl.load(w_ptrs + (k_lo // 8) * stride_qk,
-                            mask=((k_lo // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
-                            other=0)
+            ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn, K,
+                                EVEN)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if PREFETCH:
                 words = ahead
-                nxt = gl.minimum(k0 + BLOCK_K, k_hi - BLOCK_K)  # the last step reloads its own
-                ahead = gl.load(w_ptrs + (nxt // 8) * stride_qk,
-                                mask=((nxt // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
-                                other=0)
+                # the next step; the last one reloads its own (no bounds check needed)
+                nxt = gl.minimum(k0 + BLOCK_K, k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K)
+                ahead = _load_words(w_ptrs, nxt // 8 * stride_qk, nxt // 8 + offs_wr, mask_wn,
+                                    K, EVEN)
             else:
-                words = gl.load(w_ptrs + (k0 // 8) * stride_qk,
-                                mask=((k0 // 8 + offs_wr) * 8 < K)[:, None] & mask_wn[None, :],
-                                other=0)
-            kk = k0 + offs_xk
-            x = gl.load(x_ptr + offs_xm[:, None] * stride_xm + kk[None, :],
-                        mask=mask_xm[:, None] & (kk < K)[None, :], other=0.0)
-            xa = gl.convert_layout(x, A_LAYOUT, assert_trivial=True)
+                words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
+                                    K, EVEN)
+            if EVEN:
+                x = gl.load(x_ptrs + k0, mask=mask_xm[:, None], other=0.0)
+            else:
+                x = gl.load(x_ptrs + k0, mask=mask_xm[:, None] & (k0 + offs_xk < K)[None, :],
+                            other=0.0)
+            xa = _logical_x(x, A_LAYOUT)
             g = k0 // GROUP_SIZE
             # -(128 + z) as bf16 (exact for integer z)
             nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
@@ -263,6 +296,145 @@ SCALE mov.b32 {$0, $1}, v0;
                 gl.store(count_ptr + pid_n, 0)
 
 
+    @gluon.constexpr_function
+    def _word_layout_t(a_layout):
+        """``_word_layout`` for the weight as the A operand: tile [BLOCK_N, BLOCK_K / 8]
+        from the A layout of [BLOCK_N, BLOCK_K] (bases [n, k'])."""
+        def to_word(basis):
+            n, k = basis
+            return [n, ((k >> 1) & 3) + 4 * (k >> 5)]
+        regs = [to_word(b) for b in a_layout.reg_bases if b not in ([0, 1], [0, 8], [0, 16])]
+        shape = [a_layout.shape[0], a_layout.shape[1] // 8]
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[to_word(b) for b in a_layout.lane_bases],
+            warp_bases=[to_word(b) for b in a_layout.warp_bases], block_bases=[], shape=shape)
+
+    @gluon.constexpr_function
+    def _x_layout_t(b_layout):
+        """``_x_layout`` for x^T [BLOCK_K, BLOCK_M] as the B operand (bases [k', m])."""
+        def pi(k):
+            return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
+                    | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
+        regs = [[pi(k), m] for k, m in b_layout.reg_bases]
+        regs = sorted(regs, key=lambda b: 0 if b in ([1, 0], [2, 0], [4, 0]) else 1)
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[[pi(k), m] for k, m in b_layout.lane_bases],
+            warp_bases=[[pi(k), m] for k, m in b_layout.warp_bases], block_bases=[],
+            shape=b_layout.shape)
+
+    @gluon.jit
+    def _logical_x_t(x, B_LAYOUT: gl.constexpr):
+        """x^T [BLOCK_K, BLOCK_M] in physical row order -> logical order, in B_LAYOUT."""
+        BK: gl.constexpr = x.shape[0]
+        BM: gl.constexpr = x.shape[1]
+        t = gl.reshape(x, [BK // 32, 2, 2, 2, 2, 2, BM])  # physical bits 4, 3, 2, 1, 0
+        t = gl.permute(t, [0, 3, 4, 1, 2, 5, 6])            # k' bits 4, 3, 2, 1, 0
+        t = gl.reshape(t, [BK, BM])
+        return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _unpack_tile_t(words, nzz, A_LAYOUT: gl.constexpr):
+        """Words [BLOCK_N, BLOCK_K / 8] -> (q - z) [BLOCK_N, BLOCK_K] (bf16) in A_LAYOUT."""
+        BN: gl.constexpr = words.shape[0]
+        KW: gl.constexpr = words.shape[1]
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _UNPACK, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, nzz],
+            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
+        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
+        t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
+        t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
+        t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
+        t = gl.reshape(t, [BN, KW * 8])
+        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _w4_mma_swap_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
+        M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
+        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
+        PREFETCH: gl.constexpr, EVEN: gl.constexpr,
+    ):
+        """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
+        row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
+        pads to 8 rows, not 16, and each MMA's x fragment is one contiguous load."""
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[2, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 8])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        WL: gl.constexpr = _word_layout_t(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]))
+        XL: gl.constexpr = _x_layout_t(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
+        BLOCK_KW: gl.constexpr = BLOCK_K // 8
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        k_lo = pid_k * K_SPLIT
+        k_hi = gl.minimum(k_lo + K_SPLIT, K)
+        offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
+        offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(0, WL))
+        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, XL))
+        offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
+        offs_cn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        offs_cm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+        mask_wn = offs_wn < N
+        mask_cn = offs_cn < N
+        mask_xm = offs_xm < M
+        w_ptrs = qw_ptr + offs_wr[None, :] * stride_qk + offs_wn[:, None]
+        x_ptrs = x_ptr + offs_xm[None, :] * stride_xm + offs_xk[:, None]
+
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+        if PREFETCH:
+            ahead = _load_words_t(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
+                                  K, EVEN)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if PREFETCH:
+                words = ahead
+                nxt = gl.minimum(k0 + BLOCK_K, k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K)
+                ahead = _load_words_t(w_ptrs, nxt // 8 * stride_qk, nxt // 8 + offs_wr,
+                                      mask_wn, K, EVEN)
+            else:
+                words = _load_words_t(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
+                                      K, EVEN)
+            if EVEN:
+                x = gl.load(x_ptrs + k0, mask=mask_xm[None, :], other=0.0)
+            else:
+                x = gl.load(x_ptrs + k0, mask=mask_xm[None, :] & (k0 + offs_xk < K)[:, None],
+                            other=0.0)
+            xb = _logical_x_t(x, B_LAYOUT)
+            g = k0 // GROUP_SIZE
+            nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
+                                    other=0.0).to(gl.float32) + 128.0))
+            w = _unpack_tile_t(words, nzz[:, None], A_LAYOUT)
+            s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
+            acc += mma_v2(w, xb, zero) * s.to(gl.float32)[:, None]
+
+        out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
+        out_mask = (offs_cm < M)[None, :] & mask_cn[:, None]
+        if not HAS_SPLIT:
+            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
+        else:
+            part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
+            gl.store(part_ptrs + pid_k * BLOCK_M * N, acc, mask=out_mask)
+            gl.thread_barrier()  # every thread's partials are stored before the count
+            done = gl.atomic_add(count_ptr + pid_n, 1)
+            if done == SPLIT - 1:
+                total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+                for sk in range(SPLIT):
+                    total += gl.load(part_ptrs + sk * BLOCK_M * N, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+                gl.store(count_ptr + pid_n, 0)
+
+    @gluon.jit
+    def _load_words_t(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
+        """``_load_words`` for the transposed tile [BLOCK_N, BLOCK_K / 8]."""
+        if EVEN:
+            return gl.load(w_ptrs + offset)
+        return gl.load(w_ptrs + offset, mask=(rows * 8 < K)[None, :] & mask_n[:, None], other=0)
+
+
 def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                    zeros: torch.Tensor, group_size: int,
                    config: MmaConfig | None = None) -> torch.Tensor:
@@ -279,7 +451,10 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
-    block_m = max(16 * config.warps_m, 16 if m <= 16 else (32 if m <= 32 else 64))
+    if config.swap:
+        block_m = 8 if m <= 8 else (16 if m <= 16 else (32 if m <= 32 else 64))
+    else:
+        block_m = max(16 * config.warps_m, 16 if m <= 16 else (32 if m <= 32 else 64))
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = -(-n // config.block_n)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -288,12 +463,24 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         counters = split_counters(x.device, blocks)
     else:
         partials = counters = out  # unused
+    even = k % k_split == 0 and n % config.block_n == 0
+    if config.swap:
+        _w4_mma_swap_kernel[(blocks, splits)](
+            x, packed, scales, zeros, out, partials, counters,
+            m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+            GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
+            BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
+            NUM_WARPS=config.warps_m * config.warps_n, PREFETCH=config.prefetch, EVEN=even,
+            num_warps=config.warps_m * config.warps_n,
+        )
+        return out
     _w4_mma_kernel[(blocks, splits)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
         WARPS_M=config.warps_m, WARPS_N=config.warps_n, PREFETCH=config.prefetch,
-        SCALE_IN_B=config.scale_in_b, num_warps=config.warps_m * config.warps_n,
+        SCALE_IN_B=config.scale_in_b,
+        EVEN=even, num_warps=config.warps_m * config.warps_n,
     )
     return out

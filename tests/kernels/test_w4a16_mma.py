@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tamis.kernels import w4a16
-from tamis.kernels.w4a16_mma import (MmaConfig, mma_pack, mma_row_of, mma_supported,
-                                     mma_unpack, w4a16_gemm_mma)
+from tamis.kernels.w4a16_mma import (MmaConfig, mma_pack, mma_supported, mma_unpack,
+                                     w4a16_gemm_mma)
 from tamis.quant.packing import pack_int32
 
 
@@ -20,11 +20,9 @@ def _operands(k, n, group_size, seed):
     return codes, pack_int32(codes, 4, dim=0), scales, zeros
 
 
-def test_row_map_is_a_bijection_within_each_32_row_block():
-    row, nibble = mma_row_of(torch.arange(96))
-    slots = row * 8 + nibble
-    assert sorted(slots.tolist()) == list(range(96))
-    assert bool((row // 4 == torch.arange(96) // 32).all())
+def test_pack_interleaves_each_word_like_awq():
+    word = torch.tensor([[0x76543210]], dtype=torch.int32)   # code j = j
+    assert mma_pack(word.repeat(4, 1), 32)[0, 0].item() == 0x75316420
 
 
 @pytest.mark.parametrize("k", [32, 576, 1024])
@@ -51,7 +49,10 @@ def test_supported_cases():
 
 
 _CONFIGS = [None, MmaConfig(128, 64, 1, 1, 4, False, False), MmaConfig(64, 32, 3, 1, 2, True, True),
-            MmaConfig(128, 64, 4, 2, 2, True, True), MmaConfig(256, 128, 2, 1, 8, True, False)]
+            MmaConfig(128, 64, 4, 2, 2, True, True), MmaConfig(256, 128, 2, 1, 8, True, False),
+            MmaConfig(128, 128, 4, 1, 4, True, False, True),
+            MmaConfig(64, 64, 1, 1, 2, False, False, True),
+            MmaConfig(256, 32, 3, 1, 8, True, False, True)]
 
 
 @pytest.mark.gpu
