@@ -24,13 +24,15 @@ def candidates(m: int, n: int, quick: bool):
     yield "default", pick_mma_config(m, n, 4096, 128)
     if quick:
         return
-    block_k = 128 if m <= 16 else 64
-    for bn, warps in ((64, 2), (128, 4), (256, 8), (128, 8)):
-        for split in (2, 4, 8, 16):
-            yield "", MmaConfig(bn, block_k, split, 1, warps, True, False, True)
-    for bn, bk, wm, wn in ((64, 128, 1, 2), (128, 64, 2, 2)):
-        for split in (4, 8):
-            yield "", MmaConfig(bn, bk, split, wm, wn, True, m > 16)
+    if m <= 16:
+        for bn, warps in ((64, 2), (128, 4), (256, 8), (128, 8)):
+            for split in (2, 4, 8, 16):
+                yield "", MmaConfig(bn, 128, split, 1, warps, True, False, True)
+        return
+    for max_block_m in (16, 32):
+        for bn, warps in ((64, 2), (128, 4), (128, 8)):
+            for split in (1, 2, 4, 8):
+                yield "", MmaConfig(bn, 128, split, 1, warps, True, False, True, max_block_m)
 
 
 def main() -> None:
@@ -56,6 +58,8 @@ def main() -> None:
             scale = ref.abs().max()
             t_bf16 = graph_time(lambda: F.linear(x, weight))
             t_cur = graph_time(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128))
+            t_tl = graph_time(lambda: w4a16.w4a16_gemm(x, packed, scales, zeros, 128,
+                                                       interleaved=True))
             best = (float("inf"), None)
             t_default = None
             for tag, cfg in candidates(m, n, args.quick):
@@ -73,6 +77,7 @@ def main() -> None:
                     best = (t, cfg)
             table.append((f"{k}x{n}", m, t_bf16, t_cur, t_default, best[0], best[1]))
             print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f} current {t_cur * 1e3:.1f} "
+                  f"interleaved dispatch {t_tl * 1e3:.1f} "
                   f"mma default {t_default * 1e3 if t_default else float('nan'):.1f} "
                   f"best {best[0] * 1e3:.1f}us {best[1]}", flush=True)
     print("\nKxN           M    bf16  current   x     mma   x     best   x")

@@ -47,11 +47,23 @@ except ImportError:  # CPU-only installs without triton still get the reference
     triton = None
 
 
+def code_shifts(bits: int, interleaved: bool = False) -> list[int]:
+    """Bit offset of code j (row P*r + j) inside word r: ``bits * j``, or for
+    ``interleaved`` 4-bit words (AWQ's nibble order 0, 2, 4, 6, 1, 3, 5, 7, the layout of
+    ``tamis.kernels.w4a16_mma``) ``4 * (j // 2 + 4 * (j % 2))``."""
+    if interleaved:
+        if bits != 4:
+            raise ValueError("interleaved words hold 4-bit codes")
+        return [4 * (j // 2 + 4 * (j % 2)) for j in range(8)]
+    return [bits * j for j in range(32 // bits)]
+
+
 def dequantize_wna16(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                     group_size: int, bits: int, in_features: int) -> torch.Tensor:
+                     group_size: int, bits: int, in_features: int,
+                     interleaved: bool = False) -> torch.Tensor:
     """The dense weight [K, N] in float32: (q - zero) * scale per group."""
-    factor = 32 // bits
-    shifts = torch.arange(factor, dtype=torch.int32, device=qweight.device) * bits
+    shifts = torch.tensor(code_shifts(bits, interleaved), dtype=torch.int32,
+                          device=qweight.device)
     q = (qweight.unsqueeze(1) >> shifts[None, :, None]) & ((1 << bits) - 1)
     q = q.reshape(-1, qweight.shape[1])[:in_features]
     group = torch.arange(in_features, device=qweight.device) // group_size
@@ -59,9 +71,11 @@ def dequantize_wna16(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
 
 
 def w4a16_gemm_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                   zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
+                   zeros: torch.Tensor, group_size: int, bits: int = 4,
+                   interleaved: bool = False) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype, through the dequantized weight."""
-    weight = dequantize_wna16(qweight, scales, zeros, group_size, bits, x.shape[-1])
+    weight = dequantize_wna16(qweight, scales, zeros, group_size, bits, x.shape[-1],
+                              interleaved)
     return (x.float() @ weight).to(x.dtype)
 
 
@@ -79,6 +93,8 @@ class GemmConfig:
 GEMV_DISPATCH_M = 1  # rows w4a16_gemm sends to it: at M = 2..4 the 16-row tl.dot with
                      # split-K was as fast or faster on the H200 (bench/results/quant.md)
 DEQUANT_MIN_M = 128  # from here on: dequantize to a dense weight, then a cuBLAS GEMM
+MMA_DISPATCH_M = 16  # interleaved words: rows the MMA-fragment kernel takes (H200 sweep,
+                     # bench/results/quant.md; above it the tl.dot kernel was as fast)
 
 
 def _pow2_split(blocks: int, target: int, cap: int) -> int:
@@ -115,10 +131,18 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
 if triton is not None:
 
     @triton.jit
+    def _code_shift(j, BITS: tl.constexpr, INTERLEAVED: tl.constexpr):
+        """``code_shifts`` for code indices j (a tensor)."""
+        if INTERLEAVED:
+            return 4 * ((j >> 1) + 4 * (j & 1))
+        return j * BITS
+
+    @triton.jit
     def _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
                   stride_qk, stride_qn, stride_sg, stride_sn,
                   GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUPS_ALIGNED: tl.constexpr, UNPACK_ONCE: tl.constexpr):
+                  GROUPS_ALIGNED: tl.constexpr, UNPACK_ONCE: tl.constexpr,
+                  INTERLEAVED: tl.constexpr):
         """x [BLOCK_M, BLOCK_K] @ the dequantized [BLOCK_K, BLOCK_N] tile of rows k0.., fp32."""
         PACK: tl.constexpr = 32 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
@@ -129,14 +153,14 @@ if triton is not None:
             rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
             words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                             mask=(rows[:, None] * PACK < K) & mask_n[None, :], other=0)
-            shifts = tl.arange(0, PACK) * BITS
+            shifts = _code_shift(tl.arange(0, PACK), BITS, INTERLEAVED)
             q3 = (words[:, None, :] >> shifts[None, :, None]) & MASK
             q = tl.reshape(q3, (BLOCK_K, BLOCK_N))
         else:
             words = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk
                             + offs_n[None, :] * stride_qn,
                             mask=mask_k[:, None] & mask_n[None, :], other=0)
-            q = (words >> ((offs_k[:, None] % PACK) * BITS)) & MASK
+            q = (words >> _code_shift(offs_k[:, None] % PACK, BITS, INTERLEAVED)) & MASK
         if GROUPS_ALIGNED:
             # One group per tile: the scale goes on the dot's result, not every element.
             g = k0 // GROUP_SIZE
@@ -163,7 +187,7 @@ if triton is not None:
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUPS_ALIGNED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         SPLIT_K, HAS_SPLIT: tl.constexpr, UNPACK_ONCE: tl.constexpr,
-        LOOP_STAGES: tl.constexpr,
+        LOOP_STAGES: tl.constexpr, INTERLEAVED: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -180,7 +204,8 @@ if triton is not None:
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             acc += _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
                              stride_qk, stride_qn, stride_sg, stride_sn,
-                             GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED, UNPACK_ONCE)
+                             GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED, UNPACK_ONCE,
+                             INTERLEAVED)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
         out_mask = mask_m[:, None] & mask_n[None, :]
         if not HAS_SPLIT:
@@ -203,7 +228,8 @@ if triton is not None:
 
 def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor, group_size: int, bits: int = 4,
-                      config: GemmConfig | None = None) -> torch.Tensor:
+                      config: GemmConfig | None = None,
+                      interleaved: bool = False) -> torch.Tensor:
     """Triton tl.dot path of ``w4a16_gemm_ref`` (same contract); x must be 2-D."""
     if triton is None:
         raise RuntimeError("w4a16_gemm_triton needs triton installed")
@@ -227,38 +253,47 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         GROUP_SIZE=group_size, BITS=bits, GROUPS_ALIGNED=aligned,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT_K=splits, HAS_SPLIT=splits > 1, UNPACK_ONCE=config.unpack_once,
-        LOOP_STAGES=config.num_stages,
+        LOOP_STAGES=config.num_stages, INTERLEAVED=interleaved,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
 
 
 def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                       zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
+                       zeros: torch.Tensor, group_size: int, bits: int = 4,
+                       interleaved: bool = False) -> torch.Tensor:
     """Large-M path (same contract as ``w4a16_gemm_ref``, x 2-D on CUDA): the dense
     weight in x's dtype, then a cuBLAS GEMM. Needs K x N x 2 bytes of scratch."""
     from tamis.kernels.wna16_dequant import dequantize_wna16_triton
     weight = dequantize_wna16_triton(qweight, scales, zeros, group_size, bits, x.shape[1],
-                                     x.dtype)
+                                     x.dtype, interleaved)
     return torch.matmul(x, weight)
 
 
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               zeros: torch.Tensor, group_size: int, bits: int = 4) -> torch.Tensor:
-    """x [..., K] -> [..., N]. On CUDA: a GEMV for M <= GEMV_DISPATCH_M, the tl.dot
-    kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above; the reference elsewhere."""
+               zeros: torch.Tensor, group_size: int, bits: int = 4,
+               interleaved: bool = False) -> torch.Tensor:
+    """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
+    the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
+    (``tamis.kernels.w4a16_mma``, bf16 x): the MMA-fragment kernel up to MMA_DISPATCH_M
+    rows, then tl.dot / dequantize as above. The reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
-    if x2.is_cuda and triton is not None:
-        if m == 1 and packed_gemv_supported(x2, k, group_size, bits):
-            out = w4a16_gemv_packed(x2, qweight, scales, zeros, group_size, bits)
-        elif m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
-            out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
-        elif m >= DEQUANT_MIN_M:
-            out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits)
-        else:
-            out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits)
+    if not (x2.is_cuda and triton is not None):
+        out = w4a16_gemm_ref(x2, qweight, scales, zeros, group_size, bits, interleaved)
+    elif interleaved and m <= MMA_DISPATCH_M:
+        from tamis.kernels.w4a16_mma import w4a16_gemm_mma
+        out = w4a16_gemm_mma(x2, qweight, scales, zeros, group_size)
+    elif interleaved:
+        out = (w4a16_gemm_dequant if m >= DEQUANT_MIN_M else w4a16_gemm_triton)(
+            x2, qweight, scales, zeros, group_size, bits, interleaved=interleaved)
+    elif m == 1 and packed_gemv_supported(x2, k, group_size, bits):
+        out = w4a16_gemv_packed(x2, qweight, scales, zeros, group_size, bits)
+    elif m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
+        out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
+    elif m >= DEQUANT_MIN_M:
+        out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits)
     else:
-        out = w4a16_gemm_ref(x2, qweight, scales, zeros, group_size, bits)
+        out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits)
     return out.reshape(*lead, out.shape[-1])

@@ -59,17 +59,19 @@ class MmaConfig:
     prefetch: bool = True   # load the next step's words before this step's arithmetic
     scale_in_b: bool = False  # (q - z) * s rounded to bf16 in the tile (else fp32 per step)
     swap: bool = False      # out^T = W^T x^T (weight as the A operand; M pads to 8, not 16)
+    max_block_m: int = 64   # swapped kernel: rows of x per program (more: a grid axis)
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
-    """128 columns x 128 rows per step (or the group, if shorter); K split until there
-    are about 4 programs per SM."""
-    block_k = min(128, group_size if group_size < k else 128)
-    blocks = -(-n // 128)
-    split = 1
-    while blocks * split < 4 * num_sms and split < 16:
-        split *= 2
-    return MmaConfig(128, block_k, split)
+    """The swapped kernel with tiles from the H200 sweep (bench/results/quant.md): 128
+    columns per program split 8 ways over K (8 warps up to 8 rows, then 4), or on wide
+    layers (N >= 8192) 64 columns with 2 warps, split 8 ways at M = 1 and 2 above; steps
+    of 128 rows of K, or of the group when it is shorter; 16 rows of x per program."""
+    block_k = 128 if group_size >= k or group_size % 128 == 0 else (
+        64 if group_size % 64 == 0 else 32)
+    if n >= 8192:
+        return MmaConfig(64, block_k, 8 if m == 1 else 2, 1, 2, True, False, True, 16)
+    return MmaConfig(128, block_k, 8, 1, 8 if m <= 8 else 4, True, False, True, 16)
 
 
 def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
@@ -369,14 +371,15 @@ SCALE mov.b32 {$0, $1}, v0;
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
+        pid_m = gl.program_id(2)
         k_lo = pid_k * K_SPLIT
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
         offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
         offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(0, WL))
         offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, XL))
-        offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
+        offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
         offs_cn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
-        offs_cm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+        offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         mask_wn = offs_wn < N
         mask_cn = offs_cn < N
         mask_xm = offs_xm < M
@@ -415,17 +418,19 @@ SCALE mov.b32 {$0, $1}, v0;
         if not HAS_SPLIT:
             gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
         else:
+            # partials [SPLIT, M, N]; one counter per (row block, column block) tile
             part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
-            gl.store(part_ptrs + pid_k * BLOCK_M * N, acc, mask=out_mask)
+            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
             gl.thread_barrier()  # every thread's partials are stored before the count
-            done = gl.atomic_add(count_ptr + pid_n, 1)
+            tile = pid_m * gl.num_programs(0) + pid_n
+            done = gl.atomic_add(count_ptr + tile, 1)
             if done == SPLIT - 1:
                 total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
                 for sk in range(SPLIT):
-                    total += gl.load(part_ptrs + sk * BLOCK_M * N, mask=out_mask, other=0.0,
+                    total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
                                      cache_modifier=".cg")
                 gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
-                gl.store(count_ptr + pid_n, 0)
+                gl.store(count_ptr + tile, 0)
 
     @gluon.jit
     def _load_words_t(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
@@ -452,20 +457,23 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
     if config.swap:
-        block_m = 8 if m <= 8 else (16 if m <= 16 else (32 if m <= 32 else 64))
+        block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
+                                                            (32 if m <= 32 else 64)))
     else:
         block_m = max(16 * config.warps_m, 16 if m <= 16 else (32 if m <= 32 else 64))
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = -(-n // config.block_n)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    m_blocks = -(-m // block_m) if config.swap else 1
     if splits > 1:
-        partials = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, blocks)
+        rows = m if config.swap else block_m
+        partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, blocks * m_blocks)
     else:
         partials = counters = out  # unused
     even = k % k_split == 0 and n % config.block_n == 0
     if config.swap:
-        _w4_mma_swap_kernel[(blocks, splits)](
+        _w4_mma_swap_kernel[(blocks, splits, m_blocks)](
             x, packed, scales, zeros, out, partials, counters,
             m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
             GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,

@@ -25,7 +25,7 @@ if triton is not None:
     def _wna16_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K,
                               stride_qk, stride_sg, stride_ok,
                               GROUP_SIZE: tl.constexpr, BITS: tl.constexpr,
-                              ROW_GROUPS: tl.constexpr,
+                              ROW_GROUPS: tl.constexpr, INTERLEAVED: tl.constexpr,
                               BLOCK_KW: tl.constexpr, BLOCK_N: tl.constexpr):
         PACK: tl.constexpr = 32 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
@@ -50,14 +50,18 @@ if triton is not None:
                             other=0.0).to(tl.float32)
                 z = tl.load(z_ptr + g[:, None] * stride_sg + offs_n[None, :], mask=kmask,
                             other=0.0).to(tl.float32)
-            q = ((words >> (BITS * j)) & MASK).to(tl.float32)
+            if INTERLEAVED:  # code j's bits (``tamis.kernels.w4a16.code_shifts``)
+                shift = 4 * (j // 2 + 4 * (j % 2))
+            else:
+                shift = BITS * j
+            q = ((words >> shift) & MASK).to(tl.float32)
             tl.store(out_ptr + k[:, None] * stride_ok + offs_n[None, :],
                      ((q - z) * s).to(out_ptr.dtype.element_ty), mask=kmask)
 
 
 def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                             group_size: int, bits: int, in_features: int,
-                            dtype: torch.dtype) -> torch.Tensor:
+                            dtype: torch.dtype, interleaved: bool = False) -> torch.Tensor:
     """``dequantize_wna16`` (same contract) rounded once to ``dtype``: [K, N]."""
     if triton is None:
         raise RuntimeError("dequantize_wna16_triton needs triton installed")
@@ -68,6 +72,6 @@ def dequantize_wna16_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     _wna16_dequant_kernel[grid](
         qweight, scales, zeros, out, n, k, qweight.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=group_size, BITS=bits,
-        ROW_GROUPS=group_size % (32 // bits) == 0 or group_size >= k,
+        ROW_GROUPS=group_size % (32 // bits) == 0 or group_size >= k, INTERLEAVED=interleaved,
         BLOCK_KW=block_kw, BLOCK_N=block_n, num_warps=4)
     return out

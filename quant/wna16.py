@@ -11,7 +11,11 @@ g_idx)``. That stores, on the layer (see ``tamis.kernels.w4a16`` for the layout)
 
 and removes the checkpoint's tensors. ``apply_wna16`` runs the dispatcher; on the CPU it
 dequantizes once and keeps the dense weight (a CPU run is compute-bound on the unpack,
-and memory is not the constraint there).
+and memory is not the constraint there). On the first CUDA call with bf16 activations,
+4-bit words are re-packed once, in place, into the MMA-fragment kernel's interleaved
+nibble order (``tamis.kernels.w4a16_mma``; ``wna16_interleaved`` says so) when that
+kernel takes the layer: decode batches of up to 16 rows run on it, larger ones read the
+same words through the tl.dot and dequantize kernels.
 """
 from __future__ import annotations
 
@@ -77,12 +81,14 @@ def finalize_wna16(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,
     layer.wna16_bits = bits
     layer.wna16_in_features = k
     layer.wna16_dense = None
+    layer.wna16_interleaved = False
 
 
 def dequantized_weight(layer: nn.Module) -> torch.Tensor:
     """The layer's weight [N, K] in float32, in the checkpoint's row order."""
     weight = dequantize_wna16(layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,
-                              layer.wna16_group_size, layer.wna16_bits, layer.wna16_in_features)
+                              layer.wna16_group_size, layer.wna16_bits, layer.wna16_in_features,
+                              getattr(layer, "wna16_interleaved", False))
     perm = getattr(layer, "wna16_perm", None)
     if perm is not None:
         unpermuted = torch.empty_like(weight)
@@ -96,9 +102,27 @@ def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) ->
         if layer.wna16_dense is None or layer.wna16_dense.dtype != x.dtype:
             layer.wna16_dense = dequantized_weight(layer).to(x.dtype).contiguous()
         return torch.nn.functional.linear(x, layer.wna16_dense, bias)
+    if not hasattr(layer, "wna16_mma_checked"):
+        _adopt_mma_layout(layer, x)
     perm = getattr(layer, "wna16_perm", None)
     if perm is not None:
         x = x[..., perm]
     out = w4a16_gemm(x, layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,
-                     layer.wna16_group_size, layer.wna16_bits)
+                     layer.wna16_group_size, layer.wna16_bits, layer.wna16_interleaved)
     return out if bias is None else out + bias
+
+
+def _adopt_mma_layout(layer: nn.Module, x: torch.Tensor) -> None:
+    """Re-pack the words for the MMA-fragment kernel, once, when it can take the layer:
+    bf16 activations, 4-bit codes, integer zero points in [0, 16] (every published format
+    has them), K and the groups in whole 32-row blocks."""
+    from tamis.kernels.w4a16_mma import mma_pack, mma_supported
+    layer.wna16_mma_checked = True
+    k = layer.wna16_in_features
+    zeros = layer.wna16_zeros
+    if not (mma_supported(x.reshape(-1, k)[:1], k, layer.wna16_group_size, layer.wna16_bits)
+            and layer.wna16_qweight.shape[0] * 8 == k
+            and bool(((zeros >= 0) & (zeros <= 16) & (zeros == zeros.round())).all())):
+        return
+    replace_param(layer, "wna16_qweight", mma_pack(layer.wna16_qweight, k))
+    layer.wna16_interleaved = True

@@ -204,3 +204,52 @@ def test_dispatcher_paths_on_cuda(m):
     got = w4a16.w4a16_gemm(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), group_size)
     tol = 2e-2 * expected.abs().max().item()
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
+
+
+def test_reference_reads_interleaved_words():
+    from tamis.kernels.w4a16_mma import mma_pack
+    _, qweight, scales, zeros = _random_layout(64, 24, 32, 4, torch.float32, seed=3)
+    expected = w4a16.dequantize_wna16(qweight, scales, zeros, 32, 4, 64)
+    got = w4a16.dequantize_wna16(mma_pack(qweight, 64), scales, zeros, 32, 4, 64,
+                                 interleaved=True)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("unpack_once", [False, True])
+def test_triton_reads_interleaved_words(unpack_once):
+    """The tl.dot and dequantize kernels on the MMA kernel's (AWQ-interleaved) words."""
+    from tamis.kernels.w4a16_mma import mma_pack
+    from tamis.kernels.wna16_dequant import dequantize_wna16_triton
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    k, n, group_size = 96, 40, 32
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=5)
+    packed = mma_pack(qweight, k).to(device)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(4)).half()
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), group_size)
+    config = w4a16.GemmConfig(16, 32, 32, 2, 4, 1, unpack_once)
+    got = w4a16.w4a16_gemm_triton(x.to(device), packed, scales.to(device), zeros.to(device),
+                                  group_size, config=config, interleaved=True)
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
+    dense = dequantize_wna16_triton(packed, scales.to(device), zeros.to(device), group_size, 4,
+                                    k, torch.float32, interleaved=True)
+    assert torch.equal(dense.cpu(), w4a16.dequantize_wna16(qweight, scales, zeros, group_size,
+                                                           4, k))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m", [1, 8, 16, 40, 200])
+def test_dispatcher_paths_on_cuda_interleaved(m):
+    """Interleaved words: the MMA-fragment kernel (M <= 16), tl.dot (40), dequantize (200)."""
+    from tamis.kernels.w4a16_mma import mma_pack
+    k, n, group_size = 4096, 1024, 128
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    got = w4a16.w4a16_gemm(x.cuda(), mma_pack(qweight, k).cuda(), scales.cuda(), zeros.cuda(),
+                           group_size, interleaved=True)
+    tol = 2e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
