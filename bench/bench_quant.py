@@ -273,21 +273,27 @@ def run_gemm(args) -> None:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         qweight, scales, zeros = w4a16_operands(k, n)
         dense_w4 = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)  # [K, N] fp32
+        # The words as a bf16 model's layers hold them (``quant.wna16._adopt_mma_layout``).
+        interleaved = not (args.canonical or args.sweep)  # the sweep's tiles are canonical
+        if interleaved:
+            from tamis.kernels.w4a16_mma import mma_pack
+            qweight = mma_pack(qweight, k)
         w8, w8_scale = _fp8_weight(weight)
         dense_w8 = w8.float() * w8_scale[:, None]  # [N, K] fp32
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             # Correctness first: W4A16 against the fp32 product with its dequantized weight;
             # FP8 against W8A16 (GEMV rows) or the W8A8 fp32 emulation (_scaled_mm rows).
-            err = _rel_err(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128),
-                           x.float() @ dense_w4)
+            err = _rel_err(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128,
+                                            interleaved=interleaved), x.float() @ dense_w4)
             assert err < 2e-2, f"W4A16 mismatch at M={m} {k}x{n}: rel err {err}"
             ref8 = (x.float() @ dense_w8.t() if m <= fp8.GEMV_DISPATCH_M
                     else fp8.fp8_linear_ref(x.float(), w8, w8_scale))
             err8 = _rel_err(fp8.fp8_linear(x, w8, w8_scale), ref8)
             assert err8 < 2e-2, f"FP8 mismatch at M={m} {k}x{n}: rel err {err8}"
             t_bf16 = timer(lambda: F.linear(x, weight))
-            t_w4 = timer(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128))
+            t_w4 = timer(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128,
+                                                  interleaved=interleaved))
             t_fp8 = timer(lambda: fp8.fp8_linear(x, w8, w8_scale))
             best4 = best8 = (float("nan"), "")
             if args.sweep and m in args.sweep_ms:
@@ -390,6 +396,8 @@ def main() -> None:
     ppl.add_argument("--workdir", default=None, help="keep / reuse quantized checkpoints here")
     gemm = sub.add_parser("gemm")
     gemm.add_argument("--sweep", action="store_true")
+    gemm.add_argument("--canonical", action="store_true",
+                      help="W4A16 on canonical words (the layout before the MMA re-pack)")
     gemm.add_argument("--eager", action="store_true",
                       help="time eager calls with CUDA events (default: CUDA-graph replay)")
     gemm.add_argument("--ms", type=int, nargs="+", default=MS)

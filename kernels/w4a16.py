@@ -93,8 +93,8 @@ class GemmConfig:
 GEMV_DISPATCH_M = 1  # rows w4a16_gemm sends to it: at M = 2..4 the 16-row tl.dot with
                      # split-K was as fast or faster on the H200 (bench/results/quant.md)
 DEQUANT_MIN_M = 128  # from here on: dequantize to a dense weight, then a cuBLAS GEMM
-MMA_DISPATCH_M = 16  # interleaved words: rows the MMA-fragment kernel takes (H200 sweep,
-                     # bench/results/quant.md; above it the tl.dot kernel was as fast)
+MMA_DISPATCH_M = 32  # interleaved words: rows the MMA-fragment kernel takes (H200 sweep,
+                     # bench/results/quant.md: at 64 rows it lost to tl.dot on one shape)
 
 
 def _pow2_split(blocks: int, target: int, cap: int) -> int:

@@ -66,9 +66,17 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     """The swapped kernel with tiles from the H200 sweep (bench/results/quant.md): 128
     columns per program split 8 ways over K (8 warps up to 8 rows, then 4), or on wide
     layers (N >= 8192) 64 columns with 2 warps, split 8 ways at M = 1 and 2 above; steps
-    of 128 rows of K, or of the group when it is shorter; 16 rows of x per program."""
+    of 128 rows of K, or of the group when it is shorter; 16 rows of x per program.
+    17..32 rows: 64 columns with 2 warps split 4 ways (unsplit on wide layers), or 128
+    with 4 warps split 8 ways when K >= 8192."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else (
         64 if group_size % 64 == 0 else 32)
+    if m > 16:  # 17..32 rows, as two 16-row blocks
+        if n >= 8192:
+            return MmaConfig(64, block_k, 1, 1, 2, True, False, True, 16)
+        if k >= 8192:
+            return MmaConfig(128, block_k, 8, 1, 4, True, False, True, 16)
+        return MmaConfig(64, block_k, 4, 1, 2, True, False, True, 16)
     if n >= 8192:
         return MmaConfig(64, block_k, 8 if m == 1 else 2, 1, 2, True, False, True, 16)
     return MmaConfig(128, block_k, 8, 1, 8 if m <= 8 else 4, True, False, True, 16)

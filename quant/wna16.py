@@ -14,7 +14,7 @@ dequantizes once and keeps the dense weight (a CPU run is compute-bound on the u
 and memory is not the constraint there). On the first CUDA call with bf16 activations,
 4-bit words are re-packed once, in place, into the MMA-fragment kernel's interleaved
 nibble order (``tamis.kernels.w4a16_mma``; ``wna16_interleaved`` says so) when that
-kernel takes the layer: decode batches of up to 16 rows run on it, larger ones read the
+kernel takes the layer: decode batches of up to 32 rows run on it, larger ones read the
 same words through the tl.dot and dequantize kernels.
 """
 from __future__ import annotations

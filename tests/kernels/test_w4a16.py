@@ -240,9 +240,9 @@ def test_triton_reads_interleaved_words(unpack_once):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 8, 16, 40, 200])
+@pytest.mark.parametrize("m", [1, 8, 16, 30, 40, 200])
 def test_dispatcher_paths_on_cuda_interleaved(m):
-    """Interleaved words: the MMA-fragment kernel (M <= 16), tl.dot (40), dequantize (200)."""
+    """Interleaved words: the MMA-fragment kernel (M <= 32), tl.dot (40), dequantize (200)."""
     from tamis.kernels.w4a16_mma import mma_pack
     k, n, group_size = 4096, 1024, 128
     _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
