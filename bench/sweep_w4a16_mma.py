@@ -25,14 +25,15 @@ def candidates(m: int, n: int, quick: bool):
     if quick:
         return
     if m <= 16:
-        for bn, warps in ((64, 2), (128, 4), (256, 8), (128, 8)):
-            for split in (2, 4, 8, 16):
-                yield "", MmaConfig(bn, 128, split, 1, warps, True, False, True)
+        for bn, warps in ((64, 2), (128, 4), (128, 8), (256, 8)):
+            for split in (4, 8, 16):
+                for prefetch in (1, 2):
+                    yield "", MmaConfig(bn, 128, split, 1, warps, prefetch, False, True)
         return
-    for max_block_m in (16, 32):
-        for bn, warps in ((64, 2), (128, 4), (128, 8)):
-            for split in (1, 2, 4, 8):
-                yield "", MmaConfig(bn, 128, split, 1, warps, True, False, True, max_block_m)
+    for bn, warps in ((64, 2), (128, 4)):
+        for split in (1, 2, 4, 8):
+            for prefetch in (1, 2):
+                yield "", MmaConfig(bn, 128, split, 1, warps, prefetch, False, True, 16)
 
 
 def main() -> None:

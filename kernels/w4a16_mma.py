@@ -56,7 +56,7 @@ class MmaConfig:
     split_k: int = 4        # programs along K per column block
     warps_m: int = 1        # warps along M (each covers BLOCK_M / warps_m rows)
     warps_n: int = 4        # warps along N
-    prefetch: bool = True   # load the next step's words before this step's arithmetic
+    prefetch: int = 1       # steps of words loaded ahead (swapped kernel: 2 = also x one ahead)
     scale_in_b: bool = False  # (q - z) * s rounded to bf16 in the tile (else fp32 per step)
     swap: bool = False      # out^T = W^T x^T (weight as the A operand; M pads to 8, not 16)
     max_block_m: int = 64   # swapped kernel: rows of x per program (more: a grid axis)
@@ -396,23 +396,36 @@ SCALE mov.b32 {$0, $1}, v0;
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        if PREFETCH:
+        last = k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K  # this split's last step
+        if PREFETCH >= 1:
             ahead = _load_words_t(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
                                   K, EVEN)
+        if PREFETCH >= 2:  # words two steps ahead, x one step ahead
+            k1 = gl.minimum(k_lo + BLOCK_K, last)
+            ahead2 = _load_words_t(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr, mask_wn,
+                                   K, EVEN)
+            x_ahead = _load_x_t(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if PREFETCH:
+            # Past the split's last step a prefetch reloads that step (no bounds check).
+            if PREFETCH >= 2:
                 words = ahead
-                nxt = gl.minimum(k0 + BLOCK_K, k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K)
-                ahead = _load_words_t(w_ptrs, nxt // 8 * stride_qk, nxt // 8 + offs_wr,
+                ahead = ahead2
+                k2 = gl.minimum(k0 + 2 * BLOCK_K, last)
+                ahead2 = _load_words_t(w_ptrs, k2 // 8 * stride_qk, k2 // 8 + offs_wr,
+                                       mask_wn, K, EVEN)
+                x = x_ahead
+                x_ahead = _load_x_t(x_ptrs, gl.minimum(k0 + BLOCK_K, last), offs_xk, mask_xm,
+                                    K, EVEN)
+            elif PREFETCH == 1:
+                words = ahead
+                k1 = gl.minimum(k0 + BLOCK_K, last)
+                ahead = _load_words_t(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
                                       mask_wn, K, EVEN)
+                x = _load_x_t(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             else:
                 words = _load_words_t(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
                                       K, EVEN)
-            if EVEN:
-                x = gl.load(x_ptrs + k0, mask=mask_xm[None, :], other=0.0)
-            else:
-                x = gl.load(x_ptrs + k0, mask=mask_xm[None, :] & (k0 + offs_xk < K)[:, None],
-                            other=0.0)
+                x = _load_x_t(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             xb = _logical_x_t(x, B_LAYOUT)
             g = k0 // GROUP_SIZE
             nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
@@ -439,6 +452,13 @@ SCALE mov.b32 {$0, $1}, v0;
                                      cache_modifier=".cg")
                 gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
                 gl.store(count_ptr + tile, 0)
+
+    @gluon.jit
+    def _load_x_t(x_ptrs, k0, offs_k, mask_m, K, EVEN: gl.constexpr):
+        """The x^T tile of rows k0.. (physical order); rows past M or K read as 0."""
+        if EVEN:
+            return gl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
+        return gl.load(x_ptrs + k0, mask=mask_m[None, :] & (k0 + offs_k < K)[:, None], other=0.0)
 
     @gluon.jit
     def _load_words_t(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
