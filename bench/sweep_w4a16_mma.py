@@ -18,8 +18,8 @@ from bench_quant import SHAPES, graph_time, w4a16_operands  # noqa: E402
 
 
 def candidates(m: int, n: int, quick: bool):
-    """The default, then tiles around it: the swapped kernel (weight as the A operand)
-    and the direct one, 64-256 columns, K split 2-16 ways."""
+    """The default, then tiles around it: 64-256 columns, K split 1-16 ways, words one
+    or two steps ahead."""
     from tamis.kernels.w4a16_mma import MmaConfig, pick_mma_config
     yield "default", pick_mma_config(m, n, 4096, 128)
     if quick:
@@ -28,12 +28,12 @@ def candidates(m: int, n: int, quick: bool):
         for bn, warps in ((64, 2), (128, 4), (128, 8), (256, 8)):
             for split in (4, 8, 16):
                 for prefetch in (1, 2):
-                    yield "", MmaConfig(bn, 128, split, 1, warps, prefetch, False, True)
+                    yield "", MmaConfig(bn, 128, split, warps, prefetch)
         return
     for bn, warps in ((64, 2), (128, 4)):
         for split in (1, 2, 4, 8):
             for prefetch in (1, 2):
-                yield "", MmaConfig(bn, 128, split, 1, warps, prefetch, False, True, 16)
+                yield "", MmaConfig(bn, 128, split, warps, prefetch)
 
 
 def main() -> None:

@@ -3,10 +3,13 @@
 
 Why a second layout. The tl.dot kernel of ``tamis.kernels.w4a16`` unpacks a tile in
 whatever register layout Triton picks for the load, and Triton then moves it through
-shared memory into the layout the tensor core wants. Here the weight is stored so that
-each thread's loaded words already hold exactly the codes of its ``mma.sync`` B fragments
-(Marlin's idea), and Gluon's explicit layouts prove at compile time that no data moves
+shared memory into the layout the tensor core wants. Here each thread's loaded words
+already hold exactly the codes of its ``mma.sync`` fragments (Marlin's idea), and Gluon's
+explicit layouts prove at compile time that no data moves
 (``convert_layout(..., assert_trivial=True)``).
+
+Orientation: out^T = W^T x^T. The weight is the MMA's A operand (m16: 16 output columns)
+and x^T its B operand (n8: 8 rows of x), so decode at M <= 8 pads x to 8 rows, not 16.
 
 Stored layout (``mma_pack``): the canonical words (code j of word r is row 8r + j) with
 each word's nibbles interleaved as AWQ does, codes 0, 2, 4, 6, 1, 3, 5, 7 at nibbles
@@ -23,10 +26,10 @@ Per word, one inline-PTX block (``_UNPACK``)::
     v_j = fma(v_j, 1, -(128 + z))                      # (q_j - z, q_{j+4} - z), exact
 
 (integer zero points: ``q - z`` is an integer of at most 5 bits, exact in bf16). The MMA
-multiplies x [BLOCK_M, BLOCK_K] (bf16, rows past M are zeros) by that tile in fp32, and
-the group scale multiplies each step's product column-wise in fp32: every step lies
-inside one group. K is split over programs; the last program of a column block reduces
-the splits (``tamis.kernels.splitk``).
+multiplies that tile by x^T (rows of x past M are zeros) in fp32, and the group scale
+multiplies each step's product per output column in fp32: every step lies inside one
+group. K is split over programs; the last program of a tile reduces the splits
+(``tamis.kernels.splitk``).
 
 Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
 points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``).
@@ -51,20 +54,17 @@ MMA_MAX_M = 64
 
 @dataclass(frozen=True)
 class MmaConfig:
-    block_n: int = 128      # output columns per program
+    block_n: int = 128      # output columns per program (16 per warp per MMA row block)
     block_k: int = 128      # rows of K per step (inside one group)
-    split_k: int = 4        # programs along K per column block
-    warps_m: int = 1        # warps along M (each covers BLOCK_M / warps_m rows)
-    warps_n: int = 4        # warps along N
-    prefetch: int = 1       # steps of words loaded ahead (swapped kernel: 2 = also x one ahead)
-    scale_in_b: bool = False  # (q - z) * s rounded to bf16 in the tile (else fp32 per step)
-    swap: bool = False      # out^T = W^T x^T (weight as the A operand; M pads to 8, not 16)
-    max_block_m: int = 64   # swapped kernel: rows of x per program (more: a grid axis)
+    split_k: int = 8        # programs along K per column block
+    num_warps: int = 8
+    prefetch: int = 1       # 1: words one step ahead; 2: words two and x one step ahead
+    max_block_m: int = 16   # rows of x per program (more rows: a grid axis)
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
-    """The swapped kernel with tiles from the H200 sweep (bench/results/quant.md): 128
-    columns per program split 8 ways over K (8 warps up to 8 rows, then 4), or on wide
+    """Tiles from the H200 sweep (bench/results/quant.md): 128 columns per program
+    split 8 ways over K (8 warps up to 8 rows, then 4), or on wide
     layers (N >= 8192) 64 columns with 2 warps, split 8 ways at M = 1 and 2 above; steps
     of 128 rows of K, or of the group when it is shorter; 16 rows of x per program.
     17..32 rows: 64 columns with 2 warps split 4 ways (unsplit on wide layers), or 128
@@ -73,13 +73,13 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         64 if group_size % 64 == 0 else 32)
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
-            return MmaConfig(64, block_k, 1, 1, 2, True, False, True, 16)
+            return MmaConfig(64, block_k, 1, 2)
         if k >= 8192:
-            return MmaConfig(128, block_k, 8, 1, 4, True, False, True, 16)
-        return MmaConfig(64, block_k, 4, 1, 2, True, False, True, 16)
+            return MmaConfig(128, block_k, 8, 4)
+        return MmaConfig(64, block_k, 4, 2)
     if n >= 8192:
-        return MmaConfig(64, block_k, 8 if m == 1 else 2, 1, 2, True, False, True, 16)
-    return MmaConfig(128, block_k, 8, 1, 8 if m <= 8 else 4, True, False, True, 16)
+        return MmaConfig(64, block_k, 8 if m == 1 else 2, 2)
+    return MmaConfig(128, block_k, 8, 8 if m <= 8 else 4)
 
 
 def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
@@ -114,12 +114,11 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 if gluon is not None:
 
-    # Per word: $8 the word, $9 the column's -(128 + z) twice as bf16x2 (with the scale,
-    # $10 its scale twice as bf16x2); $0..$7 the (lo, hi) halves of v_0..v_3, bf16.
+    # Per word: $8 the word, $9 the column's -(128 + z) twice as bf16x2; $0..$7 the
+    # (lo, hi) halves of v_0..v_3, bf16.
     _UNPACK_TEMPLATE = """{
- .reg .b32 t1, t2, t3, v0, v1, v2, v3, one, nzero;
+ .reg .b32 t1, t2, t3, v0, v1, v2, v3, one;
  mov.b32 one, 0x3F803F80;
- mov.b32 nzero, 0x80008000;
  shr.u32 t1, $8, 4;
  shr.u32 t2, $8, 8;
  shr.u32 t3, $8, 12;
@@ -131,58 +130,12 @@ if gluon is not None:
  fma.rn.bf16x2 v1, v1, one, $9;
  fma.rn.bf16x2 v2, v2, one, $9;
  fma.rn.bf16x2 v3, v3, one, $9;
-SCALE mov.b32 {$0, $1}, v0;
+ mov.b32 {$0, $1}, v0;
  mov.b32 {$2, $3}, v1;
  mov.b32 {$4, $5}, v2;
  mov.b32 {$6, $7}, v3;
 }"""
-    # Without the scale: (q - z), exact; the scale goes on each step's fp32 product.
-    _UNPACK = gl.constexpr(_UNPACK_TEMPLATE.replace("SCALE", ""))
-    # With it: (q - z) * s rounded to bf16 (as a bf16 checkpoint would hold the weight),
-    # so the MMA accumulates straight into the output tile: no per-step product registers.
-    _UNPACK_SCALED = gl.constexpr(_UNPACK_TEMPLATE.replace("SCALE", "".join(
-        f" fma.rn.bf16x2 v{j}, v{j}, $10, nzero;\n" for j in range(4))))
-
-    @gluon.constexpr_function
-    def _word_layout(b_layout):
-        """The layout of the word tile [BLOCK_K / 8, BLOCK_N] whose unpacked codes land in
-        ``b_layout`` (linear) with no data movement: the B operand's register bases for
-        logical rows 1, 8, 16 become the 8 codes of a word; its other row bases map
-        logical row k' to word row ((k' >> 1) & 3) + 4 * (k' >> 5)."""
-        def to_word(basis):
-            k, n = basis
-            return [((k >> 1) & 3) + 4 * (k >> 5), n]
-        regs = [to_word(b) for b in b_layout.reg_bases if b not in ([1, 0], [8, 0], [16, 0])]
-        shape = [b_layout.shape[0] // 8, b_layout.shape[1]]
-        return gl.DistributedLinearLayout(
-            reg_bases=regs, lane_bases=[to_word(b) for b in b_layout.lane_bases],
-            warp_bases=[to_word(b) for b in b_layout.warp_bases], block_bases=[], shape=shape)
-
-    @gluon.constexpr_function
-    def _x_layout(a_layout):
-        """The layout of the x tile [BLOCK_M, BLOCK_K] in physical row order whose
-        permutation to logical order (``_logical_x``) is ``a_layout`` (linear): every row
-        basis k' goes to pi(k'); the register bases that are physical rows 1, 2, 4 come
-        first, so that each thread's 8 contiguous values load as one vector."""
-        def pi(k):
-            return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
-                    | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
-        regs = [[m, pi(k)] for m, k in a_layout.reg_bases]
-        regs = sorted(regs, key=lambda b: 0 if b in ([0, 1], [0, 2], [0, 4]) else 1)
-        return gl.DistributedLinearLayout(
-            reg_bases=regs, lane_bases=[[m, pi(k)] for m, k in a_layout.lane_bases],
-            warp_bases=[[m, pi(k)] for m, k in a_layout.warp_bases], block_bases=[],
-            shape=a_layout.shape)
-
-    @gluon.jit
-    def _logical_x(x, A_LAYOUT: gl.constexpr):
-        """x [BLOCK_M, BLOCK_K] in physical row order -> logical order, in A_LAYOUT."""
-        BM: gl.constexpr = x.shape[0]
-        BK: gl.constexpr = x.shape[1]
-        t = gl.reshape(x, [BM, BK // 32, 2, 2, 2, 2, 2])  # physical bits 4, 3, 2, 1, 0
-        t = gl.permute(t, [0, 1, 4, 5, 2, 3, 6])            # k' bits 4, 3, 2, 1, 0
-        t = gl.reshape(t, [BM, BK])
-        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+    _UNPACK = gl.constexpr(_UNPACK_TEMPLATE)
 
     @gluon.jit
     def _bf16x2(v):
@@ -190,126 +143,13 @@ SCALE mov.b32 {$0, $1}, v0;
         bits = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
         return bits | (bits << 16)
 
-    @gluon.jit
-    def _unpack_tile(words, nzz, ss, B_LAYOUT: gl.constexpr, SCALE_IN_B: gl.constexpr):
-        """Words [BLOCK_K / 8, BLOCK_N] -> the dequantized tile [BLOCK_K, BLOCK_N] (bf16)
-        in B_LAYOUT: (q - z), times s with SCALE_IN_B."""
-        KW: gl.constexpr = words.shape[0]
-        BN: gl.constexpr = words.shape[1]
-        if SCALE_IN_B:
-            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-                _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
-                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        else:
-            o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-                _UNPACK, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, nzz],
-                dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        # o_{2j+h} is code j + 4h. Joined: h (row bit 0), then j's bits (row bits 3, 4).
-        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
-        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
-        t = gl.join(q0, q1)                            # [KW, BN, h, j0, j1]
-        t = gl.reshape(t, [KW // 4, 4, BN, 2, 2, 2])   # word row = 4 r_hi + r_lo
-        t = gl.permute(t, [0, 5, 4, 1, 3, 2])          # rows: r_hi, j1, j0, r_lo, h
-        t = gl.reshape(t, [KW * 8, BN])
-        return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
-
-    @gluon.jit
-    def _load_words(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
-        """The word tile at ``offset``; past K or N (unless EVEN) words read as 0."""
-        if EVEN:
-            return gl.load(w_ptrs + offset)
-        return gl.load(w_ptrs + offset, mask=(rows * 8 < K)[:, None] & mask_n[None, :], other=0)
-
-    @gluon.jit
-    def _w4_mma_kernel(
-        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
-        M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
-        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, WARPS_M: gl.constexpr,
-        WARPS_N: gl.constexpr, PREFETCH: gl.constexpr, SCALE_IN_B: gl.constexpr,
-        EVEN: gl.constexpr,
-    ):
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[WARPS_M, WARPS_N], instr_shape=[16, 8])
-        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        XL: gl.constexpr = _x_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_M, BLOCK_K]))
-        WL: gl.constexpr = _word_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_N]))
-        BLOCK_KW: gl.constexpr = BLOCK_K // 8
-
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        k_lo = pid_k * K_SPLIT
-        k_hi = gl.minimum(k_lo + K_SPLIT, K)
-        # Index vectors, each in the slice of the layout it addresses.
-        offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(1, WL))
-        offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, WL))
-        offs_xm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, XL))
-        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, XL))
-        offs_cm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, MMA))
-        offs_cn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, MMA))
-        mask_wn = offs_wn < N
-        mask_cn = offs_cn < N
-        mask_xm = offs_xm < M
-        w_ptrs = qw_ptr + offs_wr[:, None] * stride_qk + offs_wn[None, :]
-        x_ptrs = x_ptr + offs_xm[:, None] * stride_xm + offs_xk[None, :]
-
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
-        zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
-        if PREFETCH:
-            ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn, K,
-                                EVEN)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            if PREFETCH:
-                words = ahead
-                # the next step; the last one reloads its own (no bounds check needed)
-                nxt = gl.minimum(k0 + BLOCK_K, k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K)
-                ahead = _load_words(w_ptrs, nxt // 8 * stride_qk, nxt // 8 + offs_wr, mask_wn,
-                                    K, EVEN)
-            else:
-                words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
-                                    K, EVEN)
-            if EVEN:
-                x = gl.load(x_ptrs + k0, mask=mask_xm[:, None], other=0.0)
-            else:
-                x = gl.load(x_ptrs + k0, mask=mask_xm[:, None] & (k0 + offs_xk < K)[None, :],
-                            other=0.0)
-            xa = _logical_x(x, A_LAYOUT)
-            g = k0 // GROUP_SIZE
-            # -(128 + z) as bf16 (exact for integer z)
-            nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
-                                    other=0.0).to(gl.float32) + 128.0))
-            if SCALE_IN_B:
-                ss = _bf16x2(gl.load(s_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0))
-                w = _unpack_tile(words, nzz[None, :], ss[None, :], B_LAYOUT, True)
-                acc = mma_v2(xa, w, acc)
-            else:
-                w = _unpack_tile(words, nzz[None, :], nzz[None, :], B_LAYOUT, False)
-                s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
-                acc += mma_v2(xa, w, zero) * s.to(gl.float32)[None, :]
-
-        out_ptrs = out_ptr + offs_cm[:, None] * stride_om + offs_cn[None, :]
-        out_mask = (offs_cm < M)[:, None] & mask_cn[None, :]
-        if not HAS_SPLIT:
-            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
-        else:
-            part_ptrs = part_ptr + offs_cm[:, None] * N + offs_cn[None, :]
-            gl.store(part_ptrs + pid_k * BLOCK_M * N, acc, mask=out_mask)
-            gl.thread_barrier()  # every thread's partials are stored before the count
-            done = gl.atomic_add(count_ptr + pid_n, 1)
-            if done == SPLIT - 1:
-                total = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)
-                for sk in range(SPLIT):
-                    total += gl.load(part_ptrs + sk * BLOCK_M * N, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
-                gl.store(count_ptr + pid_n, 0)
-
-
     @gluon.constexpr_function
-    def _word_layout_t(a_layout):
-        """``_word_layout`` for the weight as the A operand: tile [BLOCK_N, BLOCK_K / 8]
-        from the A layout of [BLOCK_N, BLOCK_K] (bases [n, k'])."""
+    def _word_layout(a_layout):
+        """The layout of the word tile [BLOCK_N, BLOCK_K / 8] whose unpacked codes land in
+        ``a_layout`` (the A operand's linear layout of [BLOCK_N, BLOCK_K], bases [n, k'])
+        with no data movement: its register bases for logical rows 1, 8, 16 become the 8
+        codes of a word; its other row bases map k' to word row
+        ((k' >> 1) & 3) + 4 * (k' >> 5)."""
         def to_word(basis):
             n, k = basis
             return [n, ((k >> 1) & 3) + 4 * (k >> 5)]
@@ -320,8 +160,12 @@ SCALE mov.b32 {$0, $1}, v0;
             warp_bases=[to_word(b) for b in a_layout.warp_bases], block_bases=[], shape=shape)
 
     @gluon.constexpr_function
-    def _x_layout_t(b_layout):
-        """``_x_layout`` for x^T [BLOCK_K, BLOCK_M] as the B operand (bases [k', m])."""
+    def _x_layout(b_layout):
+        """The layout of the x^T tile [BLOCK_K, BLOCK_M] in physical row order whose
+        permutation to logical order (``_logical_x``) is ``b_layout`` (the B operand's
+        linear layout, bases [k', m]): every row basis k' goes to pi(k'); the register
+        bases that are physical rows 1, 2, 4 come first, so that each thread's 8
+        contiguous values load as one vector."""
         def pi(k):
             return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
                     | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
@@ -333,7 +177,7 @@ SCALE mov.b32 {$0, $1}, v0;
             shape=b_layout.shape)
 
     @gluon.jit
-    def _logical_x_t(x, B_LAYOUT: gl.constexpr):
+    def _logical_x(x, B_LAYOUT: gl.constexpr):
         """x^T [BLOCK_K, BLOCK_M] in physical row order -> logical order, in B_LAYOUT."""
         BK: gl.constexpr = x.shape[0]
         BM: gl.constexpr = x.shape[1]
@@ -343,7 +187,7 @@ SCALE mov.b32 {$0, $1}, v0;
         return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _unpack_tile_t(words, nzz, A_LAYOUT: gl.constexpr):
+    def _unpack_tile(words, nzz, A_LAYOUT: gl.constexpr):
         """Words [BLOCK_N, BLOCK_K / 8] -> (q - z) [BLOCK_N, BLOCK_K] (bf16) in A_LAYOUT."""
         BN: gl.constexpr = words.shape[0]
         KW: gl.constexpr = words.shape[1]
@@ -359,7 +203,7 @@ SCALE mov.b32 {$0, $1}, v0;
         return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _w4_mma_swap_kernel(
+    def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -373,8 +217,8 @@ SCALE mov.b32 {$0, $1}, v0;
             version=[2, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        WL: gl.constexpr = _word_layout_t(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]))
-        XL: gl.constexpr = _x_layout_t(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
+        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]))
+        XL: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
         BLOCK_KW: gl.constexpr = BLOCK_K // 8
 
         pid_n = gl.program_id(0)
@@ -398,39 +242,39 @@ SCALE mov.b32 {$0, $1}, v0;
         zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         last = k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K  # this split's last step
         if PREFETCH >= 1:
-            ahead = _load_words_t(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
+            ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
                                   K, EVEN)
         if PREFETCH >= 2:  # words two steps ahead, x one step ahead
             k1 = gl.minimum(k_lo + BLOCK_K, last)
-            ahead2 = _load_words_t(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr, mask_wn,
+            ahead2 = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr, mask_wn,
                                    K, EVEN)
-            x_ahead = _load_x_t(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
+            x_ahead = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             # Past the split's last step a prefetch reloads that step (no bounds check).
             if PREFETCH >= 2:
                 words = ahead
                 ahead = ahead2
                 k2 = gl.minimum(k0 + 2 * BLOCK_K, last)
-                ahead2 = _load_words_t(w_ptrs, k2 // 8 * stride_qk, k2 // 8 + offs_wr,
+                ahead2 = _load_words(w_ptrs, k2 // 8 * stride_qk, k2 // 8 + offs_wr,
                                        mask_wn, K, EVEN)
                 x = x_ahead
-                x_ahead = _load_x_t(x_ptrs, gl.minimum(k0 + BLOCK_K, last), offs_xk, mask_xm,
+                x_ahead = _load_x(x_ptrs, gl.minimum(k0 + BLOCK_K, last), offs_xk, mask_xm,
                                     K, EVEN)
             elif PREFETCH == 1:
                 words = ahead
                 k1 = gl.minimum(k0 + BLOCK_K, last)
-                ahead = _load_words_t(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
+                ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
                                       mask_wn, K, EVEN)
-                x = _load_x_t(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
+                x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             else:
-                words = _load_words_t(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
+                words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
                                       K, EVEN)
-                x = _load_x_t(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
-            xb = _logical_x_t(x, B_LAYOUT)
+                x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
+            xb = _logical_x(x, B_LAYOUT)
             g = k0 // GROUP_SIZE
             nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
                                     other=0.0).to(gl.float32) + 128.0))
-            w = _unpack_tile_t(words, nzz[:, None], A_LAYOUT)
+            w = _unpack_tile(words, nzz[:, None], A_LAYOUT)
             s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
             acc += mma_v2(w, xb, zero) * s.to(gl.float32)[:, None]
 
@@ -454,15 +298,15 @@ SCALE mov.b32 {$0, $1}, v0;
                 gl.store(count_ptr + tile, 0)
 
     @gluon.jit
-    def _load_x_t(x_ptrs, k0, offs_k, mask_m, K, EVEN: gl.constexpr):
+    def _load_x(x_ptrs, k0, offs_k, mask_m, K, EVEN: gl.constexpr):
         """The x^T tile of rows k0.. (physical order); rows past M or K read as 0."""
         if EVEN:
             return gl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
         return gl.load(x_ptrs + k0, mask=mask_m[None, :] & (k0 + offs_k < K)[:, None], other=0.0)
 
     @gluon.jit
-    def _load_words_t(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
-        """``_load_words`` for the transposed tile [BLOCK_N, BLOCK_K / 8]."""
+    def _load_words(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):
+        """The word tile at ``offset``; past K or N (unless EVEN) words read as 0."""
         if EVEN:
             return gl.load(w_ptrs + offset)
         return gl.load(w_ptrs + offset, mask=(rows * 8 < K)[None, :] & mask_n[:, None], other=0)
@@ -484,39 +328,23 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
-    if config.swap:
-        block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
-                                                            (32 if m <= 32 else 64)))
-    else:
-        block_m = max(16 * config.warps_m, 16 if m <= 16 else (32 if m <= 32 else 64))
+    block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
+                                                        (32 if m <= 32 else 64)))
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = -(-n // config.block_n)
+    m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    m_blocks = -(-m // block_m) if config.swap else 1
     if splits > 1:
-        rows = m if config.swap else block_m
-        partials = torch.empty((splits, rows, n), dtype=torch.float32, device=x.device)
+        partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
         counters = split_counters(x.device, blocks * m_blocks)
     else:
         partials = counters = out  # unused
-    even = k % k_split == 0 and n % config.block_n == 0
-    if config.swap:
-        _w4_mma_swap_kernel[(blocks, splits, m_blocks)](
-            x, packed, scales, zeros, out, partials, counters,
-            m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
-            GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
-            NUM_WARPS=config.warps_m * config.warps_n, PREFETCH=config.prefetch, EVEN=even,
-            num_warps=config.warps_m * config.warps_n,
-        )
-        return out
-    _w4_mma_kernel[(blocks, splits)](
+    _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
-        WARPS_M=config.warps_m, WARPS_N=config.warps_n, PREFETCH=config.prefetch,
-        SCALE_IN_B=config.scale_in_b,
-        EVEN=even, num_warps=config.warps_m * config.warps_n,
+        NUM_WARPS=config.num_warps, PREFETCH=config.prefetch,
+        EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

@@ -48,13 +48,9 @@ def test_supported_cases():
     assert not mma_supported(torch.zeros(65, 576, dtype=torch.bfloat16), 576, 64, 4)
 
 
-_CONFIGS = [None, MmaConfig(128, 64, 1, 1, 4, False, False), MmaConfig(64, 32, 3, 1, 2, True, True),
-            MmaConfig(128, 64, 4, 2, 2, True, True), MmaConfig(256, 128, 2, 1, 8, True, False),
-            MmaConfig(128, 128, 4, 1, 4, True, False, True),
-            MmaConfig(64, 64, 1, 1, 2, False, False, True),
-            MmaConfig(256, 32, 3, 1, 8, True, False, True),
-            MmaConfig(128, 128, 8, 1, 8, 2, False, True, 16),
-            MmaConfig(64, 64, 3, 1, 2, 2, False, True, 16)]
+_CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
+            MmaConfig(128, 128, 4, 4, 2, 16), MmaConfig(256, 128, 2, 8, 0, 32),
+            MmaConfig(64, 64, 1, 2, 2, 64), MmaConfig(256, 32, 3, 8, 1, 8)]
 
 
 @pytest.mark.gpu
