@@ -30,10 +30,12 @@ def candidates(m: int, n: int, quick: bool):
                 for prefetch in (1, 2):
                     yield "", MmaConfig(bn, 128, split, warps, prefetch)
         return
-    for bn, warps in ((64, 2), (128, 4)):
+    rows = 64 if m > 32 else 32
+    for bn, bk, warps, warps_m in ((64, 64, 4, 4), (64, 128, 4, 4), (32, 128, 4, 4),
+                                   (128, 64, 8, 4), (64, 64, 8, 2), (128, 128, 8, 2),
+                                   (64, 128, 4, 2)):
         for split in (1, 2, 4, 8):
-            for prefetch in (1, 2):
-                yield "", MmaConfig(bn, 128, split, warps, prefetch)
+            yield "", MmaConfig(bn, bk, split, warps, 1, rows, warps_m)
 
 
 def main() -> None:

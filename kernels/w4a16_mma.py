@@ -60,6 +60,9 @@ class MmaConfig:
     num_warps: int = 8
     prefetch: int = 1       # 1: words one step ahead; 2: words two and x one step ahead
     max_block_m: int = 16   # rows of x per program (more rows: a grid axis)
+    # Warps splitting the rows of x (each unpacks the whole weight tile: more dequantizing,
+    # x fragments not replicated); the others split the columns.
+    warps_m: int = 1
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -208,13 +211,14 @@ if gluon is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
+        WARPS_M: gl.constexpr,
         PREFETCH: gl.constexpr, EVEN: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
         pads to 8 rows, not 16, and each MMA's x fragment is one contiguous load."""
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 8])
+            version=[2, 0], warps_per_cta=[NUM_WARPS // WARPS_M, WARPS_M], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]))
@@ -344,7 +348,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
-        NUM_WARPS=config.num_warps, PREFETCH=config.prefetch,
+        NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

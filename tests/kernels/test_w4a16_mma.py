@@ -73,3 +73,23 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
     assert got.dtype == torch.bfloat16 and got.shape == expected.shape
     tol = 1e-2 * expected.abs().max().item()
     torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 20, 33, 64])
+@pytest.mark.parametrize("config", [MmaConfig(64, 64, 2, 4, 1, 64, 4),
+                                    MmaConfig(128, 128, 3, 8, 2, 32, 2),
+                                    MmaConfig(32, 32, 1, 4, 1, 64, 4)])
+def test_kernel_rows_split_over_warps(m, config):
+    k, n, group_size = 576, 200, 32 if config.block_k == 32 else 64
+    if config.block_k == 128:
+        k, group_size = 1024, 128
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + 7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size, config)
+    tol = 1e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
