@@ -193,15 +193,21 @@ def test_pick_config_splits_k_only_when_columns_are_few():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 3, 40, 200])
-def test_dispatcher_paths_on_cuda(m):
-    """GEMV (M = 1), tl.dot with split-K (M = 3, 40), dequantize + cuBLAS (M = 200)."""
+@pytest.mark.parametrize("m,interleaved", [(1, False), (3, False), (40, False), (200, False),
+                                           (1, True), (8, True), (16, True), (30, True),
+                                           (40, True), (200, True)])
+def test_dispatcher_paths_on_cuda(m, interleaved):
+    """Canonical words: GEMV (M = 1), tl.dot with split-K (3, 40), dequantize + cuBLAS
+    (200). Interleaved words: the MMA-fragment kernel (M <= 32), tl.dot (40), dequantize."""
+    from tamis.kernels.w4a16_mma import mma_pack
     k, n, group_size = 4096, 1024, 128
     _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
                                     group_size)
-    got = w4a16.w4a16_gemm(x.cuda(), qweight.cuda(), scales.cuda(), zeros.cuda(), group_size)
+    words = mma_pack(qweight, k) if interleaved else qweight
+    got = w4a16.w4a16_gemm(x.cuda(), words.cuda(), scales.cuda(), zeros.cuda(), group_size,
+                           interleaved=interleaved)
     tol = 2e-2 * expected.abs().max().item()
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
 
@@ -236,20 +242,3 @@ def test_triton_reads_interleaved_words(unpack_once):
                                     k, torch.float32, interleaved=True)
     assert torch.equal(dense.cpu(), w4a16.dequantize_wna16(qweight, scales, zeros, group_size,
                                                            4, k))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m", [1, 8, 16, 30, 40, 200])
-def test_dispatcher_paths_on_cuda_interleaved(m):
-    """Interleaved words: the MMA-fragment kernel (M <= 32), tl.dot (40), dequantize (200)."""
-    from tamis.kernels.w4a16_mma import mma_pack
-    k, n, group_size = 4096, 1024, 128
-    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
-                                    group_size)
-    got = w4a16.w4a16_gemm(x.cuda(), mma_pack(qweight, k).cuda(), scales.cuda(), zeros.cuda(),
-                           group_size, interleaved=True)
-    tol = 2e-2 * expected.abs().max().item()
-    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
