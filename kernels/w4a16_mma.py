@@ -211,8 +211,7 @@ if gluon is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
-        WARPS_M: gl.constexpr,
-        PREFETCH: gl.constexpr, EVEN: gl.constexpr,
+        WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, EVEN: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -247,11 +246,11 @@ if gluon is not None:
         last = k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K  # this split's last step
         if PREFETCH >= 1:
             ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
-                                  K, EVEN)
+                                K, EVEN)
         if PREFETCH >= 2:  # words two steps ahead, x one step ahead
             k1 = gl.minimum(k_lo + BLOCK_K, last)
             ahead2 = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr, mask_wn,
-                                   K, EVEN)
+                                 K, EVEN)
             x_ahead = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             # Past the split's last step a prefetch reloads that step (no bounds check).
@@ -260,19 +259,19 @@ if gluon is not None:
                 ahead = ahead2
                 k2 = gl.minimum(k0 + 2 * BLOCK_K, last)
                 ahead2 = _load_words(w_ptrs, k2 // 8 * stride_qk, k2 // 8 + offs_wr,
-                                       mask_wn, K, EVEN)
+                                     mask_wn, K, EVEN)
                 x = x_ahead
                 x_ahead = _load_x(x_ptrs, gl.minimum(k0 + BLOCK_K, last), offs_xk, mask_xm,
-                                    K, EVEN)
+                                  K, EVEN)
             elif PREFETCH == 1:
                 words = ahead
                 k1 = gl.minimum(k0 + BLOCK_K, last)
                 ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
-                                      mask_wn, K, EVEN)
+                                    mask_wn, K, EVEN)
                 x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             else:
                 words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
-                                      K, EVEN)
+                                    K, EVEN)
                 x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             xb = _logical_x(x, B_LAYOUT)
             g = k0 // GROUP_SIZE
@@ -334,6 +333,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
+    block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
