@@ -151,10 +151,11 @@ class TailTokens:
 
     def rest(self, k: int, exit_bytes: np.ndarray, stops: bool) -> tuple[np.ndarray, np.ndarray]:
         """(ids, run) of the tokens not in ``upto(k)`` that may survive: those leaving the
-        run on an ``exit_bytes`` byte, and (unless ``stops``) all-C tails longer than k."""
-        ids, run = self.exit_any.select(exit_bytes)
-        if stops:
-            return ids, run
+        run on an ``exit_bytes`` byte, and (unless ``stops``) those whose run -- all-C tail
+        or not -- is longer than k (they go on from s_k, outside the chain)."""
+        if stops:                      # a run longer than k dies on its byte k + 1
+            return self.exit_any.select(exit_bytes)
+        ids, run = self.exit_any.select(exit_bytes, longer_than=k)
         cut = np.searchsorted(self.all_in_lengths, k, side="right")
         return (np.concatenate((ids, self.all_in[cut:])),
                 np.concatenate((run, self.all_in_lengths[cut:])))
@@ -163,25 +164,36 @@ class TailTokens:
 class ExitBuckets:
     """Tokens that leave a class run: ``ids`` with ``run`` class bytes from position
     ``offset``, grouped by the byte that ends the run (the *exit byte*), so a state's live
-    bytes pick the tokens worth walking: ``select(live)`` -> (ids, run)."""
+    bytes pick the tokens worth walking: ``select(live)`` -> (ids, run).
+
+    The exit byte decides only for runs a chain covers: a run longer than the chain's K
+    bytes goes on through states outside the chain, where other bytes may be live, so
+    ``select(live, longer_than=K)`` also keeps every token whose run exceeds K."""
 
     def __init__(self, table: TokenTable, ids: np.ndarray, run: np.ndarray, offset: int):
         exit_byte = table.flat[table.offsets[ids] + offset + run].astype(np.int64)
         order = np.argsort(exit_byte, kind="stable")
         self.ids, self.run = ids[order], run[order].astype(np.int64)
-        self.start = np.searchsorted(exit_byte[order], np.arange(257))
+        self.exit_byte = exit_byte[order]
+        self.start = np.searchsorted(self.exit_byte, np.arange(257))
+        self.by_run = np.argsort(self.run, kind="stable")       # positions, shortest run first
+        self.sorted_run = self.run[self.by_run]
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def select(self, live: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, run) of the tokens whose exit byte is in ``live`` (bool[256])."""
+    def select(self, live: np.ndarray, longer_than: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, run) of the tokens whose exit byte is in ``live`` (bool[256]), and, with
+        ``longer_than``, of those whose run is longer than it (whatever their exit byte)."""
         if live.all():
             return self.ids, self.run
         start = self.start
-        parts = [(start[x], start[x + 1]) for x in np.flatnonzero(live).tolist()
+        parts = [np.arange(start[x], start[x + 1]) for x in np.flatnonzero(live).tolist()
                  if start[x + 1] > start[x]]
+        if longer_than is not None:
+            longer = self.by_run[np.searchsorted(self.sorted_run, longer_than, side="right"):]
+            parts.append(longer[~live[self.exit_byte[longer]]])       # not already in parts
         if not parts:
             return self.ids[:0], self.run[:0]
-        index = np.concatenate([np.arange(a, b) for a, b in parts])
+        index = np.concatenate(parts)
         return self.ids[index], self.run[index]

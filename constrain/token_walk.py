@@ -118,7 +118,9 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
         if chain.loops_after_one:
             ids, run = chain.tokens.rest_in.select(dfa.row(int(chain.states[1])) >= 0)
         else:
-            ids, run = chain.tokens.rest_in.select(chain.exit_bytes)
+            # runs longer than k go on from s_k, where bytes outside exit_bytes may be live
+            longer_than = None if chain.stops else k
+            ids, run = chain.tokens.rest_in.select(chain.exit_bytes, longer_than)
             run = np.minimum(run, k)
             if not chain.stops:
                 longer = chain.tokens.longer_than(k)
