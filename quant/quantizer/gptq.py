@@ -88,7 +88,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
                   sym: bool, act_order: bool, damp: float = 0.01, block_size: int = 128,
                   min_zero: int = 0, search: bool = True, weighted_clip: bool = False,
                   static_groups: bool = False, act_order_block: int = 1,
-                  grids: tuple[torch.Tensor, torch.Tensor] | None = None) -> QuantizedWeight:
+                  grids: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  prefit: bool = False) -> QuantizedWeight:
     """weight [N, K] float; hessian [K, K]. Returns codes in the original column order.
     Each group's grid is fitted (``fit_grid``, clipping search unless ``search`` is
     False) on its error-updated weights when the solve reaches the group's first column.
@@ -98,7 +99,9 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     original weights before the solve (``g_idx`` = column // group). ``grids``: the
     (scales, zeros) [N, G] of a previous call with the same arguments, held fixed (no
     fitting; the same groups, hence the same ``g_idx``). ``act_order_block``: act order
-    over runs of that many contiguous columns (``visiting_order``)."""
+    over runs of that many contiguous columns (``visiting_order``). ``prefit`` (dynamic
+    groups): each group's grid is fitted before the solve on the original weights of its
+    columns, as static groups do, instead of on the error-updated ones."""
     n, k = weight.shape
     perm = visiting_order(hessian, act_order, act_order_block)
     group = k if group_size == -1 else group_size
@@ -109,16 +112,18 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     static = static_groups and act_order
     if grids is not None:
         scales, zeros = grids[0].clone(), grids[1].clone()
-    elif static:
+    elif static or prefit:
         for g in range(groups):
-            cols = slice(g * group, min((g + 1) * group, k))
-            block = hessian[cols, cols] if weighted_clip else None
+            # Static: the contiguous columns of group g; prefit: those visited g-th.
+            cols = torch.arange(g * group, min((g + 1) * group, k))
+            cols = cols if static else perm[cols]
+            block = hessian[cols][:, cols] if weighted_clip else None
             scales[:, g], zeros[:, g] = fit_grid(weight[:, cols], bits, sym, min_zero,
                                                  search=search, hessian=block)
     grid = {}
 
     def round_column(position: int, column: torch.Tensor, pending) -> torch.Tensor:
-        if static or grids is not None:
+        if static or prefit or grids is not None:
             g = int(perm[position]) // group if static else position // group
             scale, zero = scales[:, g], zeros[:, g]
         else:

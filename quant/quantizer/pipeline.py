@@ -61,9 +61,15 @@ class QuantizeOptions:
     # GPTQ --desc-act: act order over runs of this many contiguous columns (1: GPTQ's
     # column act order); dynamic groups are then unions of whole runs.
     act_order_block: int = 1
+    # GPTQ --desc-act (dynamic groups): fit each group's grid before the solve on the
+    # original weights of its columns (as static groups do), not on the error-updated ones.
+    prefit_grids: bool = False
     # GPTQ: rounds of (least-squares refit of the scales for the codes found, GPTQ again
     # with those grids held), then a last refit (refit.py); 0: GPTQ's own grids.
     refine: int | None = None
+    # A last least-squares refit of the scales for the final codes (refit.py); None: on
+    # when ``refine`` is (the refit that ends each refine round).
+    refit: bool | None = None
     descent: int | None = None  # rounds of (coordinate descent on the codes, refit)
     # AWQ: round the scaled weights with GPTQ (default; static groups, refine 1) instead
     # of RTN (AutoAWQ's rounding: --no-awq-gptq).
@@ -103,6 +109,9 @@ class QuantizeOptions:
                                         and self.group_size % self.act_order_block):
             raise ValueError(f"--act-order-block {self.act_order_block} must divide the "
                              f"group size {self.group_size}")
+        if self.prefit_grids and not (self.method == "gptq" and self.desc_act
+                                      and not self.rtn):
+            raise ValueError("--prefit-grids needs --method gptq --desc-act")
         if self.awq_gptq and self.method != "awq":
             raise ValueError("--awq-gptq needs --method awq")
         if self.awq_gptq and self.rtn:
@@ -110,6 +119,11 @@ class QuantizeOptions:
         for name, value in DEFAULTS[self.method](self).items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
+        if self.refit and (self.rtn or self.method == "fp8"):
+            raise ValueError("--refit needs calibration and an integer grid: "
+                             "--method gptq or awq without --rtn")
+        if self.refit is None:
+            self.refit = bool(self.refine) and not self.rtn and self.method != "fp8"
 
 
 def _defaults_gptq(options: QuantizeOptions) -> dict:
@@ -309,7 +323,8 @@ def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeO
                      act_order=options.desc_act or options.static_groups, damp=options.damp,
                      min_zero=_min_zero(options), weighted_clip=options.output_clip,
                      static_groups=options.static_groups,
-                     act_order_block=options.act_order_block)
+                     act_order_block=options.act_order_block,
+                     prefit=options.prefit_grids and not options.static_groups)
     quantized = gptq_quantize(weight, hessian, **arguments)
     for _ in range(options.refine):
         quantized = refit_scales(weight, hessian, quantized)
@@ -320,9 +335,9 @@ def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeO
 
 def _polish(weight: torch.Tensor, hessian: torch.Tensor, quantized: QuantizedWeight,
             options: QuantizeOptions) -> QuantizedWeight:
-    """A last refit of the scales after ``refine``, and ``descent`` rounds of coordinate
+    """A last refit of the scales (``refit``), and ``descent`` rounds of coordinate
     descent on the codes (each followed by a refit), under the damped Hessian."""
-    if options.refine:
+    if options.refit:
         quantized = refit_scales(weight, hessian, quantized)
     if options.descent:
         h = hessian.to(torch.float64)
@@ -350,7 +365,7 @@ def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
     then ``refine`` / ``descent`` (``_polish``)."""
     seen: dict[str, list[torch.Tensor]] = {}
     hessians: dict[str, HessianAccumulator] = {}
-    need_hessian = options.output_clip or options.refine or options.descent
+    need_hessian = options.output_clip or options.refit or options.descent
 
     def on_input(name: str, x: torch.Tensor) -> None:
         seen.setdefault(name, []).append(x)

@@ -59,9 +59,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--act-order-block", type=int, default=1, metavar="B",
                         help="gptq --desc-act: act order over runs of B contiguous columns "
                              "(B divides the group size; default 1: per column)")
+    parser.add_argument("--prefit-grids", action="store_true",
+                        help="gptq --desc-act: fit each dynamic group's grid on the original "
+                             "weights of its columns before the solve (as static groups do)")
     parser.add_argument("--refine", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
                              "those grids, then a last refit (default 1; 0 = off)")
+    parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
+                        help="gptq, awq: a last least-squares refit of the scales for the "
+                             "final codes (default: on when --refine is above 0)")
     parser.add_argument("--descent", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of coordinate descent on the codes + "
                              "scale refit (default 0)")
@@ -94,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
                                   seq_len=args.seq_len, true_sequential=args.true_sequential,
                                   output_clip=args.output_clip, static_groups=args.static_groups,
                                   act_order_block=args.act_order_block,
-                                  refine=args.refine, descent=args.descent,
+                                  prefit_grids=args.prefit_grids,
+                                  refine=args.refine, refit=args.refit,
+                                  descent=args.descent,
                                   awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
                                   **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()

@@ -81,6 +81,16 @@ def test_awq_defaults_to_gptq_rounding_with_static_groups():
         QuantizeOptions("awq", awq_scales=True)
 
 
+def test_refit_defaults_to_refine_and_needs_an_integer_grid():
+    assert QuantizeOptions("gptq").refit  # static groups: refine 1 ends with a refit
+    dynamic = QuantizeOptions("gptq", desc_act=True, sym=False, refit=True)
+    assert dynamic.refine == 0 and dynamic.refit
+    with pytest.raises(ValueError, match="--refit needs"):
+        QuantizeOptions("gptq", rtn=True, refit=True)
+    with pytest.raises(ValueError, match="--refit needs"):
+        QuantizeOptions("fp8", refit=True)
+
+
 def test_static_groups_keep_contiguous_g_idx_with_act_order():
     h = _correlated_hessian(96)
     w = torch.randn(16, 96)
@@ -143,15 +153,19 @@ def test_awq_scale_search_handles_a_partial_last_group():
     ("awq", dict(group_size=64, awq_gptq=False)),
     ("gptq", dict(desc_act=True, sym=False, awq_scales=True)),
     ("gptq", dict(desc_act=True, group_size=32, act_order_block=8)),
+    ("gptq", dict(desc_act=True, sym=False, refit=True)),
+    ("gptq", dict(desc_act=True, sym=False, group_size=32, act_order_block=8,
+                  prefit_grids=True, refine=1)),
 ])
 def test_new_options_round_trip(one_layer, samples, tmp_path, method, options):
     _round_trip(one_layer, tmp_path, QuantizeOptions(method, **options), samples, layers=1)
 
 
-@pytest.mark.parametrize("sym,act_order,static,block", [
-    (True, False, False, 1), (False, True, False, 1), (True, True, True, 1),
-    (False, True, False, 8), (True, True, False, 8)])
-def test_error_feedback_sees_the_written_weight(monkeypatch, sym, act_order, static, block):
+@pytest.mark.parametrize("sym,act_order,static,block,prefit", [
+    (True, False, False, 1, False), (False, True, False, 1, False), (True, True, True, 1, False),
+    (False, True, False, 8, False), (True, True, False, 8, False), (False, True, False, 8, True)])
+def test_error_feedback_sees_the_written_weight(monkeypatch, sym, act_order, static, block,
+                                                prefit):
     """Each column GPTQ rounds (and feeds the error of) is the column the returned codes,
     scales, zeros and g_idx dequantize to: a mismatch would leave errors uncorrected."""
     from tamis.quant.quantizer import gptq
@@ -169,7 +183,8 @@ def test_error_feedback_sees_the_written_weight(monkeypatch, sym, act_order, sta
     h = _correlated_hessian(96)
     w = torch.randn(16, 96)
     qw = gptq.gptq_quantize(w, h, 4, 32, sym, act_order, min_zero=0 if sym else 1,
-                            weighted_clip=True, static_groups=static, act_order_block=block)
+                            weighted_clip=True, static_groups=static, act_order_block=block,
+                            prefit=prefit)
     fed = torch.stack([seen[p] for p in range(96)], dim=1)
     assert torch.equal(fed, qw.dequantize()[:, seen["perm"]])
 
@@ -189,6 +204,26 @@ def test_act_order_block_groups_are_unions_of_runs():
     assert bool((runs == runs[:, :1]).all())  # each run of 8 columns sits in one group
     assert torch.equal(torch.bincount(qw.g_idx.long()), torch.full((4,), 32))
     assert not torch.equal(qw.g_idx.long(), torch.arange(128) // 32)
+
+
+def test_prefit_grids_fit_dynamic_groups_on_the_original_weights():
+    """With ``prefit`` each dynamic group's grid is the one fitted on the original weights
+    of the columns g_idx puts in it; the groups (g_idx) are those of plain act order."""
+    h = _correlated_hessian(96)
+    w = torch.randn(16, 96)
+    qw = gptq_quantize(w, h, 4, 32, False, True, min_zero=1, weighted_clip=True,
+                       act_order_block=8, prefit=True)
+    plain = gptq_quantize(w, h, 4, 32, False, True, min_zero=1, weighted_clip=True,
+                          act_order_block=8)
+    assert torch.equal(qw.g_idx, plain.g_idx)
+    for g in range(3):
+        cols = torch.nonzero(qw.g_idx == g).flatten()
+        order = visiting_order(h, True, 8)
+        cols = order[torch.isin(order, cols)]  # the order the fit saw them in
+        scale, zero = fit_grid(w[:, cols], 4, False, 1, hessian=h[cols][:, cols])
+        assert torch.equal(qw.scales[:, g], scale) and torch.equal(qw.zeros[:, g], zero)
+    with pytest.raises(ValueError, match="--prefit-grids needs"):
+        QuantizeOptions("gptq", prefit_grids=True)
 
 
 def test_act_order_block_needs_desc_act_and_must_divide_the_group():
