@@ -102,3 +102,21 @@ def test_run_past_a_cut_chain_is_walked_on():
     ends: list = []
     assert (allowed(table, dfa, dfa.start, ends) == want).all()
     assert {(int(t), int(k)) for tok, cut in ends for t, k in zip(tok, cut)} == want_ends
+
+
+def test_tail_run_past_a_cut_chain_is_walked_on():
+    """The same through a first-byte group (>= 256 tokens starting with \", cached tails):
+    \" leads to a state whose [a-z] chain is cut after K = 1; the tails "ax0\n..." run past
+    it and must be walked on (mask), and '"ax0\n"x' ends the string after 6 bytes (ends)."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = [None] + [f'"{a}{b}'.encode() for a in letters for b in letters[:12]]
+    vocab += [b'"ax0\n', b'"bx1\n"', b'"ax0\n"x', b'"axx0', b'"a0', b'"ab"']
+    dfa = LazyDFA(parse_regex(r'"[a-z]{1,3}(x[0-9]\n)?"'))
+    table = TokenTable(vocab)
+    want, want_ends = reference(dfa, dfa.start, vocab)
+    assert want[-6:].tolist() == [True, True, False, True, False, True]
+    assert (allowed(table, dfa, dfa.start) == want).all()
+    ends: list = []
+    assert (allowed(table, dfa, dfa.start, ends) == want).all()
+    assert {(int(t), int(k)) for tok, cut in ends for t, k in zip(tok, cut)} == want_ends
+    assert (len(vocab) - 4, 6) in want_ends
