@@ -56,15 +56,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "grids fitted first (default on without --desc-act, where the "
                              "checkpoint stays a plain one; with --desc-act it is AutoGPTQ's "
                              "static_groups: g_idx = column // group)")
-    parser.add_argument("--act-order-block", type=int, default=1, metavar="B",
+    parser.add_argument("--act-order-block", type=int, default=None, metavar="B",
                         help="gptq --desc-act: act order over runs of B contiguous columns "
-                             "(B divides the group size; default 1: per column)")
+                             "(B divides the group size; default: a quarter group, at most "
+                             "32, with --refine 1; 1: GPTQ's per-column act order)")
     parser.add_argument("--prefit-grids", action="store_true",
                         help="gptq --desc-act: fit each dynamic group's grid on the original "
                              "weights of its columns before the solve (as static groups do)")
     parser.add_argument("--refine", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
-                             "those grids, then a last refit (default 1; 0 = off)")
+                             "those grids, then a last refit (default 1; 0 = off; default 0 "
+                             "with per-column act order: --desc-act --act-order-block 1)")
     parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
                         help="gptq, awq: a last least-squares refit of the scales for the "
                              "final codes (default: on when --refine is above 0)")

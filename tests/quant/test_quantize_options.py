@@ -83,7 +83,7 @@ def test_awq_defaults_to_gptq_rounding_with_static_groups():
 
 def test_refit_defaults_to_refine_and_needs_an_integer_grid():
     assert QuantizeOptions("gptq").refit  # static groups: refine 1 ends with a refit
-    dynamic = QuantizeOptions("gptq", desc_act=True, sym=False, refit=True)
+    dynamic = QuantizeOptions("gptq", desc_act=True, sym=False, act_order_block=1, refit=True)
     assert dynamic.refine == 0 and dynamic.refit
     with pytest.raises(ValueError, match="--refit needs"):
         QuantizeOptions("gptq", rtn=True, refit=True)
@@ -224,6 +224,17 @@ def test_prefit_grids_fit_dynamic_groups_on_the_original_weights():
         assert torch.equal(qw.scales[:, g], scale) and torch.equal(qw.zeros[:, g], zero)
     with pytest.raises(ValueError, match="--prefit-grids needs"):
         QuantizeOptions("gptq", prefit_grids=True)
+
+
+def test_dynamic_act_order_defaults_to_runs_of_a_quarter_group_with_refine():
+    for group, block in ((128, 32), (64, 16), (32, 8), (-1, 32)):
+        options = QuantizeOptions("gptq", desc_act=True, group_size=group)
+        assert (options.act_order_block, options.refine, options.refit) == (block, 1, True)
+    per_column = QuantizeOptions("gptq", desc_act=True, sym=False, act_order_block=1)
+    assert per_column.refine == 0 and not per_column.refit
+    for plain in (QuantizeOptions("gptq"), QuantizeOptions("gptq", desc_act=True,
+                                                           static_groups=True)):
+        assert plain.act_order_block == 1 and plain.refine == 1
 
 
 def test_act_order_block_needs_desc_act_and_must_divide_the_group():
