@@ -108,7 +108,10 @@ PPL_METHODS = {
     "gptq-4bit-g128-act-order-asym-b32-prefit-refine1": [
         *_GPTQ, "--desc-act", "--no-sym", "--act-order-block", "32", "--prefit-grids",
         "--refine", "1"],
-    # GPTQ's per-column act order (the --desc-act default before runs of 32 + refine 1).
+    "gptq-4bit-g128-act-order-b32-refine1": [*_GPTQ, "--desc-act", "--act-order-block", "32",
+                                             "--refine", "1"],
+    # GPTQ's per-column act order (the asym --desc-act default before runs of 32 + refine 1;
+    # still the symmetric default).
     "gptq-4bit-g128-act-order-b1": [*_GPTQ, "--desc-act", "--act-order-block", "1"],
     "gptq-4bit-g128-act-order-asym-b1": [*_GPTQ, "--desc-act", "--no-sym",
                                          "--act-order-block", "1"],

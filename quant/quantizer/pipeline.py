@@ -60,7 +60,8 @@ class QuantizeOptions:
     static_groups: bool | None = None
     # GPTQ --desc-act: act order over runs of this many contiguous columns (1: GPTQ's
     # column act order); dynamic groups are then unions of whole runs. None: a quarter
-    # of the group, at most 32 (``_default_act_order_block``), with dynamic groups; else 1.
+    # of the group, at most 32, with asymmetric dynamic groups; else 1
+    # (``_default_act_order_block``).
     act_order_block: int | None = None
     # GPTQ --desc-act (dynamic groups): fit each group's grid before the solve on the
     # original weights of its columns (as static groups do), not on the error-updated ones.
@@ -130,12 +131,14 @@ class QuantizeOptions:
 
 
 def _default_act_order_block(options: QuantizeOptions) -> int:
-    """Dynamic act-order groups (gptq --desc-act without --static-groups) order runs of
-    a quarter group (at most 32 columns: 32 at group 128 or -1), so each group is a union
-    of four or more runs; everything else visits single columns. On SmolLM2 (issue 5,
-    bench/results/quant.md) runs of 32 plus one refine round beat per-column act order
-    (with or without refine) by 2.3-2.8 points of perplexity at g128."""
-    if (options.method != "gptq" or not options.desc_act or options.rtn
+    """Asymmetric dynamic act-order groups (gptq --desc-act --no-sym without
+    --static-groups) order runs of a quarter group (at most 32 columns: 32 at group 128
+    or -1), so each group is a union of four or more runs; everything else visits single
+    columns. On SmolLM2 at g128 (issue 5, bench/results/quant.md) asymmetric runs of 32
+    plus one refine round beat per-column act order by 2.3-3.2 points of perplexity at
+    three calibration sizes; symmetric grids had no consistent winner (runs of 32 + refine
+    1.5 points better at 16 x 512, 2.2 worse at 32 x 512), so they keep GPTQ's order."""
+    if (options.method != "gptq" or not options.desc_act or options.rtn or options.sym
             or options.static_groups):
         return 1
     return 32 if options.group_size == -1 else min(32, options.group_size // 4)

@@ -58,8 +58,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "static_groups: g_idx = column // group)")
     parser.add_argument("--act-order-block", type=int, default=None, metavar="B",
                         help="gptq --desc-act: act order over runs of B contiguous columns "
-                             "(B divides the group size; default: a quarter group, at most "
-                             "32, with --refine 1; 1: GPTQ's per-column act order)")
+                             "(B divides the group size; default with --no-sym: a quarter "
+                             "group, at most 32, with --refine 1; else 1: GPTQ's per-column "
+                             "act order)")
     parser.add_argument("--prefit-grids", action="store_true",
                         help="gptq --desc-act: fit each dynamic group's grid on the original "
                              "weights of its columns before the solve (as static groups do)")

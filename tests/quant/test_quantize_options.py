@@ -226,12 +226,14 @@ def test_prefit_grids_fit_dynamic_groups_on_the_original_weights():
         QuantizeOptions("gptq", prefit_grids=True)
 
 
-def test_dynamic_act_order_defaults_to_runs_of_a_quarter_group_with_refine():
+def test_asym_dynamic_act_order_defaults_to_runs_of_a_quarter_group_with_refine():
     for group, block in ((128, 32), (64, 16), (32, 8), (-1, 32)):
-        options = QuantizeOptions("gptq", desc_act=True, group_size=group)
+        options = QuantizeOptions("gptq", desc_act=True, sym=False, group_size=group)
         assert (options.act_order_block, options.refine, options.refit) == (block, 1, True)
-    per_column = QuantizeOptions("gptq", desc_act=True, sym=False, act_order_block=1)
-    assert per_column.refine == 0 and not per_column.refit
+    for per_column in (QuantizeOptions("gptq", desc_act=True, sym=False, act_order_block=1),
+                       QuantizeOptions("gptq", desc_act=True)):  # symmetric: GPTQ's order
+        assert per_column.act_order_block == 1
+        assert per_column.refine == 0 and not per_column.refit
     for plain in (QuantizeOptions("gptq"), QuantizeOptions("gptq", desc_act=True,
                                                            static_groups=True)):
         assert plain.act_order_block == 1 and plain.refine == 1
