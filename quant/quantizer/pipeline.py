@@ -148,11 +148,12 @@ def _defaults_gptq(options: QuantizeOptions) -> dict:
     # Chosen on SmolLM2-135M (bench/results/quant.md, issue 5): the output-error clip,
     # act-order visiting with static groups when the format has no act-order, and one
     # refit round each lowered perplexity. Dynamic act-order groups get the refine round
-    # only over runs of columns: with per-column act order it raised perplexity.
+    # only over runs of columns with an asymmetric grid: with per-column act order, and
+    # symmetric runs of 32 at 16 x 512 and 32 x 512, it raised perplexity.
     static = options.static_groups
     if static is None:
         static = not (options.desc_act or options.rtn)
-    runs = options.desc_act and options.act_order_block > 1
+    runs = options.desc_act and options.act_order_block > 1 and not options.sym
     return dict(output_clip=not options.rtn, static_groups=static,
                 refine=1 if static or runs else 0, descent=0)
 

@@ -66,8 +66,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "weights of its columns before the solve (as static groups do)")
     parser.add_argument("--refine", type=int, default=None, metavar="N",
                         help="gptq, awq: N rounds of least-squares scale refit + GPTQ with "
-                             "those grids, then a last refit (default 1; 0 = off; default 0 "
-                             "with per-column act order: --desc-act --act-order-block 1)")
+                             "those grids, then a last refit (default 1, but 0 with "
+                             "--desc-act dynamic groups except asymmetric runs of columns "
+                             "(--no-sym, --act-order-block above 1); 0 = off)")
     parser.add_argument("--refit", action=argparse.BooleanOptionalAction, default=None,
                         help="gptq, awq: a last least-squares refit of the scales for the "
                              "final codes (default: on when --refine is above 0)")

@@ -234,6 +234,7 @@ def test_asym_dynamic_act_order_defaults_to_runs_of_a_quarter_group_with_refine(
                        QuantizeOptions("gptq", desc_act=True)):  # symmetric: GPTQ's order
         assert per_column.act_order_block == 1
         assert per_column.refine == 0 and not per_column.refit
+    assert QuantizeOptions("gptq", desc_act=True, act_order_block=32).refine == 0  # sym runs
     for plain in (QuantizeOptions("gptq"), QuantizeOptions("gptq", desc_act=True,
                                                            static_groups=True)):
         assert plain.act_order_block == 1 and plain.refine == 1
