@@ -20,8 +20,6 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
