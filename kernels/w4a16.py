@@ -131,7 +131,7 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
 if triton is not None:
 
     @triton.jit
-    def _code_shift(j, BITS: tl.constexpr, INTERLEAVED: tl.constexpr):
+    def code_shift(j, BITS: tl.constexpr, INTERLEAVED: tl.constexpr):
         """``code_shifts`` for code indices j (a tensor)."""
         if INTERLEAVED:
             return 4 * ((j >> 1) + 4 * (j & 1))
@@ -153,14 +153,14 @@ if triton is not None:
             rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
             words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                             mask=(rows[:, None] * PACK < K) & mask_n[None, :], other=0)
-            shifts = _code_shift(tl.arange(0, PACK), BITS, INTERLEAVED)
+            shifts = code_shift(tl.arange(0, PACK), BITS, INTERLEAVED)
             q3 = (words[:, None, :] >> shifts[None, :, None]) & MASK
             q = tl.reshape(q3, (BLOCK_K, BLOCK_N))
         else:
             words = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk
                             + offs_n[None, :] * stride_qn,
                             mask=mask_k[:, None] & mask_n[None, :], other=0)
-            q = (words >> _code_shift(offs_k[:, None] % PACK, BITS, INTERLEAVED)) & MASK
+            q = (words >> code_shift(offs_k[:, None] % PACK, BITS, INTERLEAVED)) & MASK
         if GROUPS_ALIGNED:
             # One group per tile: the scale goes on the dot's result, not every element.
             g = k0 // GROUP_SIZE
@@ -285,15 +285,14 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     elif interleaved and m <= MMA_DISPATCH_M:
         from tamis.kernels.w4a16_mma import w4a16_gemm_mma
         out = w4a16_gemm_mma(x2, qweight, scales, zeros, group_size)
-    elif interleaved:
-        out = (w4a16_gemm_dequant if m >= DEQUANT_MIN_M else w4a16_gemm_triton)(
-            x2, qweight, scales, zeros, group_size, bits, interleaved=interleaved)
-    elif m == 1 and packed_gemv_supported(x2, k, group_size, bits):
+    elif not interleaved and m == 1 and packed_gemv_supported(x2, k, group_size, bits):
         out = w4a16_gemv_packed(x2, qweight, scales, zeros, group_size, bits)
-    elif m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
+    elif not interleaved and m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
         out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
     elif m >= DEQUANT_MIN_M:
-        out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits)
+        out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits,
+                                 interleaved=interleaved)
     else:
-        out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits)
+        out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits,
+                                interleaved=interleaved)
     return out.reshape(*lead, out.shape[-1])
