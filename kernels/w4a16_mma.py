@@ -32,7 +32,8 @@ group. K is split over programs; the last program of a tile reduces the splits
 (``tamis.kernels.splitk``).
 
 Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
-points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``).
+points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``,
+``mma_layout_supported``).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.w4a16 import code_shifts
 
 try:
     from triton.experimental import gluon
@@ -85,32 +87,43 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     return MmaConfig(128, block_k, 8, 8 if m <= 8 else 4)
 
 
+def _weight_supported(k: int, group_size: int, bits: int) -> bool:
+    """Gluon present, 4-bit codes, K % 32 == 0, groups of 32-row multiples or one group."""
+    return (gluon is not None and bits == 4 and k % 32 == 0
+            and (group_size % 32 == 0 or group_size >= k))
+
+
+def mma_layout_supported(k: int, group_size: int, bits: int, zeros: torch.Tensor) -> bool:
+    """Whether a layer's weight can take this kernel's layout: ``_weight_supported`` and
+    integer zero points in [0, 16]."""
+    return (_weight_supported(k, group_size, bits)
+            and bool(((zeros >= 0) & (zeros <= 16) & (zeros == zeros.round())).all()))
+
+
 def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
-    """bf16 x with at most MMA_MAX_M rows, 4-bit codes, K % 32 == 0, groups of 32-row
-    multiples or one group (zero points are checked when the weight is packed)."""
-    return (gluon is not None and x.dtype == torch.bfloat16 and x.shape[0] <= MMA_MAX_M
-            and bits == 4 and k % 32 == 0 and (group_size % 32 == 0 or group_size >= k))
-
-
-_NIBBLE_OF_CODE = torch.tensor([0, 4, 1, 5, 2, 6, 3, 7], dtype=torch.int32)
+    """A call the kernel takes: bf16 x with at most MMA_MAX_M rows on a weight of
+    ``_weight_supported`` shape (zero points are checked once, by ``mma_layout_supported``)."""
+    return (x.dtype == torch.bfloat16 and x.shape[0] <= MMA_MAX_M
+            and _weight_supported(k, group_size, bits))
 
 
 def mma_pack(qweight: torch.Tensor, k: int) -> torch.Tensor:
     """The canonical words (``tamis.kernels.w4a16``: code j of word r is row 8r + j) in
-    the stored layout of this kernel (code j at nibble ``_NIBBLE_OF_CODE[j]``). K must be
-    a multiple of 32."""
+    the stored layout of this kernel (``code_shifts(4, interleaved=True)``). K must be a
+    multiple of 32."""
     if k % 32 or qweight.shape[0] * 8 != k:
         raise ValueError(f"mma_pack needs K % 32 == 0 and K / 8 word rows; got K={k}, "
                          f"{qweight.shape[0]} rows")
     packed = torch.zeros_like(qweight)
-    for code, nibble in enumerate(_NIBBLE_OF_CODE.tolist()):
-        packed |= ((qweight >> (4 * code)) & 0xF) << (4 * nibble)
+    for code, shift in enumerate(code_shifts(4, interleaved=True)):
+        packed |= ((qweight >> (4 * code)) & 0xF) << shift
     return packed
 
 
 def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
     """The codes [K, N] (int32) of words in this kernel's stored layout."""
-    shifts = (4 * _NIBBLE_OF_CODE).to(packed.device)
+    shifts = torch.tensor(code_shifts(4, interleaved=True), dtype=torch.int32,
+                          device=packed.device)
     codes = (packed.unsqueeze(1) >> shifts[None, :, None]) & 0xF       # [K/8, 8, N]
     return codes.reshape(k, -1)
 

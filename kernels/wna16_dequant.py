@@ -20,6 +20,7 @@ except ImportError:
 
 
 if triton is not None:
+    from tamis.kernels.w4a16 import code_shift
 
     @triton.jit
     def _wna16_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K,
@@ -50,11 +51,7 @@ if triton is not None:
                             other=0.0).to(tl.float32)
                 z = tl.load(z_ptr + g[:, None] * stride_sg + offs_n[None, :], mask=kmask,
                             other=0.0).to(tl.float32)
-            if INTERLEAVED:  # code j's bits (``tamis.kernels.w4a16.code_shifts``)
-                shift = 4 * (j // 2 + 4 * (j % 2))
-            else:
-                shift = BITS * j
-            q = ((words >> shift) & MASK).to(tl.float32)
+            q = ((words >> code_shift(j, BITS, INTERLEAVED)) & MASK).to(tl.float32)
             tl.store(out_ptr + k[:, None] * stride_ok + offs_n[None, :],
                      ((q - z) * s).to(out_ptr.dtype.element_ty), mask=kmask)
 
