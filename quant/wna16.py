@@ -82,13 +82,14 @@ def finalize_wna16(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,
     layer.wna16_in_features = k
     layer.wna16_dense = None
     layer.wna16_interleaved = False
+    layer.wna16_layout_chosen = False   # the first CUDA call may re-pack (_adopt_mma_layout)
 
 
 def dequantized_weight(layer: nn.Module) -> torch.Tensor:
     """The layer's weight [N, K] in float32, in the checkpoint's row order."""
     weight = dequantize_wna16(layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,
                               layer.wna16_group_size, layer.wna16_bits, layer.wna16_in_features,
-                              getattr(layer, "wna16_interleaved", False))
+                              layer.wna16_interleaved)
     perm = getattr(layer, "wna16_perm", None)
     if perm is not None:
         unpermuted = torch.empty_like(weight)
@@ -102,7 +103,7 @@ def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) ->
         if layer.wna16_dense is None or layer.wna16_dense.dtype != x.dtype:
             layer.wna16_dense = dequantized_weight(layer).to(x.dtype).contiguous()
         return torch.nn.functional.linear(x, layer.wna16_dense, bias)
-    if not hasattr(layer, "wna16_mma_checked"):
+    if not layer.wna16_layout_chosen:
         _adopt_mma_layout(layer, x)
     perm = getattr(layer, "wna16_perm", None)
     if perm is not None:
@@ -114,15 +115,13 @@ def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) ->
 
 def _adopt_mma_layout(layer: nn.Module, x: torch.Tensor) -> None:
     """Re-pack the words for the MMA-fragment kernel, once, when it can take the layer:
-    bf16 activations, 4-bit codes, integer zero points in [0, 16] (every published format
-    has them), K and the groups in whole 32-row blocks."""
-    from tamis.kernels.w4a16_mma import mma_pack, mma_supported
-    layer.wna16_mma_checked = True
+    bf16 activations and ``mma_layout_supported`` (every published format's integer zero
+    points qualify)."""
+    from tamis.kernels.w4a16_mma import mma_layout_supported, mma_pack
+    layer.wna16_layout_chosen = True
     k = layer.wna16_in_features
-    zeros = layer.wna16_zeros
-    if not (mma_supported(x.reshape(-1, k)[:1], k, layer.wna16_group_size, layer.wna16_bits)
-            and layer.wna16_qweight.shape[0] * 8 == k
-            and bool(((zeros >= 0) & (zeros <= 16) & (zeros == zeros.round())).all())):
+    if x.dtype != torch.bfloat16 or not mma_layout_supported(
+            k, layer.wna16_group_size, layer.wna16_bits, layer.wna16_zeros):
         return
     replace_param(layer, "wna16_qweight", mma_pack(layer.wna16_qweight, k))
     layer.wna16_interleaved = True

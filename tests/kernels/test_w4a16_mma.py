@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tamis.kernels import w4a16
-from tamis.kernels.w4a16_mma import (MmaConfig, mma_pack, mma_supported, mma_unpack,
-                                     w4a16_gemm_mma)
+from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack, mma_supported,
+                                     mma_unpack, w4a16_gemm_mma)
 from tamis.quant.packing import pack_int32
 
 
@@ -46,6 +46,16 @@ def test_supported_cases():
     assert not mma_supported(x, 576, 64, 8)
     assert not mma_supported(x, 576, 48, 4)
     assert not mma_supported(torch.zeros(65, 576, dtype=torch.bfloat16), 576, 64, 4)
+
+
+def test_layout_needs_integer_zero_points_in_range():
+    gluon = mma_supported.__globals__["gluon"] is not None
+    zeros = torch.tensor([[0.0, 8.0, 16.0]])
+    assert mma_layout_supported(576, 64, 4, zeros) == gluon
+    assert not mma_layout_supported(576, 64, 4, zeros + 0.5)
+    assert not mma_layout_supported(576, 64, 4, zeros + 1)      # 17
+    assert not mma_layout_supported(576, 64, 8, zeros)
+    assert not mma_layout_supported(40, 40, 4, zeros)           # K % 32
 
 
 _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
