@@ -4,9 +4,10 @@ Llama-3.1-8B shape (dummy bf16 weights), from the torch profiler.
     python3 -P bench/profile_decode.py [--enforce-eager] [--tokens 64] [--top 25]
 
 Runs W2's request (128-token random prompt, greedy, EOS ignored) once to warm up, times
-256 output tokens (W2's figure, median of ``--repeats``), then profiles ``--tokens`` more and prints, per kernel
-name, calls and GPU microseconds per decode step, with the step's wall time beside the
-summed kernel time (the difference is launch gaps and host work the GPU waits for).
+256 output tokens (W2's figure, median of ``--repeats``), then profiles ``--tokens`` more
+and prints, per kernel name, calls and GPU microseconds per decode step, with the step's
+wall time beside the summed kernel time (the difference is launch gaps and host work the
+GPU waits for).
 With CUDA graphs on (the default), kernels replayed from a graph are listed when the
 profiler's CUPTI records graph nodes (torch >= 2.1 with CUDA 12).
 """
