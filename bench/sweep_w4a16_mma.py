@@ -17,25 +17,35 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import SHAPES, graph_time, w4a16_operands  # noqa: E402
 
 
-def candidates(m: int, n: int, quick: bool):
-    """The default, then tiles around it: 64-256 columns, K split 1-16 ways, words one
-    or two steps ahead."""
+def candidates(m: int, n: int, k: int, quick: bool):
+    """The default, then tiles around it: 64-256 columns on 2-8 warps, K split 1-16
+    ways, 1, 2 or 4 steps loaded together, columns permuted for vector loads or not;
+    above 16 rows, rows of x split over 2 or 4 warps, or x staged in shared memory."""
     from tamis.kernels.w4a16_mma import MmaConfig, pick_mma_config
-    yield "default", pick_mma_config(m, n, 4096, 128)
+    yield "default", pick_mma_config(m, n, k, 128)
     if quick:
         return
     if m <= 16:
-        for bn, warps in ((64, 2), (128, 4), (128, 8), (256, 8)):
+        for bn, warps in ((64, 2), (128, 2), (128, 4), (128, 8), (256, 8)):
             for split in (4, 8, 16):
-                for prefetch in (1, 2):
-                    yield "", MmaConfig(bn, 128, split, warps, prefetch)
+                for steps in (1, 2):
+                    for vector in (True, False):
+                        yield "", MmaConfig(bn, 128, split, warps, load_steps=steps,
+                                            vector_columns=vector)
+        for bn, warps in ((64, 2), (128, 8)):
+            for split in (2, 4, 8):
+                yield "", MmaConfig(bn, 128, split, warps, load_steps=4)
         return
     rows = 64 if m > 32 else 32
-    for bn, bk, warps, warps_m in ((64, 64, 4, 4), (64, 128, 4, 4), (32, 128, 4, 4),
-                                   (128, 64, 8, 4), (64, 64, 8, 2), (128, 128, 8, 2),
-                                   (64, 128, 4, 2)):
-        for split in (1, 2, 4, 8):
+    for bn, bk, warps, warps_m in ((64, 64, 4, 4), (128, 64, 8, 4), (64, 128, 4, 2)):
+        for split in (1, 2, 4):
             yield "", MmaConfig(bn, bk, split, warps, 1, rows, warps_m)
+    for bn, bk, warps, warps_m in ((64, 64, 4, 1), (128, 64, 8, 1), (128, 64, 4, 1),
+                                   (256, 64, 8, 1), (128, 64, 8, 2), (64, 128, 4, 1)):
+        for split in (1, 2, 4):
+            yield "", MmaConfig(bn, bk, split, warps, 1, rows, warps_m, x_shared=True)
+            yield "", MmaConfig(bn, bk, split, warps, 1, rows, warps_m, x_shared=True,
+                                load_steps=2)
 
 
 def main() -> None:
@@ -46,6 +56,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32, 64])
     parser.add_argument("--quick", action="store_true", help="defaults only")
+    parser.add_argument("--verbose", action="store_true", help="print every candidate's time")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
@@ -65,13 +76,15 @@ def main() -> None:
                                                        interleaved=True))
             best = (float("inf"), None)
             t_default = None
-            for tag, cfg in candidates(m, n, args.quick):
+            for tag, cfg in candidates(m, n, k, args.quick):
                 out = w4a16_gemm_mma(x, packed, scales, zeros, 128, cfg)
                 err = ((out.float() - ref).abs().max() / scale).item()
                 if err > 2e-2:
                     print(f"  WRONG {k}x{n} M={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
                 t = graph_time(lambda: w4a16_gemm_mma(x, packed, scales, zeros, 128, cfg))
+                if args.verbose:
+                    print(f"  {k}x{n} M={m} {t * 1e3:.1f}us {cfg}", flush=True)
                 if tag == "default":
                     t_default = t
                     print(f"  {k}x{n} M={m} default {cfg}: {t * 1e3:.1f}us err {err:.2g}",

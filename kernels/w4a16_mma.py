@@ -18,7 +18,10 @@ care): per 32-row block, logical row k' is physical row ``pi(k')``, with k' bits
 physical bits 0, 1, 2 and k' bits 1, 2 -> physical bits 3, 4. An m16n8k16 MMA thread holds
 logical rows 2c, 2c + 1, 2c + 8, 2c + 9 of its k16 steps (c = lane % 4), so over a 32-row
 block it holds the 8 physically contiguous rows 8c .. 8c + 7: one word of weights (read
-with one shift per code pair) and one 16-byte load of x.
+with one shift per code pair) and one 16-byte load of x. Output columns are permuted
+too (``_column_order``): the columns a thread holds in registers are adjacent in memory,
+so its words of one row load as one vector of up to 16 bytes, and each result is stored
+at its physical column.
 
 Per word, one inline-PTX block (``_UNPACK``)::
 
@@ -29,7 +32,9 @@ Per word, one inline-PTX block (``_UNPACK``)::
 multiplies that tile by x^T (rows of x past M are zeros) in fp32, and the group scale
 multiplies each step's product per output column in fp32: every step lies inside one
 group. K is split over programs; the last program of a tile reduces the splits
-(``tamis.kernels.splitk``).
+(``tamis.kernels.splitk``). Knobs (``MmaConfig``): words of 1, 2 or 4 steps load together
+(more bytes in flight per thread), and above 16 rows of x the program can stage each x
+tile in shared memory once instead of every warp loading it.
 
 Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
 points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``,
@@ -60,31 +65,49 @@ class MmaConfig:
     block_k: int = 128      # rows of K per step (inside one group)
     split_k: int = 8        # programs along K per column block
     num_warps: int = 8
-    prefetch: int = 1       # 1: words one step ahead; 2: words two and x one step ahead
+    prefetch: int = 1       # 1: words one step ahead, 0: none
     max_block_m: int = 16   # rows of x per program (more rows: a grid axis)
     # Warps splitting the rows of x (each unpacks the whole weight tile: more dequantizing,
     # x fragments not replicated); the others split the columns.
     warps_m: int = 1
+    # x tiles loaded once per program into shared memory, each warp reading its
+    # fragments there (else each warp loads them from global memory: at 33..64 rows the
+    # warps of a program would read the same x tile several times over).
+    x_shared: bool = False
+    # Steps (of block_k rows) whose words and x load together: more bytes in flight per
+    # thread (1, 2 or 4).
+    load_steps: int = 1
+    # Output columns permuted so that a thread's words are adjacent (``_column_order``).
+    vector_columns: bool = True
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
-    """Tiles from the H200 sweep (bench/results/quant.md): 128 columns per program
-    split 8 ways over K (8 warps up to 8 rows, then 4), or on wide
-    layers (N >= 8192) 64 columns with 2 warps, split 8 ways at M = 1 and 2 above; steps
-    of 128 rows of K, or of the group when it is shorter; 16 rows of x per program.
-    17..32 rows: 64 columns with 2 warps split 4 ways (unsplit on wide layers), or 128
-    with 4 warps split 8 ways when K >= 8192."""
+    """Tiles from the H200 sweeps (bench/results/quant.md), steps of 128 rows of K (or of
+    the group when it is shorter), 16 rows of x per program.
+
+    M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
+    columns on 2 warps split 4 ways; deep ones (K >= 8192) 256 columns on 8 warps split 16
+    ways; else 128 columns on 4 warps split 8 ways. 2..16 rows (session 7, identity
+    column order): 128 columns split 8 ways on 8 warps up to 8 rows, then 4; wide layers
+    64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps split 4 ways
+    (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else (
         64 if group_size % 64 == 0 else 32)
+    if m == 1:
+        if n >= 8192:
+            return MmaConfig(64, block_k, 4, 2)
+        if k >= 8192:
+            return MmaConfig(256, block_k, 16, 8)
+        return MmaConfig(128, block_k, 8, 4)
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
-            return MmaConfig(64, block_k, 1, 2)
+            return MmaConfig(64, block_k, 1, 2, vector_columns=False)
         if k >= 8192:
-            return MmaConfig(128, block_k, 8, 4)
-        return MmaConfig(64, block_k, 4, 2)
+            return MmaConfig(128, block_k, 8, 4, vector_columns=False)
+        return MmaConfig(64, block_k, 4, 2, vector_columns=False)
     if n >= 8192:
-        return MmaConfig(64, block_k, 8 if m == 1 else 2, 2)
-    return MmaConfig(128, block_k, 8, 8 if m <= 8 else 4)
+        return MmaConfig(64, block_k, 2, 2, vector_columns=False)
+    return MmaConfig(128, block_k, 8, 8 if m <= 8 else 4, vector_columns=False)
 
 
 def _weight_supported(k: int, group_size: int, bits: int) -> bool:
@@ -160,20 +183,80 @@ if gluon is not None:
         return bits | (bits << 16)
 
     @gluon.constexpr_function
-    def _word_layout(a_layout):
-        """The layout of the word tile [BLOCK_N, BLOCK_K / 8] whose unpacked codes land in
-        ``a_layout`` (the A operand's linear layout of [BLOCK_N, BLOCK_K], bases [n, k'])
+    def _column_order(a_layout, vector_columns):
+        """For each bit j of a logical output column (the A operand's row m), the bit of
+        the physical column a thread loads in its place. With ``vector_columns`` the
+        column bits a thread holds in registers come first, then its lane bits, then its
+        warp bits: a thread's words are adjacent in memory (one vector load instead of one
+        load per word) and the kernel stores each result at its physical column. Else
+        the identity."""
+        def bits(bases):
+            return [b[0].bit_length() - 1 for b in bases if b[0] and not b[1]]
+        order = bits(a_layout.reg_bases) + bits(a_layout.lane_bases) + bits(a_layout.warp_bases)
+        if not vector_columns:
+            return tuple(range(len(order)))
+        return tuple(order.index(j) for j in range(len(order)))
+
+    @gluon.constexpr_function
+    def _word_layout(a_layout, order):
+        """The layout of the word tile [BLOCK_N, BLOCK_K / 8] (physical columns) whose
+        unpacked codes, columns permuted to logical order (``_logical_columns``), land in
+        ``a_layout`` (the A operand's linear layout of [BLOCK_N, BLOCK_K], bases [m, k'])
         with no data movement: its register bases for logical rows 1, 8, 16 become the 8
         codes of a word; its other row bases map k' to word row
-        ((k' >> 1) & 3) + 4 * (k' >> 5)."""
+        ((k' >> 1) & 3) + 4 * (k' >> 5); column bases map m to its physical column
+        (``order``), those in registers first so that they load as one vector."""
         def to_word(basis):
             n, k = basis
+            if n:
+                n = 1 << order[n.bit_length() - 1]
             return [n, ((k >> 1) & 3) + 4 * (k >> 5)]
         regs = [to_word(b) for b in a_layout.reg_bases if b not in ([0, 1], [0, 8], [0, 16])]
+        regs = sorted(regs, key=lambda b: (b[0] == 0, b[0]))
         shape = [a_layout.shape[0], a_layout.shape[1] // 8]
         return gl.DistributedLinearLayout(
             reg_bases=regs, lane_bases=[to_word(b) for b in a_layout.lane_bases],
             warp_bases=[to_word(b) for b in a_layout.warp_bases], block_bases=[], shape=shape)
+
+    @gluon.constexpr_function
+    def _column_permutation(order):
+        """The ``gl.permute`` order that takes a tensor reshaped to [2] * bits + [rest] in
+        physical column bits (most significant first) to logical bits."""
+        order = _plain(order)
+        nb = len(order)
+        return tuple(nb - 1 - order[j] for j in reversed(range(nb))) + (nb,)
+
+    @gluon.constexpr_function
+    def _plain(order):
+        """A column order as Python ints (a constexpr tuple passed on to a jitted function
+        arrives with its items wrapped)."""
+        return tuple(getattr(v, "value", v) for v in getattr(order, "value", order))
+
+    @gluon.constexpr_function
+    def _bit_shape(order, rest):
+        """[2] per column bit, then ``rest``."""
+        return [2] * len(_plain(order)) + [rest]
+
+    @gluon.constexpr_function
+    def _bit_count(order):
+        return len(_plain(order))
+
+    @gluon.jit
+    def _logical_columns(t, ORDER: gl.constexpr):
+        """t [BLOCK_N, R], rows in physical column order -> rows in logical order."""
+        BN: gl.constexpr = t.shape[0]
+        R: gl.constexpr = t.shape[1]
+        u = gl.reshape(t, _bit_shape(ORDER, R))
+        u = gl.permute(u, _column_permutation(ORDER).value)
+        return gl.reshape(u, [BN, R])
+
+    @gluon.jit
+    def _physical_columns(local, ORDER: gl.constexpr):
+        """Logical columns 0..BLOCK_N-1 of a tile -> their physical columns."""
+        col = gl.zeros_like(local)
+        for j in gl.static_range(_bit_count(ORDER)):
+            col |= ((local >> j) & 1) << ORDER[j]
+        return col
 
     @gluon.constexpr_function
     def _x_layout(b_layout):
@@ -203,8 +286,9 @@ if gluon is not None:
         return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _unpack_tile(words, nzz, A_LAYOUT: gl.constexpr):
-        """Words [BLOCK_N, BLOCK_K / 8] -> (q - z) [BLOCK_N, BLOCK_K] (bf16) in A_LAYOUT."""
+    def _unpack_tile(words, nzz, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> (q - z) [BLOCK_N, BLOCK_K]
+        (bf16, logical columns) in A_LAYOUT."""
         BN: gl.constexpr = words.shape[0]
         KW: gl.constexpr = words.shape[1]
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
@@ -215,8 +299,47 @@ if gluon is not None:
         t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
         t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
         t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
-        t = gl.reshape(t, [BN, KW * 8])
+        t = _logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
         return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn, mask_cn,
+              K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr,
+              ORDER: gl.constexpr):
+        """acc + the product of one step (rows k.. of K, inside one group; past K, x reads
+        as 0 and the last group's scale stands in)."""
+        xb = _logical_x(x, B_LAYOUT)
+        g = gl.minimum(k, K - 1) // GROUP_SIZE
+        nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
+                                other=0.0).to(gl.float32) + 128.0))
+        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
+        s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
+        return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
+
+    @gluon.jit
+    def _two_steps(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn,
+                   mask_cn, K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr,
+                   B_LAYOUT: gl.constexpr, ORDER: gl.constexpr, WL: gl.constexpr,
+                   XL: gl.constexpr):
+        """``_step`` over the two halves of a load of two steps."""
+        words_a, words_b = _halves(words, 1, WL)
+        x_a, x_b = _halves(x, 0, XL)
+        acc = _step(acc, words_a, x_a, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn,
+                    offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+        return _step(acc, words_b, x_b, k + x_a.shape[0], z_ptr, s_ptr, stride_sg, offs_wn,
+                     mask_wn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+
+    @gluon.jit
+    def _halves(t, DIM: gl.constexpr, LAYOUT: gl.constexpr):
+        """The two halves of a 2-D tile along DIM (those bits of DIM are registers: no
+        data moves), each in LAYOUT."""
+        if DIM == 0:
+            u = gl.permute(gl.reshape(t, [2, t.shape[0] // 2, t.shape[1]]), [1, 2, 0])
+        else:
+            u = gl.permute(gl.reshape(t, [t.shape[0], 2, t.shape[1] // 2]), [0, 2, 1])
+        a, b = gl.split(u)
+        return (gl.convert_layout(a, LAYOUT, assert_trivial=True),
+                gl.convert_layout(b, LAYOUT, assert_trivial=True))
 
     @gluon.jit
     def _w4_mma_kernel(
@@ -224,7 +347,9 @@ if gluon is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
-        WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, EVEN: gl.constexpr,
+        WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, X_SHARED: gl.constexpr,
+        LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
+        EVEN: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -233,9 +358,14 @@ if gluon is not None:
             version=[2, 0], warps_per_cta=[NUM_WARPS // WARPS_M, WARPS_M], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
-        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]))
-        XL: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
-        BLOCK_KW: gl.constexpr = BLOCK_K // 8
+        STEP_K: gl.constexpr = BLOCK_K * LOAD_STEPS  # rows of K loaded together
+        ORDER: gl.constexpr = _column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
+                                            VECTOR_COLUMNS)
+        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, STEP_K]), ORDER)
+        XL: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [STEP_K, BLOCK_M]))
+        WL1: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
+        XL1: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
+        BLOCK_KW: gl.constexpr = STEP_K // 8
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -244,55 +374,74 @@ if gluon is not None:
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
         offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
         offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(0, WL))
-        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, XL))
+        offs_xk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XL))
         offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
-        offs_cn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA))
+        offs_cn = pid_n * BLOCK_N + _physical_columns(
+            gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         mask_wn = offs_wn < N
+        offs_zn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL1))
+        mask_zn = offs_zn < N
         mask_cn = offs_cn < N
         mask_xm = offs_xm < M
         w_ptrs = qw_ptr + offs_wr[None, :] * stride_qk + offs_wn[:, None]
         x_ptrs = x_ptr + offs_xm[None, :] * stride_xm + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        last = k_lo + (k_hi - k_lo - 1) // BLOCK_K * BLOCK_K  # this split's last step
-        if PREFETCH >= 1:
+        last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
+        if PREFETCH:
             ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
                                 K, EVEN)
-        if PREFETCH >= 2:  # words two steps ahead, x one step ahead
-            k1 = gl.minimum(k_lo + BLOCK_K, last)
-            ahead2 = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr, mask_wn,
-                                 K, EVEN)
-            x_ahead = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            # Past the split's last step a prefetch reloads that step (no bounds check).
-            if PREFETCH >= 2:
+        if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
+            XG: gl.constexpr = gl.BlockedLayout(
+                [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
+                [1, NUM_WARPS], [0, 1])
+            XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+                [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
+            offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
+            offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
+            xg_ptrs = x_ptr + offs_gm[None, :] * stride_xm + offs_gk[:, None]
+            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, offs_gm < M, K, EVEN)
+        for k0 in range(k_lo, k_hi, STEP_K):
+            # Past the split's last load a prefetch reloads that load (no bounds check).
+            k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
+            if PREFETCH:
                 words = ahead
-                ahead = ahead2
-                k2 = gl.minimum(k0 + 2 * BLOCK_K, last)
-                ahead2 = _load_words(w_ptrs, k2 // 8 * stride_qk, k2 // 8 + offs_wr,
-                                     mask_wn, K, EVEN)
-                x = x_ahead
-                x_ahead = _load_x(x_ptrs, gl.minimum(k0 + BLOCK_K, last), offs_xk, mask_xm,
-                                  K, EVEN)
-            elif PREFETCH == 1:
-                words = ahead
-                k1 = gl.minimum(k0 + BLOCK_K, last)
                 ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
                                     mask_wn, K, EVEN)
-                x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
             else:
                 words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
                                     K, EVEN)
+            if X_SHARED:
+                gl.thread_barrier()  # every warp has read the last step's tile
+                x_smem.store(x_ahead)
+                x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
+                gl.thread_barrier()
+                x = x_smem.load(XL)
+            else:
                 x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
-            xb = _logical_x(x, B_LAYOUT)
-            g = k0 // GROUP_SIZE
-            nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
-                                    other=0.0).to(gl.float32) + 128.0))
-            w = _unpack_tile(words, nzz[:, None], A_LAYOUT)
-            s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
-            acc += mma_v2(w, xb, zero) * s.to(gl.float32)[:, None]
+            if LOAD_STEPS == 1:
+                acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
+                            offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+            else:
+                WL2: gl.constexpr = _word_layout(
+                    gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
+                XL2: gl.constexpr = _x_layout(
+                    gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
+                if LOAD_STEPS == 4:
+                    words_a, words_b = _halves(words, 1, WL2)
+                    x_a, x_b = _halves(x, 0, XL2)
+                    acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                     mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                     B_LAYOUT, ORDER, WL1, XL1)
+                    acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
+                                     stride_sg, offs_zn, mask_zn, offs_cn, mask_cn, K,
+                                     GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
+                else:
+                    acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                     mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                     B_LAYOUT, ORDER, WL1, XL1)
 
         out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
         out_mask = (offs_cm < M)[None, :] & mask_cn[:, None]
@@ -312,6 +461,17 @@ if gluon is not None:
                                      cache_modifier=".cg")
                 gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
                 gl.store(count_ptr + tile, 0)
+
+    @gluon.constexpr_function
+    def _min(a, b):
+        return min(a, b)
+
+    @gluon.constexpr_function
+    def _x_row_padding(block_k):
+        """Padding after each row of x^T's shared tile (one row of x, BLOCK_K values):
+        64 bytes, so that the two rows of x an MMA quarter-warp reads land in different
+        halves of the 32 banks (16-byte loads, 8 lanes at a time)."""
+        return 32 if block_k >= 64 else 8
 
     @gluon.jit
     def _load_x(x_ptrs, k0, offs_k, mask_m, K, EVEN: gl.constexpr):
@@ -347,7 +507,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
-    splits, k_split = even_split(k, config.block_k, config.split_k)
+    splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -362,6 +522,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
         NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
+        X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
+        VECTOR_COLUMNS=config.vector_columns,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

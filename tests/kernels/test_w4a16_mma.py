@@ -59,8 +59,14 @@ def test_layout_needs_integer_zero_points_in_range():
 
 
 _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
-            MmaConfig(128, 128, 4, 4, 2, 16), MmaConfig(256, 128, 2, 8, 0, 32),
-            MmaConfig(64, 64, 1, 2, 2, 64), MmaConfig(256, 32, 3, 8, 1, 8)]
+            MmaConfig(128, 128, 4, 4, 1, 16, x_shared=True), MmaConfig(256, 128, 2, 8, 0, 32),
+            MmaConfig(64, 64, 1, 2, 1, 64), MmaConfig(256, 32, 3, 8, 1, 8),
+            MmaConfig(32, 128, 8, 1), MmaConfig(128, 64, 4, 2, 1, 32),
+            MmaConfig(64, 64, 3, 4, 1, 64, x_shared=True),
+            MmaConfig(128, 32, 2, 8, 0, 64, 2, x_shared=True),
+            MmaConfig(64, 128, 3, 2, load_steps=2), MmaConfig(128, 64, 2, 4, 1, 16, load_steps=4),
+            MmaConfig(64, 64, 2, 4, 1, 64, x_shared=True, load_steps=2),
+            MmaConfig(128, 128, 4, 8, vector_columns=False)]
 
 
 @pytest.mark.gpu
@@ -89,7 +95,7 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 20, 33, 64])
 @pytest.mark.parametrize("config", [MmaConfig(64, 64, 2, 4, 1, 64, 4),
-                                    MmaConfig(128, 128, 3, 8, 2, 32, 2),
+                                    MmaConfig(128, 128, 3, 8, 1, 32, 2, x_shared=True),
                                     MmaConfig(32, 32, 1, 4, 1, 64, 4)])
 def test_kernel_rows_split_over_warps(m, config):
     k, n, group_size = 576, 200, 32 if config.block_k == 32 else 64
