@@ -87,10 +87,11 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
 
     M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
     columns on 2 warps split 4 ways; deep ones (K >= 8192) 256 columns on 8 warps split 16
-    ways; else 128 columns on 4 warps split 8 ways. 2..16 rows (session 7, identity
-    column order): 128 columns split 8 ways on 8 warps up to 8 rows, then 4; wide layers
-    64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps split 4 ways
-    (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
+    ways; else 128 columns on 4 warps split 8 ways. 2..8 rows (session 7, identity
+    column order): 128 columns on 8 warps split 8 ways; 9..16 rows (session 8): 64
+    columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); wide layers
+    (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
+    split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else (
         64 if group_size % 64 == 0 else 32)
     if m == 1:
@@ -107,7 +108,10 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         return MmaConfig(64, block_k, 4, 2, vector_columns=False)
     if n >= 8192:
         return MmaConfig(64, block_k, 2, 2, vector_columns=False)
-    return MmaConfig(128, block_k, 8, 8 if m <= 8 else 4, vector_columns=False)
+    if m > 8:  # 9..16 rows: 64 columns on 2 warps, two steps per load
+        return MmaConfig(64, block_k, 8 if k >= 8192 else 4, 2, load_steps=2,
+                         vector_columns=False)
+    return MmaConfig(128, block_k, 8, 8, vector_columns=False)
 
 
 def _weight_supported(k: int, group_size: int, bits: int) -> bool:
