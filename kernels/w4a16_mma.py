@@ -472,9 +472,10 @@ if gluon is not None:
 
     @gluon.constexpr_function
     def _x_row_padding(block_k):
-        """Padding after each row of x^T's shared tile (one row of x, BLOCK_K values):
-        64 bytes, so that the two rows of x an MMA quarter-warp reads land in different
-        halves of the 32 banks (16-byte loads, 8 lanes at a time)."""
+        """Padding after each row of x^T's shared tile (one row of x, BLOCK_K values): 32
+        values (64 bytes), so that the two rows of x an MMA quarter-warp reads land in
+        different halves of the 32 banks (16-byte loads, 8 lanes at a time); 8 values for
+        rows shorter than 64, where that no longer holds for every pair."""
         return 32 if block_k >= 64 else 8
 
     @gluon.jit
@@ -508,6 +509,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
+    if config.load_steps not in (1, 2, 4) or config.prefetch not in (0, 1):
+        raise ValueError(f"MmaConfig takes load_steps 1, 2 or 4 and prefetch 0 or 1; got "
+                         f"load_steps={config.load_steps}, prefetch={config.prefetch}")
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block

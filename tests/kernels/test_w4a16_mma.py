@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tamis.kernels import w4a16
+from tamis.kernels import w4a16, w4a16_mma
 from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack, mma_supported,
                                      mma_unpack, w4a16_gemm_mma)
 from tamis.quant.packing import pack_int32
@@ -56,6 +56,17 @@ def test_layout_needs_integer_zero_points_in_range():
     assert not mma_layout_supported(576, 64, 4, zeros + 1)      # 17
     assert not mma_layout_supported(576, 64, 8, zeros)
     assert not mma_layout_supported(40, 40, 4, zeros)           # K % 32
+
+
+@pytest.mark.parametrize("config", [MmaConfig(load_steps=3), MmaConfig(prefetch=2)])
+def test_unsupported_config_is_refused_before_launch(config):
+    if w4a16_mma.gluon is None:
+        pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
+    x = torch.zeros(1, 128, dtype=torch.bfloat16)
+    packed = torch.zeros(16, 16, dtype=torch.int32)
+    scales, zeros = torch.ones(1, 16), torch.zeros(1, 16)
+    with pytest.raises(ValueError, match="load_steps 1, 2 or 4 and prefetch 0 or 1"):
+        w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
 
 
 _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
