@@ -3,7 +3,7 @@ Llama-3.1-8B layer shapes on a CUDA GPU, against bf16 ``F.linear`` and the curre
 ``w4a16_gemm`` dispatch in the same process. Every candidate is checked against the fp32
 product with the dequantized weight before it is timed (CUDA-graph replay, as decode runs).
 
-    python bench/sweep_w4a16_mma.py [--ms 1 16 32 64] [--quick]
+    python bench/sweep_w4a16_mma.py [--ms 1 16 32 64] [--quick] [--verbose]
 """
 from __future__ import annotations
 
