@@ -270,18 +270,33 @@ def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     return torch.matmul(x, weight)
 
 
+def _wgmma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
+    """A call on interleaved words that the wgmma kernel takes (bf16 x on a Hopper GPU,
+    a weight shape it supports, rows and columns where it is dispatched)."""
+    from tamis.kernels.w4a16_mma import _weight_supported
+    from tamis.kernels.w4a16_wgmma import wgmma_device_supported, wgmma_dispatch
+    return (x.dtype == torch.bfloat16 and wgmma_dispatch(x.shape[0], n)
+            and _weight_supported(x.shape[1], group_size, 4)
+            and wgmma_device_supported(x.device))
+
+
 def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                zeros: torch.Tensor, group_size: int, bits: int = 4,
                interleaved: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
-    (``tamis.kernels.w4a16_mma``, bf16 x): the MMA-fragment kernel up to MMA_DISPATCH_M
-    rows, then tl.dot / dequantize as above. The reference elsewhere."""
+    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the wgmma kernel where
+    ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says (17..64 rows, wide layers), else
+    the MMA-fragment kernel up to MMA_DISPATCH_M rows, then tl.dot / dequantize as
+    above. The reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     if not (x2.is_cuda and triton is not None):
         out = w4a16_gemm_ref(x2, qweight, scales, zeros, group_size, bits, interleaved)
+    elif interleaved and _wgmma_takes(x2, qweight.shape[1], group_size):
+        from tamis.kernels.w4a16_wgmma import w4a16_gemm_wgmma
+        out = w4a16_gemm_wgmma(x2, qweight, scales, zeros, group_size)
     elif interleaved and m <= MMA_DISPATCH_M:
         from tamis.kernels.w4a16_mma import w4a16_gemm_mma
         out = w4a16_gemm_mma(x2, qweight, scales, zeros, group_size)

@@ -1,0 +1,341 @@
+"""W4A16 GEMM on Hopper's warpgroup MMA (``wgmma``) with the weight dequantized straight
+into the A operand's registers (Gluon, sm_90), for batches of 17..128 rows of x.
+
+Why a third kernel. ``tamis.kernels.w4a16_mma`` issues ``mma.sync`` per warp and loads
+x fragments into every warp; past 16 rows of x its programs either re-dequantize the
+weight once per 16 rows or spend registers on x. ``wgmma`` takes its A operand from
+registers and its B operand from shared memory, and is 64 x N x 16 per warpgroup with N
+up to 256: one dequantized weight tile multiplies all rows of x of the program, and x
+is read from shared memory by the tensor cores, not by the threads.
+
+Orientation and layout as in ``tamis.kernels.w4a16_mma`` (out^T = W^T x^T; the stored
+words of ``mma_pack``; K visited in its permuted order inside each 32-row block, so a
+thread's A fragment of two k16 steps is one word): the weight is A (64 output columns
+per warpgroup), x^T [BLOCK_K, BLOCK_M] is B. Per program:
+
+1. Word tiles and x^T tiles (K rows in the permuted order, each row of x gathered in
+   pairs of values) stream through one ring of ``STAGES`` shared buffers with
+   ``cp.async``, ``STAGES - 1`` steps ahead of the one being multiplied: a slot is
+   refilled only after every warp has passed the barrier that follows its last read
+   and its wait for the wgmma that read it.
+2. Per word, the inline PTX of ``_UNPACK_SCALED`` gives ((q - z) * s) as bf16x2 (the
+   group scale folded into the weight, so the accumulator chains through every step):
+   3 shifts, 4 lop3, 4 fma for q - z (exact) and 4 fma for the scale (one rounding to
+   bf16, as Marlin-class kernels do).
+3. ``warpgroup_mma``, then a wait for it before the next step's unpack. Leaving it
+   running during the next unpack (``num_outstanding=1``) gave wrong results on the
+   H200 (bench/results/quant.md, session 9): the SASS reuses the A operand's registers
+   for the next step's address arithmetic while the wgmma still reads them (passing
+   the tile to ``warpgroup_mma_wait``'s deps did not keep them). Overlap comes from
+   the other warpgroups of the multiprocessor instead.
+
+K is split over programs as in the other W4A16 kernels (the last program of a tile sums
+the partials in split order, ``tamis.kernels.splitk``). Scales and zero points of the
+next step are loaded one step ahead.
+
+Needs: a CUDA device of compute capability 9.x, Gluon (triton >= 3.5), bf16 x, the
+``mma_pack`` layout (``mma_layout_supported``), groups a multiple of 32 rows or the whole
+K, K % 32 == 0.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.w4a16_mma import _weight_supported, gluon
+
+if gluon is not None:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
+
+    from tamis.kernels.w4a16_mma import (_bf16x2, _column_order, _logical_columns,
+                                         _physical_columns, _word_layout)
+
+WGMMA_MAX_M = 128
+WGMMA_MIN_N = 8192  # wide layers (gate/up of an 8B model): where it is dispatched
+SHARED_BYTES = 200 * 1024   # of the H200's 227 KB per block: the ring of tiles
+
+
+@dataclass(frozen=True)
+class WgmmaConfig:
+    block_n: int = 64         # output columns per program: 64 per warpgroup and MMA
+    block_k: int = 128        # rows of K per step (inside one group)
+    split_k: int = 4          # programs along K per column block
+    num_warps: int = 4        # 4 (one warpgroup) or 8
+    stages: int = 3           # ring slots of (word, x^T) tiles; stages - 1 in flight
+
+
+def wgmma_device_supported(device: torch.device) -> bool:
+    """Gluon present and a Hopper GPU (``wgmma`` is sm_90a only)."""
+    return gluon is not None and device.type == "cuda" and _is_hopper(device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _is_hopper(index: int | None) -> bool:
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
+                      num_sms: int = 132) -> WgmmaConfig:
+    """Tiles from the H200 sweep (bench/results/quant.md, session 9), steps of 128 rows
+    of K (or of the group when it is shorter): wide layers (N >= 8192) 128 columns on
+    one warpgroup, K unsplit (1.13x / 0.94x bf16 at M = 32 / 64 on 4096 x 28672); other
+    layers 64 columns, K split until the column blocks make about two programs per
+    multiprocessor (at least 8 steps a split)."""
+    block_k = 128 if group_size >= k or group_size % 128 == 0 else (
+        64 if group_size % 64 == 0 else 32)
+    if n >= WGMMA_MIN_N:
+        return WgmmaConfig(128, block_k, 1)
+    blocks = -(-n // 64)
+    split = 1
+    while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
+        split *= 2
+    return WgmmaConfig(64, block_k, split)
+
+
+def wgmma_dispatch(m: int, n: int) -> bool:
+    """Whether ``w4a16_gemm`` sends a call of M rows on a layer of N columns here: 17..64
+    rows on wide layers, where it beat the MMA-fragment and tl.dot kernels on the H200
+    (at 4096 x 28672: 50.4 / 65.1 us against 128.4 / 87.0 at M = 32 / 64). On narrower
+    layers those kernels won or tied (bench/results/quant.md, session 9)."""
+    return 16 < m <= 64 and n >= WGMMA_MIN_N
+
+
+def shared_bytes(config: WgmmaConfig, m: int) -> int:
+    """Shared memory of one program: ``stages`` word tiles and x^T tiles."""
+    return config.stages * config.block_k * (config.block_n // 2 + wgmma_block_m(m) * 2)
+
+
+if gluon is not None:
+
+    # Per word: $8 the word, $9 the column's -(128 + z) twice and $10 its scale twice, as
+    # bf16x2; $0..$7 the (lo, hi) halves of v_0..v_3 = ((q - z) * s), bf16.
+    _UNPACK_SCALED_TEMPLATE = """{
+ .reg .b32 t1, t2, t3, v0, v1, v2, v3, one, nz;
+ mov.b32 one, 0x3F803F80;
+ mov.b32 nz, 0x80008000;
+ shr.u32 t1, $8, 4;
+ shr.u32 t2, $8, 8;
+ shr.u32 t3, $8, 12;
+ lop3.b32 v0, $8, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v1, t1, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v2, t2, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 v3, t3, 0x000F000F, 0x43004300, 0xEA;
+ fma.rn.bf16x2 v0, v0, one, $9;
+ fma.rn.bf16x2 v1, v1, one, $9;
+ fma.rn.bf16x2 v2, v2, one, $9;
+ fma.rn.bf16x2 v3, v3, one, $9;
+ fma.rn.bf16x2 v0, v0, $10, nz;
+ fma.rn.bf16x2 v1, v1, $10, nz;
+ fma.rn.bf16x2 v2, v2, $10, nz;
+ fma.rn.bf16x2 v3, v3, $10, nz;
+ mov.b32 {$0, $1}, v0;
+ mov.b32 {$2, $3}, v1;
+ mov.b32 {$4, $5}, v2;
+ mov.b32 {$6, $7}, v3;
+}"""
+    _UNPACK_SCALED = gl.constexpr(_UNPACK_SCALED_TEMPLATE)
+
+    @gluon.jit
+    def _unpack_scaled(words, nzz, ss, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> ((q - z) * s)
+        [BLOCK_N, BLOCK_K] (bf16, logical columns) in A_LAYOUT, with no data movement."""
+        BN: gl.constexpr = words.shape[0]
+        KW: gl.constexpr = words.shape[1]
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
+            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
+        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
+        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
+        t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
+        t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
+        t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
+        t = _logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
+        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _physical_rows(k):
+        """Logical row k' of a 32-row block -> its physical row (``tamis.kernels.w4a16_mma``:
+        k' bits 0, 3, 4 -> bits 0, 1, 2 and k' bits 1, 2 -> bits 3, 4)."""
+        return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
+                | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
+
+    @gluon.jit
+    def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_n, mask_n,
+                      GROUP_SIZE: gl.constexpr):
+        """(-(128 + z), s) of the group of row k (clamped to K - 1) as bf16x2 pairs."""
+        g = gl.minimum(k, K - 1) // GROUP_SIZE
+        z = gl.load(z_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
+        s = gl.load(s_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
+        return _bf16x2(-(z.to(gl.float32) + 128.0)), _bf16x2(s.to(gl.float32))
+
+    @gluon.jit
+    def _copy_step(w_dst, x_dst, w_ptrs, x_ptrs, step, k_lo, K, offs_wr, offs_xk, mask_wn,
+                   mask_xm, stride_qk, NSTEPS, BLOCK_K: gl.constexpr, EVEN: gl.constexpr):
+        """Start the copies of step ``step``'s word tile and x^T tile (K rows in the
+        permuted order, gathered in pairs) and commit them as one group. Past the
+        split's last step: with EVEN the last tiles again (never read), else masked to
+        zeros, as are rows past K, columns past N and rows of x past M."""
+        if EVEN:
+            step = gl.minimum(step, NSTEPS - 1)
+            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
+            async_copy.async_copy_global_to_shared(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm)
+        else:
+            k = k_lo + step * BLOCK_K
+            w_ok = (k + offs_wr * 8 < K)[None, :] & (step < NSTEPS)
+            async_copy.async_copy_global_to_shared(
+                w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk, mask=mask_wn & w_ok)
+            x_ok = (k + offs_xk < K)[:, None] & (step < NSTEPS)
+            async_copy.async_copy_global_to_shared(x_dst, x_ptrs + step * BLOCK_K,
+                                                   mask=mask_xm & x_ok)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _w4_wgmma_kernel(
+        x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
+        M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
+        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
+        NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, EVEN: gl.constexpr,
+    ):
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        ORDER: gl.constexpr = _column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
+                                            False)
+        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
+        XG: gl.constexpr = gl.BlockedLayout([2, 1], [16, 2], [NUM_WARPS, 1], [0, 1])
+        XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2, transposed=True)
+        WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0, 1])  # N contiguous
+        NSTEPS = K_SPLIT // BLOCK_K
+        AHEAD: gl.constexpr = STAGES - 1  # steps in flight past the one being multiplied
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        pid_m = gl.program_id(2)
+        k_lo = pid_k * K_SPLIT
+
+        offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
+        offs_wr = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, WL))
+        mask_wn = (offs_wn < N)[:, None]
+        w_ptrs = qw_ptr + (k_lo // 8 + offs_wr)[None, :] * stride_qk + offs_wn[:, None]
+        offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, XG))
+        offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
+        mask_xm = (offs_xm < M)[None, :]
+        # Logical rows 2j, 2j + 1 are physical rows p, p + 1 with p even: pairs of values.
+        x_offs = offs_xm[None, :] * stride_xm + (k_lo + _physical_rows(offs_xk))[:, None]
+        x_ptrs = x_ptr + gl.max_contiguous(gl.multiple_of(x_offs, [2, 1]), [2, 1])
+
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], WS)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_K, BLOCK_M], XS)
+        for step in gl.static_range(AHEAD):
+            _copy_step(w_smem.index(step), x_smem.index(step), w_ptrs, x_ptrs, step, k_lo, K,
+                       offs_wr, offs_xk, mask_wn, mask_xm, stride_qk, NSTEPS, BLOCK_K, EVEN)
+
+        # Scales and zero points in the layout of the words' columns, one step ahead.
+        offs_zn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
+        mask_zn = offs_zn < N
+        nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, GROUP_SIZE)
+
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+        for i in range(NSTEPS):
+            async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
+            fence_async_shared()               # ... visible to the tensor cores
+            gl.thread_barrier()                # every thread's copies, and every warp is
+                                               # past its reads of step i - 1's slot
+            ahead = i + AHEAD
+            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
+                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
+                       NSTEPS, BLOCK_K, EVEN)
+            words = w_smem.index(i % STAGES).load(WL)
+            nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K,
+                                              K, offs_zn, mask_zn, GROUP_SIZE)
+            w = _unpack_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
+            acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            nzz, ss = nzz_next, ss_next
+        async_copy.wait_group(0)
+
+        offs_cn = pid_n * BLOCK_N + _physical_columns(
+            gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
+        offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+        out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
+        out_mask = (offs_cm < M)[None, :] & (offs_cn < N)[:, None]
+        if not HAS_SPLIT:
+            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
+        else:
+            # partials [SPLIT, M, N]; one counter per (row block, column block) tile
+            part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
+            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
+            gl.thread_barrier()  # every thread's partials are stored before the count
+            tile = pid_m * gl.num_programs(0) + pid_n
+            done = gl.atomic_add(count_ptr + tile, 1)
+            if done == SPLIT - 1:
+                total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+                for sk in range(SPLIT):
+                    total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+                gl.store(count_ptr + tile, 0)
+
+
+def wgmma_block_m(m: int) -> int:
+    """Rows of x per program (the wgmma's N): M rounded up to 16, 32, 64 or 128."""
+    for block_m in (16, 32, 64, 128):
+        if m <= block_m:
+            return block_m
+    return WGMMA_MAX_M
+
+
+def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                     zeros: torch.Tensor, group_size: int,
+                     config: WgmmaConfig | None = None) -> torch.Tensor:
+    """``w4a16_gemm_ref`` for x [M, K] bf16 (M <= ``WGMMA_MAX_M``) on a Hopper GPU, the
+    weight in ``mma_pack``'s layout (integer zero points in [0, 16])."""
+    if gluon is None:
+        raise RuntimeError("w4a16_gemm_wgmma needs triton with Gluon")
+    m, k = x.shape
+    n = packed.shape[1]
+    if (x.dtype != torch.bfloat16 or m > WGMMA_MAX_M
+            or not _weight_supported(k, group_size, 4)):
+        raise ValueError(f"wgmma path takes bf16 x with M <= {WGMMA_MAX_M}, K % 32 == 0 "
+                         f"and 32-row groups; got M={m}, K={k}, group {group_size}, {x.dtype}")
+    x = x.contiguous()
+    config = config or pick_wgmma_config(m, n, k, group_size, sm_count(x))
+    if group_size < k and group_size % config.block_k:
+        raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
+    if config.num_warps not in (4, 8) or config.block_n % (16 * config.num_warps):
+        raise ValueError(f"WgmmaConfig needs 4 or 8 warps and 16 columns per warp; got "
+                         f"{config.num_warps} warps, block_n {config.block_n}")
+    block_m = wgmma_block_m(m)
+    splits, k_split = even_split(k, config.block_k, config.split_k)
+    if config.stages < 2:
+        raise ValueError(f"WgmmaConfig needs at least 2 stages; got {config.stages}")
+    shared = shared_bytes(config, m)
+    if shared > SHARED_BYTES:
+        raise ValueError(f"{config.stages} stages of {config.block_k}-row tiles at "
+                         f"{block_m} rows need {shared} bytes of shared memory (at most "
+                         f"{SHARED_BYTES}): fewer stages")
+    blocks = -(-n // config.block_n)
+    m_blocks = -(-m // block_m)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if splits > 1:
+        partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+        counters = split_counters(x.device, blocks * m_blocks)
+    else:
+        partials = counters = out  # unused
+    _w4_wgmma_kernel[(blocks, splits, m_blocks)](
+        x, packed, scales, zeros, out, partials, counters,
+        m, n, k, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+        GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, K_SPLIT=k_split, SPLIT=splits, HAS_SPLIT=splits > 1,
+        NUM_WARPS=config.num_warps, STAGES=config.stages,
+        EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
+    )
+    return out

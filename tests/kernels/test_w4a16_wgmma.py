@@ -1,0 +1,96 @@
+"""wgmma W4A16 kernel: tile choice and refusals (CPU), the Gluon kernel against the
+reference on a Hopper GPU (``gpu``; Gluon has no interpreter)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tamis.kernels import w4a16, w4a16_wgmma
+from tamis.kernels.w4a16_mma import mma_pack
+from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
+                                       shared_bytes, w4a16_gemm_wgmma, wgmma_block_m,
+                                       wgmma_dispatch)
+from tamis.quant.packing import pack_int32
+
+_SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
+
+
+def _operands(k, n, group_size, seed):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    groups = -(-k // group_size)
+    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half()
+    zeros = torch.randint(0, 17, (groups, n), generator=gen).half()
+    return pack_int32(codes, 4, dim=0), scales, zeros
+
+
+@pytest.mark.parametrize("m", [17, 32, 33, 64, 65, 128])
+@pytest.mark.parametrize("k,n", _SHAPES)
+def test_default_tiles_fit_in_shared_memory(m, k, n):
+    config = pick_wgmma_config(m, n, k, 128)
+    assert shared_bytes(config, m) <= SHARED_BYTES
+    assert config.block_n % (16 * config.num_warps) == 0
+
+
+def test_dispatched_for_17_to_64_rows_on_wide_layers():
+    assert [wgmma_dispatch(m, 28672) for m in (16, 17, 64, 65)] == [False, True, True, False]
+    assert not wgmma_dispatch(64, 4096)
+
+
+def test_block_m_rounds_rows_up():
+    assert [wgmma_block_m(m) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == \
+        [16, 16, 32, 32, 64, 64, 128, 128]
+
+
+@pytest.mark.parametrize("x,config,match", [
+    (torch.zeros(129, 1024, dtype=torch.bfloat16), None, "M <= 128"),
+    (torch.zeros(64, 1024, dtype=torch.float16), None, "bf16 x"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(num_warps=2), "4 or 8 warps"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(block_n=96, num_warps=4),
+     "16 columns per warp"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(block_k=128), "divide"),
+    (torch.zeros(128, 4096, dtype=torch.bfloat16), WgmmaConfig(stages=8), "shared memory"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(stages=1), "at least 2 stages"),
+])
+def test_bad_calls_are_refused_before_launch(x, config, match):
+    if w4a16_wgmma.gluon is None:
+        pytest.skip("triton without Gluon: w4a16_gemm_wgmma refuses every call")
+    k = x.shape[1]
+    group = 64 if match == "divide" else 128
+    packed = torch.zeros(k // 8, 64, dtype=torch.int32)
+    scales, zeros = torch.ones(k // group, 64), torch.zeros(k // group, 64)
+    with pytest.raises(ValueError, match=match):
+        w4a16_gemm_wgmma(x, packed, scales, zeros, group, config)
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+_CONFIGS = [None, WgmmaConfig(64, 128, 1, 4, 4), WgmmaConfig(128, 128, 2, 8, 3),
+            WgmmaConfig(128, 64, 4, 4, 6), WgmmaConfig(64, 32, 3, 4, 2),
+            WgmmaConfig(256, 64, 8, 8, 3), WgmmaConfig(128, 128, 1, 4, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m", [17, 33, 64, 100, 128])
+@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (576, 300, 64),
+                                            (1024, 520, 1024), (576, 136, 32),
+                                            (576, 200, 128)])
+@pytest.mark.parametrize("config", range(len(_CONFIGS)))
+def test_kernel_matches_reference(m, k, n, group_size, config):
+    cfg = _CONFIGS[config]
+    if cfg is not None and group_size < k and group_size % cfg.block_k:
+        cfg = WgmmaConfig(cfg.block_n, 32, *list(cfg.__dict__.values())[2:])
+    if cfg is not None and shared_bytes(cfg, m) > SHARED_BYTES:
+        pytest.skip("x stage over the shared memory limit (refused: tested on CPU)")
+    qweight, scales, zeros = _operands(k, n, group_size, seed=m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    got = w4a16_gemm_wgmma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                           group_size, cfg)
+    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+    tol = 1e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
