@@ -53,7 +53,7 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
-    from tamis.kernels.w4a16_mma import (_bf16x2, _column_order, _logical_columns,
+    from tamis.kernels.w4a16_mma import (_bf16x2, _column_order, _logical_columns, _min,
                                          _physical_columns, _word_layout)
 
 WGMMA_MAX_M = 128
@@ -84,13 +84,14 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
                       num_sms: int = 132) -> WgmmaConfig:
     """Tiles from the H200 sweep (bench/results/quant.md, session 9), steps of 128 rows
     of K (or of the group when it is shorter): wide layers (N >= 8192) 128 columns on
-    one warpgroup, K unsplit (1.13x / 0.94x bf16 at M = 32 / 64 on 4096 x 28672); other
+    one warpgroup, K unsplit, two ring slots (1.14x / 0.96x bf16 at M = 32 / 64 on
+    4096 x 28672); other
     layers 64 columns, K split until the column blocks make about two programs per
     multiprocessor (at least 8 steps a split)."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else (
         64 if group_size % 64 == 0 else 32)
     if n >= WGMMA_MIN_N:
-        return WgmmaConfig(128, block_k, 1)
+        return WgmmaConfig(128, block_k, 1, stages=2)
     blocks = -(-n // 64)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
@@ -210,8 +211,9 @@ if gluon is not None:
                                             False)
         WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
         XG: gl.constexpr = gl.BlockedLayout([2, 1], [16, 2], [NUM_WARPS, 1], [0, 1])
-        XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                rank=2, transposed=True)
+        # K contiguous; the swizzle spans one step's row of x^T (64 bytes at 32 rows).
+        XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=_min(128, 2 * BLOCK_K),
+                                                element_bitwidth=16, rank=2, transposed=True)
         WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0, 1])  # N contiguous
         NSTEPS = K_SPLIT // BLOCK_K
         AHEAD: gl.constexpr = STAGES - 1  # steps in flight past the one being multiplied
