@@ -25,6 +25,9 @@ same permutation (``x[..., perm]``).
   by M bucket (``pick_config``), split-K reduced in the same launch for small M.
 - ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
   (``tamis.kernels.wna16_dequant``), then cuBLAS.
+- On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma``
+  (Hopper wgmma, 17..64 rows on wide layers; ``tamis.kernels.w4a16_wgmma``) and
+  ``w4a16_gemm_mma`` (mma.sync, up to ``MMA_DISPATCH_M`` rows).
 
 ``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere).
 """
