@@ -447,19 +447,28 @@ if gluon is not None:
                                      mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
                                      B_LAYOUT, ORDER, WL1, XL1)
 
+        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+                     (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
+
+    @gluon.jit
+    def _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
+                     stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr):
+        """Store acc (out^T: [columns, rows]) as bf16 out[rows, columns]; with split K,
+        this program's fp32 partials to part_ptr [SPLIT, M, N] instead, and the last
+        split of the tile (one counter per row block x column block, grid axis 0 the
+        column blocks) sums them in split order, stores out and resets the counter."""
         out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
-        out_mask = (offs_cm < M)[None, :] & mask_cn[:, None]
         if not HAS_SPLIT:
             gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
         else:
-            # partials [SPLIT, M, N]; one counter per (row block, column block) tile
             part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
             gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
             gl.thread_barrier()  # every thread's partials are stored before the count
             tile = pid_m * gl.num_programs(0) + pid_n
             done = gl.atomic_add(count_ptr + tile, 1)
             if done == SPLIT - 1:
-                total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+                total = gl.zeros_like(acc)
                 for sk in range(SPLIT):
                     total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
                                      cache_modifier=".cg")

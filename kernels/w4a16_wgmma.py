@@ -54,7 +54,7 @@ if gluon is not None:
         fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
     from tamis.kernels.w4a16_mma import (_bf16x2, _column_order, _logical_columns, _min,
-                                         _physical_columns, _word_layout)
+                                         _physical_columns, _store_out_t, _word_layout)
 
 WGMMA_MAX_M = 128
 WGMMA_MIN_N = 8192  # wide layers (gate/up of an 8B model): where it is dispatched
@@ -267,24 +267,9 @@ if gluon is not None:
         offs_cn = pid_n * BLOCK_N + _physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
-        out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
-        out_mask = (offs_cm < M)[None, :] & (offs_cn < N)[:, None]
-        if not HAS_SPLIT:
-            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
-        else:
-            # partials [SPLIT, M, N]; one counter per (row block, column block) tile
-            part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
-            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
-            gl.thread_barrier()  # every thread's partials are stored before the count
-            tile = pid_m * gl.num_programs(0) + pid_n
-            done = gl.atomic_add(count_ptr + tile, 1)
-            if done == SPLIT - 1:
-                total = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-                for sk in range(SPLIT):
-                    total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
-                gl.store(count_ptr + tile, 0)
+        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+                     (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
 
 
 def wgmma_block_m(m: int) -> int:

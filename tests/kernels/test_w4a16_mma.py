@@ -2,22 +2,19 @@
 reference (GPU; Gluon has no interpreter)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from tamis.kernels import w4a16, w4a16_mma
-from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack, mma_supported,
-                                     mma_unpack, w4a16_gemm_mma)
-from tamis.quant.packing import pack_int32
+sys.path.insert(0, str(Path(__file__).parent))
+from w4a16_cases import assert_matches_reference  # noqa: E402
+from w4a16_cases import wna16_operands as _operands  # noqa: E402
 
-
-def _operands(k, n, group_size, seed):
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (k, n), generator=gen)
-    groups = -(-k // group_size)
-    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half()
-    zeros = torch.randint(0, 17, (groups, n), generator=gen).half()
-    return codes, pack_int32(codes, 4, dim=0), scales, zeros
+from tamis.kernels import w4a16_mma  # noqa: E402
+from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack,  # noqa: E402
+                                     mma_supported, mma_unpack, w4a16_gemm_mma)
 
 
 def test_pack_interleaves_each_word_like_awq():
@@ -93,13 +90,9 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
         cfg = MmaConfig(cfg.block_n, 32, *list(cfg.__dict__.values())[2:])
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + k + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
-                                    group_size)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size, cfg)
-    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
-    tol = 1e-2 * expected.abs().max().item()
-    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
 @pytest.mark.gpu
@@ -114,9 +107,6 @@ def test_kernel_rows_split_over_warps(m, config):
         k, group_size = 1024, 128
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + 7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
-                                    group_size)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size, config)
-    tol = 1e-2 * expected.abs().max().item()
-    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)

@@ -2,26 +2,22 @@
 reference on a Hopper GPU (``gpu``; Gluon has no interpreter)."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from tamis.kernels import w4a16, w4a16_wgmma
-from tamis.kernels.w4a16_mma import mma_pack
-from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
-                                       shared_bytes, w4a16_gemm_wgmma, wgmma_block_m,
-                                       wgmma_dispatch)
-from tamis.quant.packing import pack_int32
+sys.path.insert(0, str(Path(__file__).parent))
+from w4a16_cases import assert_matches_reference, wna16_operands  # noqa: E402
+
+from tamis.kernels import w4a16_wgmma  # noqa: E402
+from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
+from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig,  # noqa: E402
+                                       pick_wgmma_config, shared_bytes, w4a16_gemm_wgmma,
+                                       wgmma_block_m, wgmma_dispatch)
 
 _SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
-
-
-def _operands(k, n, group_size, seed):
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16, (k, n), generator=gen)
-    groups = -(-k // group_size)
-    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half()
-    zeros = torch.randint(0, 17, (groups, n), generator=gen).half()
-    return pack_int32(codes, 4, dim=0), scales, zeros
 
 
 @pytest.mark.parametrize("m", [17, 32, 33, 64, 65, 128])
@@ -84,13 +80,9 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
     if cfg is not None and group_size < k and group_size % cfg.block_k:
         cfg = WgmmaConfig(cfg.block_n, 32, *list(cfg.__dict__.values())[2:])
     if cfg is not None and shared_bytes(cfg, m) > SHARED_BYTES:
-        pytest.skip("x stage over the shared memory limit (refused: tested on CPU)")
-    qweight, scales, zeros = _operands(k, n, group_size, seed=m + k + n)
+        pytest.skip("ring over the shared memory limit (refused: tested on CPU)")
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m + k + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
-                                    group_size)
     got = w4a16_gemm_wgmma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                            group_size, cfg)
-    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
-    tol = 1e-2 * expected.abs().max().item()
-    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)

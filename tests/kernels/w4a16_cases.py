@@ -1,0 +1,28 @@
+"""Random 4-bit weights and the reference check shared by the MMA-fragment and wgmma
+W4A16 kernel tests (imported by the test modules)."""
+from __future__ import annotations
+
+import torch
+
+from tamis.kernels import w4a16
+from tamis.quant.packing import pack_int32
+
+
+def wna16_operands(k: int, n: int, group_size: int, seed: int):
+    """(codes [K, N], canonical words, fp16 scales, integer zero points in [0, 16])."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (k, n), generator=gen)
+    groups = -(-k // group_size)
+    scales = (torch.rand(groups, n, generator=gen) * 0.02 + 0.001).half()
+    zeros = torch.randint(0, 17, (groups, n), generator=gen).half()
+    return codes, pack_int32(codes, 4, dim=0), scales, zeros
+
+
+def assert_matches_reference(got: torch.Tensor, x: torch.Tensor, qweight: torch.Tensor,
+                             scales: torch.Tensor, zeros: torch.Tensor, group_size: int):
+    """got (bf16, any device) against the fp32 reference within bf16 tolerance."""
+    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
+                                    group_size)
+    assert got.dtype == torch.bfloat16 and got.shape == expected.shape
+    tol = 1e-2 * expected.abs().max().item()
+    torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
