@@ -23,7 +23,7 @@ too (``_column_order``): the columns a thread holds in registers are adjacent in
 so its words of one row load as one vector of up to 16 bytes, and each result is stored
 at its physical column.
 
-Per word, one inline-PTX block (``_UNPACK``)::
+Per word, one inline-PTX block (``tamis.kernels.w4a16_fragments._UNPACK``)::
 
     v_j = lop3(word >> 4j, 0x000F000F, 0x43004300)   # bf16x2 (128 + q_j, 128 + q_{j+4})
     v_j = fma(v_j, 1, -(128 + z))                      # (q_j - z, q_{j+4} - z), exact
@@ -156,155 +156,9 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 if gluon is not None:
-
-    # Per word: $8 the word, $9 the column's -(128 + z) twice as bf16x2; $0..$7 the
-    # (lo, hi) halves of v_0..v_3, bf16.
-    _UNPACK_TEMPLATE = """{
- .reg .b32 t1, t2, t3, v0, v1, v2, v3, one;
- mov.b32 one, 0x3F803F80;
- shr.u32 t1, $8, 4;
- shr.u32 t2, $8, 8;
- shr.u32 t3, $8, 12;
- lop3.b32 v0, $8, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v1, t1, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v2, t2, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v3, t3, 0x000F000F, 0x43004300, 0xEA;
- fma.rn.bf16x2 v0, v0, one, $9;
- fma.rn.bf16x2 v1, v1, one, $9;
- fma.rn.bf16x2 v2, v2, one, $9;
- fma.rn.bf16x2 v3, v3, one, $9;
- mov.b32 {$0, $1}, v0;
- mov.b32 {$2, $3}, v1;
- mov.b32 {$4, $5}, v2;
- mov.b32 {$6, $7}, v3;
-}"""
-    _UNPACK = gl.constexpr(_UNPACK_TEMPLATE)
-
-    @gluon.jit
-    def _bf16x2(v):
-        """Float values -> their bf16 bits twice in one int32 (the (lo, hi) of a bf16x2)."""
-        bits = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-        return bits | (bits << 16)
-
-    @gluon.constexpr_function
-    def _column_order(a_layout, vector_columns):
-        """For each bit j of a logical output column (the A operand's row m), the bit of
-        the physical column a thread loads in its place. With ``vector_columns`` the
-        column bits a thread holds in registers come first, then its lane bits, then its
-        warp bits: a thread's words are adjacent in memory (one vector load instead of one
-        load per word) and the kernel stores each result at its physical column. Else
-        the identity."""
-        def bits(bases):
-            return [b[0].bit_length() - 1 for b in bases if b[0] and not b[1]]
-        order = bits(a_layout.reg_bases) + bits(a_layout.lane_bases) + bits(a_layout.warp_bases)
-        if not vector_columns:
-            return tuple(range(len(order)))
-        return tuple(order.index(j) for j in range(len(order)))
-
-    @gluon.constexpr_function
-    def _word_layout(a_layout, order):
-        """The layout of the word tile [BLOCK_N, BLOCK_K / 8] (physical columns) whose
-        unpacked codes, columns permuted to logical order (``_logical_columns``), land in
-        ``a_layout`` (the A operand's linear layout of [BLOCK_N, BLOCK_K], bases [m, k'])
-        with no data movement: its register bases for logical rows 1, 8, 16 become the 8
-        codes of a word; its other row bases map k' to word row
-        ((k' >> 1) & 3) + 4 * (k' >> 5); column bases map m to its physical column
-        (``order``), those in registers first so that they load as one vector."""
-        def to_word(basis):
-            n, k = basis
-            if n:
-                n = 1 << order[n.bit_length() - 1]
-            return [n, ((k >> 1) & 3) + 4 * (k >> 5)]
-        regs = [to_word(b) for b in a_layout.reg_bases if b not in ([0, 1], [0, 8], [0, 16])]
-        regs = sorted(regs, key=lambda b: (b[0] == 0, b[0]))
-        shape = [a_layout.shape[0], a_layout.shape[1] // 8]
-        return gl.DistributedLinearLayout(
-            reg_bases=regs, lane_bases=[to_word(b) for b in a_layout.lane_bases],
-            warp_bases=[to_word(b) for b in a_layout.warp_bases], block_bases=[], shape=shape)
-
-    @gluon.constexpr_function
-    def _column_permutation(order):
-        """The ``gl.permute`` order that takes a tensor reshaped to [2] * bits + [rest] in
-        physical column bits (most significant first) to logical bits."""
-        order = _plain(order)
-        nb = len(order)
-        return tuple(nb - 1 - order[j] for j in reversed(range(nb))) + (nb,)
-
-    @gluon.constexpr_function
-    def _plain(order):
-        """A column order as Python ints (a constexpr tuple passed on to a jitted function
-        arrives with its items wrapped)."""
-        return tuple(getattr(v, "value", v) for v in getattr(order, "value", order))
-
-    @gluon.constexpr_function
-    def _bit_shape(order, rest):
-        """[2] per column bit, then ``rest``."""
-        return [2] * len(_plain(order)) + [rest]
-
-    @gluon.constexpr_function
-    def _bit_count(order):
-        return len(_plain(order))
-
-    @gluon.jit
-    def _logical_columns(t, ORDER: gl.constexpr):
-        """t [BLOCK_N, R], rows in physical column order -> rows in logical order."""
-        BN: gl.constexpr = t.shape[0]
-        R: gl.constexpr = t.shape[1]
-        u = gl.reshape(t, _bit_shape(ORDER, R))
-        u = gl.permute(u, _column_permutation(ORDER).value)
-        return gl.reshape(u, [BN, R])
-
-    @gluon.jit
-    def _physical_columns(local, ORDER: gl.constexpr):
-        """Logical columns 0..BLOCK_N-1 of a tile -> their physical columns."""
-        col = gl.zeros_like(local)
-        for j in gl.static_range(_bit_count(ORDER)):
-            col |= ((local >> j) & 1) << ORDER[j]
-        return col
-
-    @gluon.constexpr_function
-    def _x_layout(b_layout):
-        """The layout of the x^T tile [BLOCK_K, BLOCK_M] in physical row order whose
-        permutation to logical order (``_logical_x``) is ``b_layout`` (the B operand's
-        linear layout, bases [k', m]): every row basis k' goes to pi(k'); the register
-        bases that are physical rows 1, 2, 4 come first, so that each thread's 8
-        contiguous values load as one vector."""
-        def pi(k):
-            return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
-                    | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
-        regs = [[pi(k), m] for k, m in b_layout.reg_bases]
-        regs = sorted(regs, key=lambda b: 0 if b in ([1, 0], [2, 0], [4, 0]) else 1)
-        return gl.DistributedLinearLayout(
-            reg_bases=regs, lane_bases=[[pi(k), m] for k, m in b_layout.lane_bases],
-            warp_bases=[[pi(k), m] for k, m in b_layout.warp_bases], block_bases=[],
-            shape=b_layout.shape)
-
-    @gluon.jit
-    def _logical_x(x, B_LAYOUT: gl.constexpr):
-        """x^T [BLOCK_K, BLOCK_M] in physical row order -> logical order, in B_LAYOUT."""
-        BK: gl.constexpr = x.shape[0]
-        BM: gl.constexpr = x.shape[1]
-        t = gl.reshape(x, [BK // 32, 2, 2, 2, 2, 2, BM])  # physical bits 4, 3, 2, 1, 0
-        t = gl.permute(t, [0, 3, 4, 1, 2, 5, 6])            # k' bits 4, 3, 2, 1, 0
-        t = gl.reshape(t, [BK, BM])
-        return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
-
-    @gluon.jit
-    def _unpack_tile(words, nzz, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
-        """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> (q - z) [BLOCK_N, BLOCK_K]
-        (bf16, logical columns) in A_LAYOUT."""
-        BN: gl.constexpr = words.shape[0]
-        KW: gl.constexpr = words.shape[1]
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _UNPACK, "=h,=h,=h,=h,=h,=h,=h,=h,r,r", [words, nzz],
-            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
-        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
-        t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
-        t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
-        t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
-        t = _logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
-        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
+    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_x, _min,
+                                               _physical_columns, _store_out_t,
+                                               _unpack_tile, _word_layout, _x_layout)
 
     @gluon.jit
     def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn, mask_cn,
@@ -450,34 +304,6 @@ if gluon is not None:
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
-
-    @gluon.jit
-    def _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
-                     stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr):
-        """Store acc (out^T: [columns, rows]) as bf16 out[rows, columns]; with split K,
-        this program's fp32 partials to part_ptr [SPLIT, M, N] instead, and the last
-        split of the tile (one counter per row block x column block, grid axis 0 the
-        column blocks) sums them in split order, stores out and resets the counter."""
-        out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
-        if not HAS_SPLIT:
-            gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
-        else:
-            part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
-            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
-            gl.thread_barrier()  # every thread's partials are stored before the count
-            tile = pid_m * gl.num_programs(0) + pid_n
-            done = gl.atomic_add(count_ptr + tile, 1)
-            if done == SPLIT - 1:
-                total = gl.zeros_like(acc)
-                for sk in range(SPLIT):
-                    total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
-                gl.store(count_ptr + tile, 0)
-
-    @gluon.constexpr_function
-    def _min(a, b):
-        return min(a, b)
 
     @gluon.constexpr_function
     def _x_row_padding(block_k):

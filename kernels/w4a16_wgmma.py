@@ -53,8 +53,9 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
-    from tamis.kernels.w4a16_mma import (_bf16x2, _column_order, _logical_columns, _min,
-                                         _physical_columns, _store_out_t, _word_layout)
+    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _min, _physical_columns,
+                                               _physical_rows, _store_out_t, _unpack_tile_scaled,
+                                               _word_layout)
 
 WGMMA_MAX_M = 128
 WGMMA_MIN_N = 8192  # wide layers (gate/up of an 8B model): where it is dispatched
@@ -113,58 +114,6 @@ def shared_bytes(config: WgmmaConfig, m: int) -> int:
 
 
 if gluon is not None:
-
-    # Per word: $8 the word, $9 the column's -(128 + z) twice and $10 its scale twice, as
-    # bf16x2; $0..$7 the (lo, hi) halves of v_0..v_3 = ((q - z) * s), bf16.
-    _UNPACK_SCALED_TEMPLATE = """{
- .reg .b32 t1, t2, t3, v0, v1, v2, v3, one, nz;
- mov.b32 one, 0x3F803F80;
- mov.b32 nz, 0x80008000;
- shr.u32 t1, $8, 4;
- shr.u32 t2, $8, 8;
- shr.u32 t3, $8, 12;
- lop3.b32 v0, $8, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v1, t1, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v2, t2, 0x000F000F, 0x43004300, 0xEA;
- lop3.b32 v3, t3, 0x000F000F, 0x43004300, 0xEA;
- fma.rn.bf16x2 v0, v0, one, $9;
- fma.rn.bf16x2 v1, v1, one, $9;
- fma.rn.bf16x2 v2, v2, one, $9;
- fma.rn.bf16x2 v3, v3, one, $9;
- fma.rn.bf16x2 v0, v0, $10, nz;
- fma.rn.bf16x2 v1, v1, $10, nz;
- fma.rn.bf16x2 v2, v2, $10, nz;
- fma.rn.bf16x2 v3, v3, $10, nz;
- mov.b32 {$0, $1}, v0;
- mov.b32 {$2, $3}, v1;
- mov.b32 {$4, $5}, v2;
- mov.b32 {$6, $7}, v3;
-}"""
-    _UNPACK_SCALED = gl.constexpr(_UNPACK_SCALED_TEMPLATE)
-
-    @gluon.jit
-    def _unpack_scaled(words, nzz, ss, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
-        """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> ((q - z) * s)
-        [BLOCK_N, BLOCK_K] (bf16, logical columns) in A_LAYOUT, with no data movement."""
-        BN: gl.constexpr = words.shape[0]
-        KW: gl.constexpr = words.shape[1]
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
-            dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
-        q0 = gl.join(gl.join(o0, o1), gl.join(o2, o3))
-        q1 = gl.join(gl.join(o4, o5), gl.join(o6, o7))
-        t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
-        t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
-        t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
-        t = _logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
-        return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
-
-    @gluon.jit
-    def _physical_rows(k):
-        """Logical row k' of a 32-row block -> its physical row (``tamis.kernels.w4a16_mma``:
-        k' bits 0, 3, 4 -> bits 0, 1, 2 and k' bits 1, 2 -> bits 3, 4)."""
-        return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
-                | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
 
     @gluon.jit
     def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_n, mask_n,
@@ -258,7 +207,7 @@ if gluon is not None:
             words = w_smem.index(i % STAGES).load(WL)
             nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K,
                                               K, offs_zn, mask_zn, GROUP_SIZE)
-            w = _unpack_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
+            w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
             acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
             nzz, ss = nzz_next, ss_next
