@@ -18,10 +18,10 @@ per warpgroup), x^T [BLOCK_K, BLOCK_M] is B. Per program:
    ``cp.async``, ``STAGES - 1`` steps ahead of the one being multiplied: a slot is
    refilled only after every warp has passed the barrier that follows its last read
    and its wait for the wgmma that read it.
-2. Per word, the inline PTX of ``_UNPACK_SCALED`` gives ((q - z) * s) as bf16x2 (the
-   group scale folded into the weight, so the accumulator chains through every step):
-   3 shifts, 4 lop3, 4 fma for q - z (exact) and 4 fma for the scale (one rounding to
-   bf16, as Marlin-class kernels do).
+2. Per word, the inline PTX of ``tamis.kernels.w4a16_fragments._UNPACK_SCALED`` gives
+   ((q - z) * s) as bf16x2 (the group scale folded into the weight, so the accumulator
+   chains through every step): 3 shifts, 4 lop3, 4 fma for q - z (exact) and 4 fma for
+   the scale (one rounding to bf16, as Marlin-class kernels do).
 3. ``warpgroup_mma``, then a wait for it before the next step's unpack. Leaving it
    running during the next unpack (``num_outstanding=1``) gave wrong results on the
    H200 (bench/results/quant.md, session 9): the SASS reuses the A operand's registers
