@@ -133,7 +133,8 @@ if gluon is not None:
         zeros, as are rows past K, columns past N and rows of x past M."""
         if EVEN:
             step = gl.minimum(step, NSTEPS - 1)
-            async_copy.async_copy_global_to_shared(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
+            async_copy.async_copy_global_to_shared(
+                w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
             async_copy.async_copy_global_to_shared(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm)
         else:
             k = k_lo + step * BLOCK_K
