@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tamis.kernels._triton import kernel, use_triton
-from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.splitk import even_split, sm_count, split_buffers
 
 try:
     import triton
@@ -175,11 +175,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
     blocks = triton.cdiv(n, config.block_n)
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if splits > 1:
-        partials = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, blocks)
-    else:
-        partials = counters = out  # unused
+    partials, counters = split_buffers(out, splits, (block_m, n), blocks)
     _gemv_kernel[(blocks, splits)](
         x, weight, out if scale is None else scale, out, partials, counters, m, n, k, k_split,
         x.stride(0), weight.stride(0), out.stride(0),

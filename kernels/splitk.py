@@ -34,6 +34,17 @@ def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
     return buf
 
 
+def split_buffers(out: torch.Tensor, splits: int, partial_shape: tuple[int, ...],
+                  tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partials, counters) of a launch with ``splits`` programs per output tile: a fresh
+    fp32 [splits, *partial_shape] buffer and the shared counters of ``tiles`` tiles; with
+    one split, ``out`` twice (the kernel takes both arguments but touches neither)."""
+    if splits == 1:
+        return out, out
+    partials = torch.empty((splits, *partial_shape), dtype=torch.float32, device=out.device)
+    return partials, split_counters(out.device, tiles)
+
+
 def even_split(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """(splits, K per split): each split a whole number of ``block_k`` tiles, none empty."""
     tiles = -(-k // block_k)

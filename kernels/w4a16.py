@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tamis.kernels.splitk import sm_count, split_counters
+from tamis.kernels.splitk import sm_count, split_buffers
 from tamis.kernels.w4a16_gemv import (  # noqa: F401  (re-exported)
     GEMV_MAX_M, GemvConfig, gemv_supported, pick_gemv_config, w4a16_gemv_triton)
 from tamis.kernels.w4a16_gemv_packed import (  # noqa: F401  (re-exported)
@@ -244,11 +244,7 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     splits = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), splits)
-    if splits > 1:
-        partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, grid[0] * grid[1])
-    else:
-        partials = counters = out  # unused
+    partials, counters = split_buffers(out, splits, (m, n), grid[0] * grid[1])
     _wna16_gemm_kernel[grid](
         x, qweight, scales, zeros, out, partials, counters, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.splitk import even_split, sm_count, split_buffers
 
 try:
     import triton
@@ -204,11 +204,7 @@ def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     blocks = triton.cdiv(n, config.block_n)
     block_m = 1 if m == 1 else (2 if m == 2 else 4)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if splits > 1:
-        partials = torch.empty((splits, block_m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, blocks)
-    else:
-        partials = counters = out  # unused
+    partials, counters = split_buffers(out, splits, (block_m, n), blocks)
     _wna16_gemv_kernel[(blocks, splits)](
         x, qweight, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),

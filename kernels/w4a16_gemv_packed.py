@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.splitk import even_split, sm_count, split_buffers
 
 try:
     import triton
@@ -266,11 +266,7 @@ def w4a16_gemv_packed(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     even_n = n % config.block_n == 0
     prefetch = config.prefetch and even_k  # it loads whole tiles: K must split evenly
     out = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    if splits > 1:
-        partials = torch.empty((splits, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, blocks)
-    else:
-        partials = counters = out  # unused
+    partials, counters = split_buffers(out, splits, (n,), blocks)
     bf16 = x.dtype == torch.bfloat16
     _w4_gemv_packed_kernel[(blocks, splits)](
         x, x.view(torch.int32), qweight, scales, zeros, out, partials, counters,

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tamis.kernels.splitk import even_split, sm_count, split_counters
+from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels.w4a16 import code_shifts
 
 try:
@@ -354,11 +354,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if splits > 1:
-        partials = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
-        counters = split_counters(x.device, blocks * m_blocks)
-    else:
-        partials = counters = out  # unused
+    partials, counters = split_buffers(out, splits, (m, n), blocks * m_blocks)
     _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),

@@ -125,6 +125,16 @@ def test_gemv_split_counters_reset_between_calls():
     assert int(split_counters(torch.device(device), 1).abs().sum()) == 0
 
 
+def test_split_buffers_fresh_partials_and_zeroed_counters():
+    from tamis.kernels.splitk import split_buffers
+    out = torch.empty(3, 40, dtype=torch.bfloat16)
+    assert all(t is out for t in split_buffers(out, 1, (3, 40), 5))
+    partials, counters = split_buffers(out, 4, (3, 40), 5)
+    assert partials.shape == (4, 3, 40) and partials.dtype == torch.float32
+    assert counters.dtype == torch.int32 and counters.numel() >= 5
+    assert int(counters.abs().sum()) == 0
+
+
 def test_gemv_refuses_partial_word_groups():
     assert w4a16.gemv_supported(1, 4096, 128, 4)
     assert not w4a16.gemv_supported(w4a16.GEMV_MAX_M + 1, 4096, 128, 4)
