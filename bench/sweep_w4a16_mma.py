@@ -1,20 +1,18 @@
 """Sweep the tiles of the MMA-fragment W4A16 kernel (``tamis.kernels.w4a16_mma``) at
 Llama-3.1-8B layer shapes on a CUDA GPU, against bf16 ``F.linear`` and the current
-``w4a16_gemm`` dispatch in the same process. Every candidate is checked against the fp32
-product with the dequantized weight before it is timed (CUDA-graph replay, as decode runs).
+``w4a16_gemm`` dispatch in the same process (``tile_sweep.py``: every candidate is checked
+against the fp32 product with the dequantized weight before it is timed by CUDA-graph
+replay, as decode runs).
 
     python bench/sweep_w4a16_mma.py [--ms 1 16 32 64] [--quick] [--verbose]
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import SHAPES, graph_time, w4a16_operands  # noqa: E402
+from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
@@ -49,58 +47,8 @@ def candidates(m: int, n: int, k: int, quick: bool):
 
 
 def main() -> None:
-    import torch.nn.functional as F
-
-    from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack, w4a16_gemm_mma
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32, 64])
-    parser.add_argument("--quick", action="store_true", help="defaults only")
-    parser.add_argument("--verbose", action="store_true", help="print every candidate's time")
-    args = parser.parse_args()
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
-    table = []
-    for k, n in SHAPES:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
-        qweight, scales, zeros = w4a16_operands(k, n)
-        packed = mma_pack(qweight, k)
-        dense = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        for m in args.ms:
-            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-            ref = x.float() @ dense
-            scale = ref.abs().max()
-            t_bf16 = graph_time(lambda: F.linear(x, weight))
-            t_cur = graph_time(lambda: w4a16.w4a16_gemm(x, qweight, scales, zeros, 128))
-            t_tl = graph_time(lambda: w4a16.w4a16_gemm(x, packed, scales, zeros, 128,
-                                                       interleaved=True))
-            best = (float("inf"), None)
-            t_default = None
-            for tag, cfg in candidates(m, n, k, args.quick):
-                out = w4a16_gemm_mma(x, packed, scales, zeros, 128, cfg)
-                err = ((out.float() - ref).abs().max() / scale).item()
-                if err > 2e-2:
-                    print(f"  WRONG {k}x{n} M={m} {cfg}: rel err {err:.3g}", flush=True)
-                    continue
-                t = graph_time(lambda: w4a16_gemm_mma(x, packed, scales, zeros, 128, cfg))
-                if args.verbose:
-                    print(f"  {k}x{n} M={m} {t * 1e3:.1f}us {cfg}", flush=True)
-                if tag == "default":
-                    t_default = t
-                    print(f"  {k}x{n} M={m} default {cfg}: {t * 1e3:.1f}us err {err:.2g}",
-                          flush=True)
-                if t < best[0]:
-                    best = (t, cfg)
-            table.append((f"{k}x{n}", m, t_bf16, t_cur, t_default, best[0], best[1]))
-            print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f} current {t_cur * 1e3:.1f} "
-                  f"interleaved dispatch {t_tl * 1e3:.1f} "
-                  f"mma default {t_default * 1e3 if t_default else float('nan'):.1f} "
-                  f"best {best[0] * 1e3:.1f}us {best[1]}", flush=True)
-    print("\nKxN           M    bf16  current   x     mma   x     best   x")
-    for shape, m, tb, tc, td, tbest, cfg in table:
-        td = td or float("nan")
-        print(f"{shape:12s} {m:3d} {tb * 1e3:7.1f} {tc * 1e3:7.1f} {tb / tc:5.2f} "
-              f"{td * 1e3:6.1f} {tb / td:5.2f} {tbest * 1e3:6.1f} {tb / tbest:5.2f}  {cfg}")
+    from tamis.kernels.w4a16_mma import w4a16_gemm_mma
+    run_tile_sweep(__doc__.splitlines()[0], w4a16_gemm_mma, candidates, [1, 16, 32, 64])
 
 
 if __name__ == "__main__":

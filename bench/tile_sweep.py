@@ -1,0 +1,76 @@
+"""The loop the W4A16 tile sweeps share (``sweep_w4a16_mma.py``, ``sweep_w4a16_wgmma.py``):
+for each Llama-3.1-8B layer shape and M, bf16 ``F.linear`` and the current
+``w4a16_gemm`` dispatch on the interleaved words a model's layers hold, then every
+candidate tile of one kernel, each checked against the fp32 product with the dequantized
+weight (NaN or a relative error over 2e-2 is WRONG and not timed) before it is timed by
+CUDA-graph replay. The table comes last: bf16, the dispatch, the kernel's default and
+its best candidate, each with bf16 time / its time.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench_quant import SHAPES, graph_time, w4a16_operands
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max error over the largest reference value; inf where anything is NaN."""
+    if torch.isnan(out).any():
+        return float("inf")
+    return ((out.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) -> None:
+    """``kernel(x, packed, scales, zeros, group_size, config)``; ``candidates(m, n, k,
+    quick)`` yields (tag, config) pairs, the kernel's default first, tagged "default"."""
+    import torch.nn.functional as F
+
+    from tamis.kernels import w4a16
+    from tamis.kernels.w4a16_mma import mma_pack
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--ms", type=int, nargs="+", default=default_ms)
+    parser.add_argument("--quick", action="store_true", help="defaults only")
+    parser.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), flush=True)
+    table = []
+    for k, n in SHAPES:
+        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        qweight, scales, zeros = w4a16_operands(k, n)
+        packed = mma_pack(qweight, k)
+        ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
+        for m in args.ms:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            ref = x.float() @ ref_weight
+            t_bf16 = graph_time(lambda: F.linear(x, weight))
+            t_cur = graph_time(lambda: w4a16.w4a16_gemm(x, packed, scales, zeros, 128,
+                                                        interleaved=True))
+            best, t_default = (float("inf"), None), None
+            for tag, cfg in candidates(m, n, k, args.quick):
+                torch.cuda.synchronize()
+                try:
+                    err = relative_error(kernel(x, packed, scales, zeros, 128, cfg), ref)
+                except ValueError as exc:  # a tile the kernel refuses for this call
+                    print(f"  skip {cfg}: {exc}", flush=True)
+                    continue
+                if err > 2e-2:
+                    print(f"  WRONG {k}x{n} M={m} {cfg}: rel err {err:.3g}", flush=True)
+                    continue
+                t = graph_time(lambda: kernel(x, packed, scales, zeros, 128, cfg))
+                if args.verbose:
+                    print(f"  {k}x{n} M={m} {t * 1e3:.1f}us err {err:.2g} {cfg}", flush=True)
+                if tag == "default":
+                    t_default = t
+                if t < best[0]:
+                    best = (t, cfg)
+            table.append((f"{k}x{n}", m, t_bf16, t_cur, t_default or float("nan"), *best))
+            print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f} dispatch {t_cur * 1e3:.1f} "
+                  f"default {table[-1][4] * 1e3:.1f} best {best[0] * 1e3:.1f}us {best[1]}",
+                  flush=True)
+    print("\nKxN           M    bf16  dispatch  x  default   x     best   x")
+    for shape, m, tb, tc, td, tbest, cfg in table:
+        print(f"{shape:12s} {m:3d} {tb * 1e3:7.1f} {tc * 1e3:7.1f} {tb / tc:5.2f} "
+              f"{td * 1e3:6.1f} {tb / td:5.2f} {tbest * 1e3:6.1f} {tb / tbest:5.2f}  {cfg}")
