@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from w4a16_cases import assert_matches_reference  # noqa: E402
+from w4a16_cases import KERNEL_SHAPES, assert_matches_reference  # noqa: E402
 from w4a16_cases import wna16_operands as _operands  # noqa: E402
 
 from tamis.kernels import w4a16_mma  # noqa: E402
@@ -80,9 +80,7 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
 @pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
-@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (576, 300, 64),
-                                            (1024, 520, 1024), (576, 136, 32),
-                                            (576, 200, 128)])
+@pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))
 def test_kernel_matches_reference(m, k, n, group_size, config):
     cfg = _CONFIGS[config]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from w4a16_cases import assert_matches_reference, wna16_operands  # noqa: E402
+from w4a16_cases import (KERNEL_SHAPES, assert_matches_reference,  # noqa: E402
+                         wna16_operands)
 
 from tamis.kernels import w4a16_wgmma  # noqa: E402
 from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
@@ -71,9 +72,7 @@ _CONFIGS = [None, WgmmaConfig(64, 128, 1, 4, 4), WgmmaConfig(128, 128, 2, 8, 3),
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma needs a Hopper GPU")
 @pytest.mark.parametrize("m", [17, 33, 64, 100, 128])
-@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (576, 300, 64),
-                                            (1024, 520, 1024), (576, 136, 32),
-                                            (576, 200, 128)])
+@pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))
 def test_kernel_matches_reference(m, k, n, group_size, config):
     cfg = _CONFIGS[config]

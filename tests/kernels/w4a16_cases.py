@@ -8,6 +8,12 @@ from tamis.kernels import w4a16
 from tamis.quant.packing import pack_int32
 
 
+# (K, N, group size): a real layer, N not a multiple of the tiles, one group over all of
+# K, 32-row groups, and groups that do not divide K (ceil(K / G) groups).
+KERNEL_SHAPES = [(4096, 4096, 128), (576, 300, 64), (1024, 520, 1024), (576, 136, 32),
+                 (576, 200, 128)]
+
+
 def wna16_operands(k: int, n: int, group_size: int, seed: int):
     """(codes [K, N], canonical words, fp16 scales, integer zero points in [0, 16])."""
     gen = torch.Generator().manual_seed(seed)
