@@ -18,14 +18,10 @@ The contract (``tamis.kernels.w4a16_mma``'s docstring has the derivation):
 """
 from __future__ import annotations
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-except ImportError:  # no triton, or one without Gluon
-    gluon = None
-
+from tamis.kernels._gluon import gluon
 
 if gluon is not None:
+    from tamis.kernels._gluon import gl, thread_barrier
 
     # Per word: $8 the word, $9 the column's -(128 + z) twice as bf16x2; $0..$7 the
     # (lo, hi) halves of v_0..v_3 = (q - z), bf16 (nz, -0.0 twice, serves the scaled
@@ -221,7 +217,7 @@ if gluon is not None:
         else:
             part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
             gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
-            gl.thread_barrier()  # every thread's partials are stored before the count
+            thread_barrier()  # every thread's partials are stored before the count
             tile = pid_m * gl.num_programs(0) + pid_n
             done = gl.atomic_add(count_ptr + tile, 1)
             if done == SPLIT - 1:

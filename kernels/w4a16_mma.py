@@ -49,12 +49,12 @@ import torch
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels.w4a16 import code_shifts
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
+from tamis.kernels._gluon import gluon
+
+if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-except ImportError:  # no triton, or one without Gluon
-    gluon = None
+
+    from tamis.kernels._gluon import gl, thread_barrier
 
 MMA_MAX_M = 64
 
@@ -272,10 +272,10 @@ if gluon is not None:
                 words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
                                     K, EVEN)
             if X_SHARED:
-                gl.thread_barrier()  # every warp has read the last step's tile
+                thread_barrier()  # every warp has read the last step's tile
                 x_smem.store(x_ahead)
                 x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
-                gl.thread_barrier()
+                thread_barrier()
                 x = x_smem.load(XL)
             else:
                 x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)

@@ -45,14 +45,15 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
-from tamis.kernels.w4a16_mma import _weight_supported, gluon
+from tamis.kernels._gluon import gluon
+from tamis.kernels.w4a16_mma import _weight_supported
 
 if gluon is not None:
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
+    from tamis.kernels._gluon import async_load, gl, thread_barrier
     from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _min, _physical_columns,
                                                _physical_rows, _store_out_t, _unpack_tile_scaled,
                                                _word_layout)
@@ -133,17 +134,14 @@ if gluon is not None:
         zeros, as are rows past K, columns past N and rows of x past M."""
         if EVEN:
             step = gl.minimum(step, NSTEPS - 1)
-            async_copy.async_copy_global_to_shared(
-                w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
-            async_copy.async_copy_global_to_shared(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm)
+            async_load(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
+            async_load(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm)
         else:
             k = k_lo + step * BLOCK_K
             w_ok = (k + offs_wr * 8 < K)[None, :] & (step < NSTEPS)
-            async_copy.async_copy_global_to_shared(
-                w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk, mask=mask_wn & w_ok)
+            async_load(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk, mask=mask_wn & w_ok)
             x_ok = (k + offs_xk < K)[:, None] & (step < NSTEPS)
-            async_copy.async_copy_global_to_shared(x_dst, x_ptrs + step * BLOCK_K,
-                                                   mask=mask_xm & x_ok)
+            async_load(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm & x_ok)
         async_copy.commit_group()
 
     @gluon.jit
@@ -199,7 +197,7 @@ if gluon is not None:
         for i in range(NSTEPS):
             async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
             fence_async_shared()               # ... visible to the tensor cores
-            gl.thread_barrier()                # every thread's copies, and every warp is
+            thread_barrier()                   # every thread's copies, and every warp is
                                                # past its reads of step i - 1's slot
             ahead = i + AHEAD
             _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,

@@ -1,0 +1,26 @@
+"""Gluon (Triton's explicit-layout dialect, ``triton.experimental.gluon``) for the
+W4A16 tensor-core kernels, across the Triton releases tamis meets: the H200 image's 3.6
+and PyPI's 3.9, which renamed two builtins (Gluon is experimental). The kernels use the
+names below instead of the release's own.
+
+- ``thread_barrier``: a barrier of the program's threads (3.6 ``gl.thread_barrier``,
+  3.9 ``gl.barrier``).
+- ``async_load``: ``cp.async`` from global to shared memory (3.6
+  ``async_copy_global_to_shared``, 3.9 ``async_load``; 3.9 keeps the old name only to
+  raise).
+
+``gluon`` is None where Triton or Gluon is missing (CPU-only installs); then the
+kernels are never called (their dispatch checks) and none of the names exist.
+"""
+from __future__ import annotations
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+except ImportError:  # no triton, or one without Gluon
+    gluon = None
+
+if gluon is not None:
+    thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared

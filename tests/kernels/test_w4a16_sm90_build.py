@@ -1,0 +1,96 @@
+"""The Gluon W4A16 kernels built for sm_90 without a GPU (``sm90_build``): they compile
+with the installed Triton, their layout conversions are trivial (asserted while
+compiling), nothing spills, the tensor-core instructions are there, and no instruction
+overwrites the registers of a wgmma still in flight. The GPU tests check their results."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sm90_build import compile_sm90, inflight_clobbers, parse_sass  # noqa: E402
+
+from tamis.kernels import w4a16_mma, w4a16_wgmma  # noqa: E402
+
+needs_gluon = pytest.mark.skipif(w4a16_mma.gluon is None, reason="triton without Gluon")
+
+_SIGNATURE = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16",
+              "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
+              "N": "i32", "K": "i32", "K_SPLIT": "i32", "SPLIT": "i32", "stride_xm": "i32",
+              "stride_qk": "i32", "stride_sg": "i32", "stride_om": "i32"}
+
+
+def _listing(*lines: str) -> str:
+    return "\n".join(f"        /*{16 * i:04x}*/                   {line} ;"
+                     for i, line in enumerate(lines))
+
+
+def test_checker_flags_a_write_to_registers_of_a_wgmma_in_flight():
+    sass = _listing("HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR8], R24, gsb0",
+                    "IMAD R58, R1, R2, RZ",
+                    "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+                    "IMAD R59, R1, R2, RZ")
+    found = inflight_clobbers(parse_sass(sass))
+    assert len(found) == 1 and "R58" in found[0]
+
+
+def test_checker_follows_the_loop_back_edge():
+    sass = _listing("IMAD.WIDE R56, R1, 0x4, R2",          # loop top: writes R56, R57
+                    "HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR8], R24, gsb0",
+                    "WARPGROUP.DEPBAR.LE gsb0, 0x1",        # one group left in flight
+                    "@P0 BRA 0x0000",
+                    "WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    found = inflight_clobbers(parse_sass(sass))
+    assert len(found) == 1 and "IMAD.WIDE" in found[0]
+
+
+def test_checker_passes_writes_after_the_wait_and_to_other_registers():
+    sass = _listing("HGMMA.64x64x16.F32.BF16 R24, R56, gdesc[UR8], R24, gsb0",
+                    "IMAD R60, R1, R2, RZ",
+                    "LDG.E.128 R52, desc[UR4][R2.64]",      # R52..R55
+                    "STG.E desc[UR4][R56.64], R1",          # reads R56, writes memory
+                    "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+                    "IMAD R56, R1, R2, RZ")
+    assert inflight_clobbers(parse_sass(sass)) == []
+
+
+def _wgmma_build(block_m, block_n, block_k, warps, stages, split=False, even=True):
+    constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                      HAS_SPLIT=split, NUM_WARPS=warps, STAGES=stages, EVEN=even)
+    return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps)
+
+
+@needs_gluon
+@pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even", [
+    (32, 128, 128, 4, 2, False, True),    # wide layers, 17..32 rows (the dispatch's tile)
+    (64, 128, 128, 4, 2, False, True),    # wide layers, 33..64 rows
+    (64, 64, 128, 4, 3, True, True),      # the narrow default, split K
+    (32, 64, 32, 4, 3, True, False),      # 32-row groups, masked tails
+    (64, 256, 64, 8, 3, True, True),      # two warpgroups
+])
+def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k, warps,
+                                                      stages, split, even):
+    build = _wgmma_build(block_m, block_n, block_k, warps, stages, split, even)
+    assert build.count("HGMMA") > 0, "no wgmma in the SASS"
+    assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
+    assert inflight_clobbers(build.instructions()) == []
+
+
+@needs_gluon
+@pytest.mark.parametrize("block_m,config", [
+    (8, w4a16_mma.MmaConfig(128, 128, 8, 4)),                                  # M = 1
+    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False)),
+    (64, w4a16_mma.MmaConfig(64, 64, 2, 4, 1, 64, 1, x_shared=True)),
+])
+def test_mma_kernel_builds_for_sm90(block_m, config):
+    constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                      BLOCK_K=config.block_k, HAS_SPLIT=config.split_k > 1,
+                      NUM_WARPS=config.num_warps, WARPS_M=config.warps_m,
+                      PREFETCH=config.prefetch, X_SHARED=config.x_shared,
+                      LOAD_STEPS=config.load_steps, VECTOR_COLUMNS=config.vector_columns,
+                      EVEN=True)
+    build = compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps)
+    assert build.count("HMMA") > 0, "no mma.sync in the SASS"
+    assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
