@@ -17,18 +17,20 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default, then 64 columns on 4 warps, 128 on 4 or 8, 256 on 8; steps of 128 or
-    64 rows; K split 1, 2 or 4 ways (at least 4 steps a split); rings of 2-4 slots."""
+    """The default, then 64 or 128 columns on one warpgroup (8 warps and 256 columns won
+    no cell in session 9); steps of 128 or 64 rows; K split 1, 2 or 4 ways (at least 4
+    steps a split); rings of 2-4 slots, single steps or steps in pairs (``pairs``: the
+    second unpack overlapping the first wgmma)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
                                            shared_bytes)
     yield "default", pick_wgmma_config(m, n, k, 128)
     if quick:
         return
-    for bn, warps in ((64, 4), (128, 8), (256, 8), (128, 4)):
+    for bn in (64, 128):
         for bk in (128, 64):
             for split in (1, 2, 4):
-                for stages in (2, 3, 4):
-                    cfg = WgmmaConfig(bn, bk, split, warps, stages)
+                for stages, pairs in ((2, False), (3, False), (4, False), (3, True), (4, True)):
+                    cfg = WgmmaConfig(bn, bk, split, 4, stages, pairs)
                     if k // split >= 4 * bk and shared_bytes(cfg, m) <= SHARED_BYTES:
                         yield "", cfg
 

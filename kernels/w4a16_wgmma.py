@@ -26,8 +26,12 @@ per warpgroup), x^T [BLOCK_K, BLOCK_M] is B. Per program:
    running during the next unpack (``num_outstanding=1``) gave wrong results on the
    H200 (bench/results/quant.md, session 9): the SASS reuses the A operand's registers
    for the next step's address arithmetic while the wgmma still reads them (passing
-   the tile to ``warpgroup_mma_wait``'s deps did not keep them). Overlap comes from
-   the other warpgroups of the multiprocessor instead.
+   the tile to ``warpgroup_mma_wait``'s deps did not keep them: a loop-carried value
+   may move). Overlap comes from the other warpgroups of the multiprocessor, and with
+   ``pairs`` from two steps issued before one wait: the second step's unpack runs while
+   the first wgmma does, and both tiles, used by that wait, stay where they are
+   (checked on the SASS in CI: ``tests/kernels/test_w4a16_sm90_build.py``; not yet
+   timed on the H200).
 
 K is split over programs as in the other W4A16 kernels (the last program of a tile sums
 the partials in split order, ``tamis.kernels.splitk``). Scales and zero points of the
@@ -70,6 +74,10 @@ class WgmmaConfig:
     split_k: int = 4          # programs along K per column block
     num_warps: int = 4        # 4 (one warpgroup) or 8
     stages: int = 3           # ring slots of (word, x^T) tiles; stages - 1 in flight
+    # Steps in pairs, the second step's unpack overlapping the first's wgmma (stages - 2
+    # in flight; needs 3 stages). Built and hazard-checked for sm_90 in CI; not yet
+    # timed on the H200, so no default takes it.
+    pairs: bool = False
 
 
 def wgmma_device_supported(device: torch.device) -> bool:
@@ -145,12 +153,37 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
+    def _issue_step(acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+                    stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
+                    NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
+                    STAGES: gl.constexpr, AHEAD: gl.constexpr, WL: gl.constexpr,
+                    A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr):
+        """Step i: wait for its tiles, refill the ring AHEAD steps on, unpack its weight
+        tile and issue its wgmma (left running). Returns (acc, the weight tile the wgmma
+        reads, the next step's zero points and scales)."""
+        async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
+        fence_async_shared()               # ... visible to the tensor cores
+        thread_barrier()                   # every thread's copies, and every warp is past
+                                           # its reads of the slot refilled next
+        ahead = i + AHEAD
+        _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs, x_ptrs,
+                   ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk, NSTEPS,
+                   BLOCK_K, EVEN)
+        words = w_smem.index(i % STAGES).load(WL)
+        nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K, K,
+                                          offs_zn, mask_zn, GROUP_SIZE)
+        w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
+        acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
+        return acc, w, nzz_next, ss_next
+
+    @gluon.jit
     def _w4_wgmma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
-        NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, EVEN: gl.constexpr,
+        NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr,
+        EVEN: gl.constexpr,
     ):
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -164,7 +197,9 @@ if gluon is not None:
                                                 element_bitwidth=16, rank=2, transposed=True)
         WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0, 1])  # N contiguous
         NSTEPS = K_SPLIT // BLOCK_K
-        AHEAD: gl.constexpr = STAGES - 1  # steps in flight past the one being multiplied
+        # Steps in flight past the one being multiplied; with PAIRS one fewer, since
+        # the slot of the step before is still read by its wgmma.
+        AHEAD: gl.constexpr = STAGES - 1 - PAIRS
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
@@ -194,22 +229,30 @@ if gluon is not None:
         nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, GROUP_SIZE)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        for i in range(NSTEPS):
-            async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
-            fence_async_shared()               # ... visible to the tensor cores
-            thread_barrier()                   # every thread's copies, and every warp is
-                                               # past its reads of step i - 1's slot
-            ahead = i + AHEAD
-            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
-                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
-                       NSTEPS, BLOCK_K, EVEN)
-            words = w_smem.index(i % STAGES).load(WL)
-            nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K,
-                                              K, offs_zn, mask_zn, GROUP_SIZE)
-            w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
-            acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
+        if PAIRS:
+            # The second step's unpack overlaps the first step's wgmma; both tiles stay
+            # live until the wait that retires both (tests/kernels/sm90_build.py checks
+            # that no instruction overwrites them in between).
+            for i in range(0, NSTEPS - 1, 2):
+                acc, w_a, nzz, ss = _issue_step(
+                    acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+                    stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
+                    NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN)
+                acc, w_b, nzz, ss = _issue_step(
+                    acc, i + 1, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                    stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
+                    mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
+                    EVEN)
+                acc, w_a, w_b = warpgroup_mma_wait(num_outstanding=0, deps=[acc, w_a, w_b])
+            first_single = NSTEPS - NSTEPS % 2
+        else:
+            first_single = 0
+        for i in range(first_single, NSTEPS):
+            acc, w, nzz, ss = _issue_step(
+                acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+                stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
+                NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            nzz, ss = nzz_next, ss_next
         async_copy.wait_group(0)
 
         offs_cn = pid_n * BLOCK_N + _physical_columns(
@@ -250,8 +293,9 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
                          f"{config.num_warps} warps, block_n {config.block_n}")
     block_m = wgmma_block_m(m)
     splits, k_split = even_split(k, config.block_k, config.split_k)
-    if config.stages < 2:
-        raise ValueError(f"WgmmaConfig needs at least 2 stages; got {config.stages}")
+    if config.stages < 2 + config.pairs:
+        raise ValueError(f"WgmmaConfig needs at least {2 + config.pairs} stages"
+                         f"{' with pairs' if config.pairs else ''}; got {config.stages}")
     shared = shared_bytes(config, m)
     if shared > SHARED_BYTES:
         raise ValueError(f"{config.stages} stages of {config.block_k}-row tiles at "
@@ -266,7 +310,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
         m, n, k, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, K_SPLIT=k_split, SPLIT=splits, HAS_SPLIT=splits > 1,
-        NUM_WARPS=config.num_warps, STAGES=config.stages,
+        NUM_WARPS=config.num_warps, STAGES=config.stages, PAIRS=config.pairs,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

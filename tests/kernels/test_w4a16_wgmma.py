@@ -48,6 +48,8 @@ def test_block_m_rounds_rows_up():
     (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(block_k=128), "divide"),
     (torch.zeros(128, 4096, dtype=torch.bfloat16), WgmmaConfig(stages=8), "shared memory"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(stages=1), "at least 2 stages"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(stages=2, pairs=True),
+     "at least 3 stages with pairs"),
 ])
 def test_bad_calls_are_refused_before_launch(x, config, match):
     if w4a16_wgmma.gluon is None:
@@ -66,7 +68,8 @@ def _hopper() -> bool:
 
 _CONFIGS = [None, WgmmaConfig(64, 128, 1, 4, 4), WgmmaConfig(128, 128, 2, 8, 3),
             WgmmaConfig(128, 64, 4, 4, 6), WgmmaConfig(64, 32, 3, 4, 2),
-            WgmmaConfig(256, 64, 8, 8, 3), WgmmaConfig(128, 128, 1, 4, 3)]
+            WgmmaConfig(256, 64, 8, 8, 3), WgmmaConfig(128, 128, 1, 4, 3),
+            WgmmaConfig(64, 128, 2, 4, 3, pairs=True), WgmmaConfig(128, 64, 3, 4, 4, pairs=True)]
 
 
 @pytest.mark.gpu
