@@ -44,10 +44,12 @@ class Build:
         return sum(i.opcode.split(".")[0] == opcode for i in self.instructions())
 
 
-def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps: int) -> Build:
+def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps: int,
+                 **options) -> Build:
     """Compile a Gluon kernel for sm_90a; ``signature`` gives each runtime argument's
     type ("*bf16", "i32", ...), every argument also taken as divisible by 16 (as Triton
-    specialises pointers and strides at launch)."""
+    specialises pointers and strides at launch); ``options`` go to the compiler as a
+    launch's would (``maxnreg`` ...)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -62,7 +64,8 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
     with triton.knobs.runtime.scope():
         triton.knobs.runtime.interpret = False
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                  options={"num_warps": num_warps, "enable_fp_fusion": True})
+                                  options={"num_warps": num_warps, "enable_fp_fusion": True,
+                                           **options})
     return _read_cubin(compiled.asm["cubin"])
 
 
