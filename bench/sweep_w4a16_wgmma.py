@@ -20,7 +20,8 @@ def candidates(m: int, n: int, k: int, quick: bool):
     """The default, then 64 or 128 columns on one warpgroup (8 warps and 256 columns won
     no cell in session 9); steps of 128 or 64 rows; K split 1, 2 or 4 ways (at least 4
     steps a split); rings of 2-4 slots, single steps or steps in pairs (``pairs``: the
-    second unpack overlapping the first wgmma)."""
+    second unpack overlapping the first wgmma); at 128-row steps also the refill after
+    the wgmma (``late_refill``)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
                                            shared_bytes)
     yield "default", pick_wgmma_config(m, n, k, 128)
@@ -29,8 +30,13 @@ def candidates(m: int, n: int, k: int, quick: bool):
     for bn in (64, 128):
         for bk in (128, 64):
             for split in (1, 2, 4):
-                for stages, pairs in ((2, False), (3, False), (4, False), (3, True), (4, True)):
-                    cfg = WgmmaConfig(bn, bk, split, 4, stages, pairs)
+                for stages, pairs, late in ((2, False, False), (3, False, False),
+                                            (4, False, False), (3, True, False),
+                                            (4, True, False), (2, False, True),
+                                            (3, False, True), (3, True, True)):
+                    if late and bk != 128:
+                        continue
+                    cfg = WgmmaConfig(bn, bk, split, 4, stages, pairs, late)
                     if k // split >= 4 * bk and shared_bytes(cfg, m) <= SHARED_BYTES:
                         yield "", cfg
 

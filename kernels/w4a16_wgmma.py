@@ -78,6 +78,11 @@ class WgmmaConfig:
     # in flight; needs 3 stages). Built and hazard-checked for sm_90 in CI; not yet
     # timed on the H200, so no default takes it.
     pairs: bool = False
+    # The ring's refill issued after the step's wgmma instead of before its unpack: the
+    # copies then overlap the wgmma, and the proxy fence the compiler puts before a
+    # wgmma no longer follows them (SASS: one MEMBAR + FENCE.VIEW.ASYNC per step instead
+    # of two). Built and hazard-checked in CI; not yet timed, so no default takes it.
+    late_refill: bool = False
 
 
 def wgmma_device_supported(device: torch.device) -> bool:
@@ -157,23 +162,30 @@ if gluon is not None:
                     stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                     NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, AHEAD: gl.constexpr, WL: gl.constexpr,
-                    A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr):
+                    A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr,
+                    LATE_REFILL: gl.constexpr):
         """Step i: wait for its tiles, refill the ring AHEAD steps on, unpack its weight
-        tile and issue its wgmma (left running). Returns (acc, the weight tile the wgmma
-        reads, the next step's zero points and scales)."""
+        tile and issue its wgmma (left running); with LATE_REFILL the refill comes after
+        the wgmma is issued. Returns (acc, the weight tile the wgmma reads, the next
+        step's zero points and scales)."""
         async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
         fence_async_shared()               # ... visible to the tensor cores
         thread_barrier()                   # every thread's copies, and every warp is past
                                            # its reads of the slot refilled next
         ahead = i + AHEAD
-        _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs, x_ptrs,
-                   ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk, NSTEPS,
-                   BLOCK_K, EVEN)
+        if not LATE_REFILL:
+            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
+                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
+                       NSTEPS, BLOCK_K, EVEN)
         words = w_smem.index(i % STAGES).load(WL)
         nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K, K,
                                           offs_zn, mask_zn, GROUP_SIZE)
         w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
         acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
+        if LATE_REFILL:
+            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
+                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
+                       NSTEPS, BLOCK_K, EVEN)
         return acc, w, nzz_next, ss_next
 
     @gluon.jit
@@ -183,7 +195,7 @@ if gluon is not None:
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
         NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr,
-        EVEN: gl.constexpr,
+        LATE_REFILL: gl.constexpr, EVEN: gl.constexpr,
     ):
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -237,12 +249,13 @@ if gluon is not None:
                 acc, w_a, nzz, ss = _issue_step(
                     acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
                     stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
-                    NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN)
+                    NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
+                    LATE_REFILL)
                 acc, w_b, nzz, ss = _issue_step(
                     acc, i + 1, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                     stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
                     mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
-                    EVEN)
+                    EVEN, LATE_REFILL)
                 acc, w_a, w_b = warpgroup_mma_wait(num_outstanding=0, deps=[acc, w_a, w_b])
             first_single = NSTEPS - NSTEPS % 2
         else:
@@ -251,7 +264,8 @@ if gluon is not None:
             acc, w, nzz, ss = _issue_step(
                 acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
                 stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
-                NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN)
+                NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
+                LATE_REFILL)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         async_copy.wait_group(0)
 
@@ -311,6 +325,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, K_SPLIT=k_split, SPLIT=splits, HAS_SPLIT=splits > 1,
         NUM_WARPS=config.num_warps, STAGES=config.stages, PAIRS=config.pairs,
+        LATE_REFILL=config.late_refill,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

@@ -56,26 +56,29 @@ def test_checker_passes_writes_after_the_wait_and_to_other_registers():
     assert inflight_clobbers(parse_sass(sass)) == []
 
 
-def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs):
+def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False):
     constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                      HAS_SPLIT=split, NUM_WARPS=warps, STAGES=stages, PAIRS=pairs, EVEN=even)
+                      HAS_SPLIT=split, NUM_WARPS=warps, STAGES=stages, PAIRS=pairs,
+                      LATE_REFILL=late, EVEN=even)
     return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps)
 
 
 @needs_gluon
-@pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even,pairs", [
-    (32, 128, 128, 4, 2, False, True, False),   # wide layers, 17..32 rows (dispatched)
-    (64, 128, 128, 4, 2, False, True, False),   # wide layers, 33..64 rows
-    (64, 64, 128, 4, 3, True, True, False),     # the narrow default, split K
-    (32, 64, 32, 4, 3, True, False, False),     # 32-row groups, masked tails
-    (64, 256, 64, 8, 3, True, True, False),     # two warpgroups
-    (64, 64, 128, 4, 3, False, True, True),     # steps in pairs
-    (32, 128, 128, 4, 3, False, True, True),
-    (64, 64, 64, 4, 3, True, False, True),
+@pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even,pairs,late", [
+    (32, 128, 128, 4, 2, False, True, False, False),   # wide layers, 17..32 rows (dispatched)
+    (64, 128, 128, 4, 2, False, True, False, False),   # wide layers, 33..64 rows
+    (64, 64, 128, 4, 3, True, True, False, False),     # the narrow default, split K
+    (32, 64, 32, 4, 3, True, False, False, False),     # 32-row groups, masked tails
+    (64, 256, 64, 8, 3, True, True, False, False),     # two warpgroups
+    (64, 64, 128, 4, 3, False, True, True, False),     # steps in pairs
+    (32, 128, 128, 4, 3, False, True, True, False),
+    (64, 64, 64, 4, 3, True, False, True, False),
+    (64, 128, 128, 4, 2, False, True, False, True),    # refill after the wgmma
+    (64, 64, 128, 4, 3, True, False, True, True),
 ])
 def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k, warps,
-                                                      stages, split, even, pairs):
-    build = _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs)
+                                                      stages, split, even, pairs, late):
+    build = _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late)
     assert build.count("HGMMA") > 0, "no wgmma in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert inflight_clobbers(build.instructions()) == []
