@@ -59,6 +59,7 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if full[name] != "constexpr"}
     source = GluonASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs)
+    _restore_language()
     # The CPU test run sets TRITON_INTERPRET, under which constexpr functions return
     # plain values, which the compiler cannot take: compile as a GPU session would.
     with triton.knobs.runtime.scope():
@@ -67,6 +68,32 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
                                   options={"num_warps": num_warps, "enable_fp_fusion": True,
                                            **options})
     return _read_cubin(compiled.asm["cubin"])
+
+
+def _language_parts():
+    """What Triton's interpreter patches for an interpreted launch: triton.language, its
+    core and math modules, the tensor and tensor-descriptor classes."""
+    import triton.language as tl
+    return [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
+
+
+# Taken when the test modules are collected, before any kernel runs under the interpreter.
+_PRISTINE = [(part, dict(vars(part))) for part in _language_parts()]
+
+
+def _restore_language() -> None:
+    """Undo what interpreted launches left patched in triton.language. Triton 3.9's
+    interpreter patches it for a nested jitted call and never restores it
+    (``InterpretedFunction.__call__``), so after the CPU kernel tests a tensor's ``*``
+    still runs the interpreter's version and compiling fails ('value' object has no
+    attribute 'dtype') unless the compiled kernels are cached already."""
+    for part, saved in _PRISTINE:
+        for name, value in saved.items():
+            if vars(part).get(name, _PRISTINE) is not value:
+                setattr(part, name, value)
+        if isinstance(part, type):
+            for name in set(vars(part)) - set(saved):
+                delattr(part, name)
 
 
 def _read_cubin(cubin: bytes) -> Build:
