@@ -55,6 +55,9 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
     from tamis.kernels._gluon import gl, thread_barrier
+    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_x, _min,
+                                               _physical_columns, _store_out_t,
+                                               _unpack_tile, _word_layout, _x_layout)
 
 MMA_MAX_M = 64
 
@@ -92,8 +95,7 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); wide layers
     (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
     split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
-    block_k = 128 if group_size >= k or group_size % 128 == 0 else (
-        64 if group_size % 64 == 0 else 32)
+    block_k = step_rows(k, group_size)
     if m == 1:
         if n >= 8192:
             return MmaConfig(64, block_k, 4, 2)
@@ -112,6 +114,13 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         return MmaConfig(64, block_k, 8 if k >= 8192 else 4, 2, load_steps=2,
                          vector_columns=False)
     return MmaConfig(128, block_k, 8, 8, vector_columns=False)
+
+
+def step_rows(k: int, group_size: int) -> int:
+    """Rows of K per step of the tensor-core W4A16 kernels: 128, or the group when it is
+    shorter (32 or 64; every step lies inside one group)."""
+    return 128 if group_size >= k or group_size % 128 == 0 else (
+        64 if group_size % 64 == 0 else 32)
 
 
 def _weight_supported(k: int, group_size: int, bits: int) -> bool:
@@ -156,9 +165,6 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 if gluon is not None:
-    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_x, _min,
-                                               _physical_columns, _store_out_t,
-                                               _unpack_tile, _word_layout, _x_layout)
 
     @gluon.jit
     def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn, mask_cn,

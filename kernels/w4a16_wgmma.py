@@ -50,7 +50,7 @@ import torch
 
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels._gluon import gluon
-from tamis.kernels.w4a16_mma import _weight_supported
+from tamis.kernels.w4a16_mma import _weight_supported, step_rows
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -97,14 +97,12 @@ def _is_hopper(index: int | None) -> bool:
 
 def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
                       num_sms: int = 132) -> WgmmaConfig:
-    """Tiles from the H200 sweep (bench/results/quant.md, session 9), steps of 128 rows
-    of K (or of the group when it is shorter): wide layers (N >= 8192) 128 columns on
-    one warpgroup, K unsplit, two ring slots (1.14x / 0.96x bf16 at M = 32 / 64 on
-    4096 x 28672); other
-    layers 64 columns, K split until the column blocks make about two programs per
-    multiprocessor (at least 8 steps a split)."""
-    block_k = 128 if group_size >= k or group_size % 128 == 0 else (
-        64 if group_size % 64 == 0 else 32)
+    """Tiles from the H200 sweep (bench/results/quant.md, session 9), steps of
+    ``step_rows``: wide layers (N >= 8192) 128 columns on one warpgroup, K unsplit, two
+    ring slots (1.14x / 0.96x bf16 at M = 32 / 64 on 4096 x 28672); other layers 64
+    columns, K split until the column blocks make about two programs per multiprocessor
+    (at least 8 steps a split)."""
+    block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
         return WgmmaConfig(128, block_k, 1, stages=2)
     blocks = -(-n // 64)
