@@ -14,8 +14,13 @@ reused the A registers of a wgmma left in flight across a loop's back edge.
 """
 from __future__ import annotations
 
+import functools
+import importlib
+import multiprocessing
+import os
 import re
 import subprocess
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,51 +54,56 @@ def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps:
     """Compile a Gluon kernel for sm_90a; ``signature`` gives each runtime argument's
     type ("*bf16", "i32", ...), every argument also taken as divisible by 16 (as Triton
     specialises pointers and strides at launch); ``options`` go to the compiler as a
-    launch's would (``maxnreg`` ...)."""
+    launch's would (``maxnreg`` ...).
+
+    The compile runs in a child process (one for the whole test run), whose Triton is
+    imported without TRITON_INTERPRET: the CPU tests' interpreter leaves triton.language
+    patched after a nested jitted call (Triton 3.9), under which compiling fails, and
+    makes constexpr functions return plain values. The child's stderr is closed: Triton
+    3.9 prints a nanobind leak report at the exit of any process that compiled, which
+    would otherwise follow pytest's summary line."""
+    fn = kernel.fn
+    try:
+        return _child().submit(_compile, fn.__module__, fn.__name__, signature, constexprs,
+                               num_warps, options).result()
+    except _ChildError as exc:
+        raise RuntimeError(f"compiling {fn.__name__} for sm_90 failed: {exc}") from None
+
+
+class _ChildError(Exception):
+    """A compile error, as text (Triton's own errors do not always pickle)."""
+
+
+@functools.cache
+def _child() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_quiet_child)
+
+
+def _quiet_child() -> None:
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+
+
+def _compile(module: str, name: str, signature: dict[str, str], constexprs: dict,
+             num_warps: int, options: dict) -> Build:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    kernel = getattr(importlib.import_module(module), name)
     names = [p.name for p in kernel.params]
     full = {name: signature.get(name, "constexpr") for name in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if full[name] != "constexpr"}
     source = GluonASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs)
-    _restore_language()
-    # The CPU test run sets TRITON_INTERPRET, under which constexpr functions return
-    # plain values, which the compiler cannot take: compile as a GPU session would.
-    with triton.knobs.runtime.scope():
-        triton.knobs.runtime.interpret = False
+    try:
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": num_warps, "enable_fp_fusion": True,
                                            **options})
+    except Exception as exc:  # noqa: BLE001  (sent back as text)
+        raise _ChildError(f"{type(exc).__name__}: {exc}") from None
     return _read_cubin(compiled.asm["cubin"])
-
-
-def _language_parts():
-    """What Triton's interpreter patches for an interpreted launch: triton.language, its
-    core and math modules, the tensor and tensor-descriptor classes."""
-    import triton.language as tl
-    return [tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base]
-
-
-# Taken when the test modules are collected, before any kernel runs under the interpreter.
-_PRISTINE = [(part, dict(vars(part))) for part in _language_parts()]
-
-
-def _restore_language() -> None:
-    """Undo what interpreted launches left patched in triton.language. Triton 3.9's
-    interpreter patches it for a nested jitted call and never restores it
-    (``InterpretedFunction.__call__``), so after the CPU kernel tests a tensor's ``*``
-    still runs the interpreter's version and compiling fails ('value' object has no
-    attribute 'dtype') unless the compiled kernels are cached already."""
-    for part, saved in _PRISTINE:
-        for name, value in saved.items():
-            if vars(part).get(name, _PRISTINE) is not value:
-                setattr(part, name, value)
-        if isinstance(part, type):
-            for name in set(vars(part)) - set(saved):
-                delattr(part, name)
 
 
 def _read_cubin(cubin: bytes) -> Build:
