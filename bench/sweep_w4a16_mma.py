@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default, then tiles around it: 64-256 columns on 2-8 warps, K split 1-16
+    """The default and the default with ``params_ahead`` flipped, then
+    tiles around it: 64-256 columns on 2-8 warps, K split 1-16
     ways, 1, 2 or 4 steps loaded together, columns permuted for vector loads or not;
     above 16 rows, rows of x split over 2 or 4 warps, or x staged in shared memory."""
     from tamis.kernels.w4a16_mma import MmaConfig, pick_mma_config
-    yield "default", pick_mma_config(m, n, k, 128)
+    default = pick_mma_config(m, n, k, 128)
+    yield "default", default
+    yield "", replace(default, params_ahead=not default.params_ahead)
     if quick:
         return
     if m <= 16:
@@ -30,9 +34,12 @@ def candidates(m: int, n: int, k: int, quick: bool):
                     for vector in (True, False):
                         yield "", MmaConfig(bn, 128, split, warps, load_steps=steps,
                                             vector_columns=vector)
-        for bn, warps in ((64, 2), (128, 8)):
-            for split in (2, 4, 8):
+        for bn, warps in ((64, 2), (128, 4), (128, 8)):
+            for split in (2, 4, 8, 16):
                 yield "", MmaConfig(bn, 128, split, warps, load_steps=4)
+        for bn, warps in ((32, 2), (64, 4)):  # more, smaller programs
+            for split in (8, 16, 32):
+                yield "", MmaConfig(bn, 128, split, warps, load_steps=2)
         return
     rows = 64 if m > 32 else 32
     for bn, bk, warps, warps_m in ((64, 64, 4, 4), (128, 64, 8, 4), (64, 128, 4, 2)):

@@ -11,23 +11,36 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default, then 64 or 128 columns on one warpgroup (8 warps and 256 columns won
-    no cell in session 9); steps of 128 or 64 rows; K split 1, 2 or 4 ways (at least 4
-    steps a split); rings of 2-4 slots, single steps or steps in pairs (``pairs``: the
-    second unpack overlapping the first wgmma); at 128-row steps also the refill after
-    the wgmma (``late_refill``)."""
+    """The default and the default with ``params_ahead`` 1 <-> 2; at M <= 16 rings of 2-8 slots of 128-row steps on 64 or 128 columns,
+    K split 1-16 ways; else 64 or 128 columns on one warpgroup or 128 / 256 on two (one
+    x^T tile in shared memory read by both), steps of 128 or 64 rows, K split 1, 2 or 4
+    ways (at least 4 steps a split), rings of 2-4 slots, single steps or steps in pairs
+    (``pairs``: the second unpack overlapping the first wgmma), at 128-row steps also
+    the refill after the wgmma (``late_refill``)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
                                            shared_bytes)
-    yield "default", pick_wgmma_config(m, n, k, 128)
+    default = pick_wgmma_config(m, n, k, 128)
+    yield "default", default
+    yield "", replace(default, params_ahead=3 - default.params_ahead)
     if quick:
         return
-    for bn in (64, 128):
+    if m <= 16:  # decode: deeper rings (more bytes in flight per program), more splits
+        for bn in (64, 128):
+            for split in (1, 2, 4, 8, 16):
+                for stages, pairs in ((2, False), (3, False), (4, False), (6, False),
+                                      (8, False), (4, True), (6, True)):
+                    cfg = WgmmaConfig(bn, 128, split, 4, stages, pairs)
+                    if k // split >= 2 * 128 and shared_bytes(cfg, m) <= SHARED_BYTES:
+                        yield "", cfg
+        return
+    for bn, warps in ((64, 4), (128, 4), (128, 8), (256, 8)):
         for bk in (128, 64):
             for split in (1, 2, 4):
                 for stages, pairs, late in ((2, False, False), (3, False, False),
@@ -36,7 +49,7 @@ def candidates(m: int, n: int, k: int, quick: bool):
                                             (3, False, True), (3, True, True)):
                     if late and bk != 128:
                         continue
-                    cfg = WgmmaConfig(bn, bk, split, 4, stages, pairs, late)
+                    cfg = WgmmaConfig(bn, bk, split, warps, stages, pairs, late)
                     if k // split >= 4 * bk and shared_bytes(cfg, m) <= SHARED_BYTES:
                         yield "", cfg
 

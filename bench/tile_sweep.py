@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from bench_quant import SHAPES, graph_time, w4a16_operands
+from bench_quant import SHAPES, cycling, graph_time, w4a16_operands
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -33,6 +33,9 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     parser.add_argument("--ms", type=int, nargs="+", default=default_ms)
     parser.add_argument("--quick", action="store_true", help="defaults only")
     parser.add_argument("--verbose", action="store_true", help="print every candidate's time")
+    parser.add_argument("--rotate", type=int, default=1,
+                        help="copies of each weight, cycled through by the timed calls "
+                             "(16: more bytes than the L2 cache holds, as in decode)")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
@@ -42,24 +45,30 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
+        copies = [(weight, packed, scales, zeros)] + [
+            tuple(t.clone() for t in (weight, packed, scales, zeros))
+            for _ in range(args.rotate - 1)]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ ref_weight
-            t_bf16 = graph_time(lambda: F.linear(x, weight))
-            t_cur = graph_time(lambda: w4a16.w4a16_gemm(x, packed, scales, zeros, 128,
-                                                        interleaved=True))
+            t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
+            t_cur = graph_time(cycling([
+                lambda c=c: w4a16.w4a16_gemm(x, c[1], c[2], c[3], 128, interleaved=True)
+                for c in copies]))
             best, t_default = (float("inf"), None), None
             for tag, cfg in candidates(m, n, k, args.quick):
                 torch.cuda.synchronize()
                 try:
                     err = relative_error(kernel(x, packed, scales, zeros, 128, cfg), ref)
-                except ValueError as exc:  # a tile the kernel refuses for this call
+                except Exception as exc:  # a tile the kernel refuses (or fails to build)
                     print(f"  skip {cfg}: {exc}", flush=True)
                     continue
                 if err > 2e-2:
                     print(f"  WRONG {k}x{n} M={m} {cfg}: rel err {err:.3g}", flush=True)
                     continue
-                t = graph_time(lambda: kernel(x, packed, scales, zeros, 128, cfg))
+                t = graph_time(cycling([
+                    lambda c=c, cfg=cfg: kernel(x, c[1], c[2], c[3], 128, cfg)
+                    for c in copies]))
                 if args.verbose:
                     print(f"  {k}x{n} M={m} {t * 1e3:.1f}us err {err:.2g} {cfg}", flush=True)
                 if tag == "default":
@@ -70,7 +79,8 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
             print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f} dispatch {t_cur * 1e3:.1f} "
                   f"default {table[-1][4] * 1e3:.1f} best {best[0] * 1e3:.1f}us {best[1]}",
                   flush=True)
-    print("\nKxN           M    bf16  dispatch  x  default   x     best   x")
+    print(f"\n{args.rotate} weight cop{'y' if args.rotate == 1 else 'ies'}, us")
+    print("KxN           M    bf16  dispatch  x  default   x     best   x")
     for shape, m, tb, tc, td, tbest, cfg in table:
         print(f"{shape:12s} {m:3d} {tb * 1e3:7.1f} {tc * 1e3:7.1f} {tb / tc:5.2f} "
               f"{td * 1e3:6.1f} {tb / td:5.2f} {tbest * 1e3:6.1f} {tb / tbest:5.2f}  {cfg}")

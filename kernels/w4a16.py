@@ -274,7 +274,7 @@ def _wgmma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
     a weight shape it supports, rows and columns where it is dispatched)."""
     from tamis.kernels.w4a16_mma import _weight_supported
     from tamis.kernels.w4a16_wgmma import wgmma_device_supported, wgmma_dispatch
-    return (x.dtype == torch.bfloat16 and wgmma_dispatch(x.shape[0], n)
+    return (x.dtype == torch.bfloat16 and wgmma_dispatch(x.shape[0], n, x.shape[1])
             and _weight_supported(x.shape[1], group_size, 4)
             and wgmma_device_supported(x.device))
 
@@ -285,9 +285,9 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
     (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the wgmma kernel where
-    ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says (17..64 rows, wide layers), else
-    the MMA-fragment kernel up to MMA_DISPATCH_M rows, then tl.dot / dequantize as
-    above. The reference elsewhere."""
+    ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says (17..32 rows; to 64 on wide or deep
+    layers), else the MMA-fragment kernel up to MMA_DISPATCH_M rows, then tl.dot /
+    dequantize as above. The reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape

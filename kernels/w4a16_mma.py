@@ -82,11 +82,17 @@ class MmaConfig:
     load_steps: int = 1
     # Output columns permuted so that a thread's words are adjacent (``_column_order``).
     vector_columns: bool = True
+    # With prefetch and one or two steps a load: the next load's x tile, scales and zero
+    # points load with its words, a load ahead (else each step waits for its own: one
+    # more memory round trip per step, the group's scales coming from DRAM). Costs
+    # registers: on the H200 it won at M = 1 and with two steps a load, lost elsewhere.
+    params_ahead: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
     """Tiles from the H200 sweeps (bench/results/quant.md), steps of 128 rows of K (or of
-    the group when it is shorter), 16 rows of x per program.
+    the group when it is shorter), 16 rows of x per program; x, scales and zero points a
+    load ahead at M = 1 and with two steps a load (session 10: 0.3-1.4 us faster there).
 
     M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
     columns on 2 warps split 4 ways; deep ones (K >= 8192) 256 columns on 8 warps split 16
@@ -98,10 +104,10 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     block_k = step_rows(k, group_size)
     if m == 1:
         if n >= 8192:
-            return MmaConfig(64, block_k, 4, 2)
+            return MmaConfig(64, block_k, 4, 2, params_ahead=True)
         if k >= 8192:
-            return MmaConfig(256, block_k, 16, 8)
-        return MmaConfig(128, block_k, 8, 4)
+            return MmaConfig(256, block_k, 16, 8, params_ahead=True)
+        return MmaConfig(128, block_k, 8, 4, params_ahead=True)
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
             return MmaConfig(64, block_k, 1, 2, vector_columns=False)
@@ -112,7 +118,7 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         return MmaConfig(64, block_k, 2, 2, vector_columns=False)
     if m > 8:  # 9..16 rows: 64 columns on 2 warps, two steps per load
         return MmaConfig(64, block_k, 8 if k >= 8192 else 4, 2, load_steps=2,
-                         vector_columns=False)
+                         vector_columns=False, params_ahead=True)
     return MmaConfig(128, block_k, 8, 8, vector_columns=False)
 
 
@@ -167,18 +173,34 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 if gluon is not None:
 
     @gluon.jit
+    def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn, mask_cn,
+                      GROUP_SIZE: gl.constexpr):
+        """(-(128 + z) as bf16x2 per word column, s per output column) of the group of
+        row k (clamped to K - 1)."""
+        g = gl.minimum(k, K - 1) // GROUP_SIZE
+        nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
+                                other=0.0).to(gl.float32) + 128.0))
+        s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
+        return nzz, s
+
+    @gluon.jit
+    def _step_with(acc, words, x, nzz, s, A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr,
+                   ORDER: gl.constexpr):
+        """acc + the product of one step whose group parameters (``_group_params``) are
+        loaded."""
+        xb = _logical_x(x, B_LAYOUT)
+        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
+        return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
+
+    @gluon.jit
     def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn, mask_cn,
               K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr,
               ORDER: gl.constexpr):
         """acc + the product of one step (rows k.. of K, inside one group; past K, x reads
         as 0 and the last group's scale stands in)."""
-        xb = _logical_x(x, B_LAYOUT)
-        g = gl.minimum(k, K - 1) // GROUP_SIZE
-        nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
-                                other=0.0).to(gl.float32) + 128.0))
-        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
-        s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
-        return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
+        nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn,
+                               mask_cn, GROUP_SIZE)
+        return _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
     def _two_steps(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn,
@@ -213,7 +235,7 @@ if gluon is not None:
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
         WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, X_SHARED: gl.constexpr,
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
-        EVEN: gl.constexpr,
+        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -253,9 +275,19 @@ if gluon is not None:
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
+        AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
         if PREFETCH:
             ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
                                 K, EVEN)
+        if AHEAD:
+            nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
+                                               mask_zn, offs_cn, mask_cn, GROUP_SIZE)
+            if LOAD_STEPS == 2:  # the second step's group
+                nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
+                                                     K, offs_zn, mask_zn, offs_cn, mask_cn,
+                                                     GROUP_SIZE)
+            if not X_SHARED:
+                x_next = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
         if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
             XG: gl.constexpr = gl.BlockedLayout(
                 [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
@@ -274,6 +306,16 @@ if gluon is not None:
                 words = ahead
                 ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
                                     mask_wn, K, EVEN)
+                if AHEAD:
+                    nzz, s = nzz_ahead, s_ahead
+                    nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
+                                                       offs_zn, mask_zn, offs_cn, mask_cn,
+                                                       GROUP_SIZE)
+                    if LOAD_STEPS == 2:
+                        nzz2, s2 = nzz2_ahead, s2_ahead
+                        nzz2_ahead, s2_ahead = _group_params(
+                            z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
+                            offs_cn, mask_cn, GROUP_SIZE)
             else:
                 words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
                                     K, EVEN)
@@ -283,9 +325,19 @@ if gluon is not None:
                 x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
                 thread_barrier()
                 x = x_smem.load(XL)
+            elif AHEAD:
+                x = x_next
+                x_next = _load_x(x_ptrs, k1, offs_xk, mask_xm, K, EVEN)
             else:
                 x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
-            if LOAD_STEPS == 1:
+            if AHEAD and LOAD_STEPS == 1:
+                acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+            elif AHEAD:
+                words_a, words_b = _halves(words, 1, WL1)
+                x_a, x_b = _halves(x, 0, XL1)
+                acc = _step_with(acc, words_a, x_a, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+                acc = _step_with(acc, words_b, x_b, nzz2, s2, A_LAYOUT, B_LAYOUT, ORDER)
+            elif LOAD_STEPS == 1:
                 acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
                             offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
             else:
@@ -368,7 +420,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
         NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
         X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
-        VECTOR_COLUMNS=config.vector_columns,
+        VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

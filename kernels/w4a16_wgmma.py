@@ -63,7 +63,8 @@ if gluon is not None:
                                                _word_layout)
 
 WGMMA_MAX_M = 128
-WGMMA_MIN_N = 8192  # wide layers (gate/up of an 8B model): where it is dispatched
+WGMMA_MIN_N = 8192   # wide layers (gate/up of an 8B model)
+WGMMA_DEEP_K = 8192  # deep layers (down of an 8B model)
 SHARED_BYTES = 200 * 1024   # of the H200's 227 KB per block: the ring of tiles
 
 
@@ -83,6 +84,10 @@ class WgmmaConfig:
     # wgmma no longer follows them (SASS: one MEMBAR + FENCE.VIEW.ASYNC per step instead
     # of two). Built and hazard-checked in CI; not yet timed, so no default takes it.
     late_refill: bool = False
+    # Steps ahead that the scales and zero points load (1 or 2): each step's come from
+    # DRAM (a new group per step), so one step ahead leaves a memory round trip in
+    # every step's critical path.
+    params_ahead: int = 2
 
 
 def wgmma_device_supported(device: torch.device) -> bool:
@@ -97,27 +102,41 @@ def _is_hopper(index: int | None) -> bool:
 
 def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
                       num_sms: int = 132) -> WgmmaConfig:
-    """Tiles from the H200 sweep (bench/results/quant.md, session 9), steps of
-    ``step_rows``: wide layers (N >= 8192) 128 columns on one warpgroup, K unsplit, two
-    ring slots (1.14x / 0.96x bf16 at M = 32 / 64 on 4096 x 28672); other layers 64
-    columns, K split until the column blocks make about two programs per multiprocessor
-    (at least 8 steps a split)."""
+    """Tiles from the H200 sweeps (bench/results/quant.md, sessions 9-10, weights read
+    from DRAM), steps of ``step_rows``. Wide layers (N >= 8192): 128 columns on one
+    warpgroup, K unsplit; up to 32 rows steps in pairs over three ring slots (47.3 vs
+    50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers: K split until the
+    column blocks make about two programs per multiprocessor (at least 8 steps a split);
+    up to 32 rows 64 columns, steps in pairs over four slots; deep layers (K >= 8192)
+    128 columns on two slots (41.7 us at M = 64 on 14336 x 4096, tl.dot 50.1); else 64
+    columns on three slots."""
     block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
+        if m <= 32:
+            return WgmmaConfig(128, block_k, 1, stages=3, pairs=True)
         return WgmmaConfig(128, block_k, 1, stages=2)
-    blocks = -(-n // 64)
+    block_n = 128 if m > 32 and k >= WGMMA_DEEP_K else 64
+    blocks = -(-n // block_n)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
         split *= 2
-    return WgmmaConfig(64, block_k, split)
+    if m <= 32:
+        return WgmmaConfig(block_n, block_k, split, stages=4, pairs=True)
+    if block_n == 128:
+        return WgmmaConfig(block_n, block_k, split, stages=2)
+    return WgmmaConfig(block_n, block_k, split)
 
 
-def wgmma_dispatch(m: int, n: int) -> bool:
-    """Whether ``w4a16_gemm`` sends a call of M rows on a layer of N columns here: 17..64
-    rows on wide layers, where it beat the MMA-fragment and tl.dot kernels on the H200
-    (at 4096 x 28672: 50.4 / 65.1 us against 128.4 / 87.0 at M = 32 / 64). On narrower
-    layers those kernels won or tied (bench/results/quant.md, session 9)."""
-    return 16 < m <= 64 and n >= WGMMA_MIN_N
+def wgmma_dispatch(m: int, n: int, k: int) -> bool:
+    """Whether ``w4a16_gemm`` sends a call of M rows on a [K, N] layer here: 17..32 rows
+    on every layer; 33..64 rows on wide (N >= 8192) or deep (K >= 8192) layers, where it
+    beat the MMA-fragment and tl.dot kernels on the H200 (bench/results/quant.md,
+    sessions 9-10: at M = 32, 13.0 vs 15.0 us on 4096 x 4096, 30.0 vs 31.6 on 14336 x
+    4096; at M = 64, 41.7 vs 50.1 on 14336 x 4096). At 33..64 rows on 4096-deep narrow
+    layers tl.dot tied or won."""
+    if 16 < m <= 32:
+        return True
+    return 32 < m <= 64 and (n >= WGMMA_MIN_N or k >= WGMMA_DEEP_K)
 
 
 def shared_bytes(config: WgmmaConfig, m: int) -> int:
@@ -156,16 +175,19 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
-    def _issue_step(acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+    def _issue_step(acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                    stride_sg,
                     stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                     NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, AHEAD: gl.constexpr, WL: gl.constexpr,
                     A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr,
-                    LATE_REFILL: gl.constexpr):
+                    LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr):
         """Step i: wait for its tiles, refill the ring AHEAD steps on, unpack its weight
-        tile and issue its wgmma (left running); with LATE_REFILL the refill comes after
-        the wgmma is issued. Returns (acc, the weight tile the wgmma reads, the next
-        step's zero points and scales)."""
+        tile (zero points and scales nzz, ss) and issue its wgmma (left running); with
+        LATE_REFILL the refill comes after the wgmma is issued. (nzz1, ss1) are step i +
+        1's parameters, with PARAMS_AHEAD == 2 already loaded (else unused). Returns
+        (acc, the weight tile the wgmma reads, step i + 1's parameters, step i + 2's
+        (PARAMS_AHEAD == 2; else step i + 1's again))."""
         async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
         fence_async_shared()               # ... visible to the tensor cores
         thread_barrier()                   # every thread's copies, and every warp is past
@@ -176,7 +198,8 @@ if gluon is not None:
                        x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
                        NSTEPS, BLOCK_K, EVEN)
         words = w_smem.index(i % STAGES).load(WL)
-        nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 1) * BLOCK_K, K,
+        nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg,
+                                          k_lo + (i + PARAMS_AHEAD) * BLOCK_K, K,
                                           offs_zn, mask_zn, GROUP_SIZE)
         w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
         acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
@@ -184,7 +207,9 @@ if gluon is not None:
             _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
                        x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
                        NSTEPS, BLOCK_K, EVEN)
-        return acc, w, nzz_next, ss_next
+        if PARAMS_AHEAD == 2:
+            return acc, w, nzz1, ss1, nzz_next, ss_next
+        return acc, w, nzz_next, ss_next, nzz_next, ss_next
 
     @gluon.jit
     def _w4_wgmma_kernel(
@@ -193,7 +218,7 @@ if gluon is not None:
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
         NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr,
-        LATE_REFILL: gl.constexpr, EVEN: gl.constexpr,
+        LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
     ):
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -233,10 +258,15 @@ if gluon is not None:
             _copy_step(w_smem.index(step), x_smem.index(step), w_ptrs, x_ptrs, step, k_lo, K,
                        offs_wr, offs_xk, mask_wn, mask_xm, stride_qk, NSTEPS, BLOCK_K, EVEN)
 
-        # Scales and zero points in the layout of the words' columns, one step ahead.
+        # Scales and zero points in the layout of the words' columns, PARAMS_AHEAD steps
+        # ahead.
         offs_zn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
         mask_zn = offs_zn < N
         nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, GROUP_SIZE)
+        nzz1, ss1 = nzz, ss
+        if PARAMS_AHEAD == 2:
+            nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K, K, offs_zn,
+                                      mask_zn, GROUP_SIZE)
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if PAIRS:
@@ -244,26 +274,26 @@ if gluon is not None:
             # live until the wait that retires both (tests/kernels/sm90_build.py checks
             # that no instruction overwrites them in between).
             for i in range(0, NSTEPS - 1, 2):
-                acc, w_a, nzz, ss = _issue_step(
-                    acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+                acc, w_a, nzz, ss, nzz1, ss1 = _issue_step(
+                    acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
                     stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                     NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
-                    LATE_REFILL)
-                acc, w_b, nzz, ss = _issue_step(
-                    acc, i + 1, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                    LATE_REFILL, PARAMS_AHEAD)
+                acc, w_b, nzz, ss, nzz1, ss1 = _issue_step(
+                    acc, i + 1, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                     stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
                     mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
-                    EVEN, LATE_REFILL)
+                    EVEN, LATE_REFILL, PARAMS_AHEAD)
                 acc, w_a, w_b = warpgroup_mma_wait(num_outstanding=0, deps=[acc, w_a, w_b])
             first_single = NSTEPS - NSTEPS % 2
         else:
             first_single = 0
         for i in range(first_single, NSTEPS):
-            acc, w, nzz, ss = _issue_step(
-                acc, i, nzz, ss, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
+            acc, w, nzz, ss, nzz1, ss1 = _issue_step(
+                acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
                 stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                 NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
-                LATE_REFILL)
+                LATE_REFILL, PARAMS_AHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         async_copy.wait_group(0)
 
@@ -305,6 +335,8 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
                          f"{config.num_warps} warps, block_n {config.block_n}")
     block_m = wgmma_block_m(m)
     splits, k_split = even_split(k, config.block_k, config.split_k)
+    if config.params_ahead not in (1, 2):
+        raise ValueError(f"WgmmaConfig takes params_ahead 1 or 2; got {config.params_ahead}")
     if config.stages < 2 + config.pairs:
         raise ValueError(f"WgmmaConfig needs at least {2 + config.pairs} stages"
                          f"{' with pairs' if config.pairs else ''}; got {config.stages}")
@@ -323,7 +355,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
         GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, K_SPLIT=k_split, SPLIT=splits, HAS_SPLIT=splits > 1,
         NUM_WARPS=config.num_warps, STAGES=config.stages, PAIRS=config.pairs,
-        LATE_REFILL=config.late_refill,
+        LATE_REFILL=config.late_refill, PARAMS_AHEAD=config.params_ahead,
         EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
     )
     return out

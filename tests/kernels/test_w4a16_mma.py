@@ -74,7 +74,9 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
             MmaConfig(128, 32, 2, 8, 0, 64, 2, x_shared=True),
             MmaConfig(64, 128, 3, 2, load_steps=2), MmaConfig(128, 64, 2, 4, 1, 16, load_steps=4),
             MmaConfig(64, 64, 2, 4, 1, 64, x_shared=True, load_steps=2),
-            MmaConfig(128, 128, 4, 8, vector_columns=False)]
+            MmaConfig(128, 128, 4, 8, vector_columns=False),
+            MmaConfig(128, 64, 3, 4, params_ahead=True),
+            MmaConfig(64, 128, 3, 2, load_steps=2, params_ahead=True)]
 
 
 @pytest.mark.gpu

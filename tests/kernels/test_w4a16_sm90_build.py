@@ -56,22 +56,25 @@ def test_checker_passes_writes_after_the_wait_and_to_other_registers():
     assert inflight_clobbers(parse_sass(sass)) == []
 
 
-def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False):
+def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False,
+                 params_ahead=2):
     constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                       HAS_SPLIT=split, NUM_WARPS=warps, STAGES=stages, PAIRS=pairs,
-                      LATE_REFILL=late, EVEN=even)
+                      LATE_REFILL=late, PARAMS_AHEAD=params_ahead, EVEN=even)
     return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps)
 
 
 @needs_gluon
 @pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even,pairs,late", [
-    (32, 128, 128, 4, 2, False, True, False, False),   # wide layers, 17..32 rows (dispatched)
+    (32, 128, 128, 4, 2, False, True, False, False),   # wide layers, 17..32 rows, two slots
     (64, 128, 128, 4, 2, False, True, False, False),   # wide layers, 33..64 rows
+    (64, 128, 128, 4, 2, True, True, False, False),    # deep layers, 33..64 rows, split K
     (64, 64, 128, 4, 3, True, True, False, False),     # the narrow default, split K
     (32, 64, 32, 4, 3, True, False, False, False),     # 32-row groups, masked tails
     (64, 256, 64, 8, 3, True, True, False, False),     # two warpgroups
     (64, 64, 128, 4, 3, False, True, True, False),     # steps in pairs
-    (32, 128, 128, 4, 3, False, True, True, False),
+    (32, 64, 128, 4, 4, True, True, True, False),      # 17..32 rows, narrow (dispatched)
+    (32, 128, 128, 4, 3, False, True, True, False),    # 17..32 rows, wide (dispatched)
     (64, 64, 64, 4, 3, True, False, True, False),
     (64, 128, 128, 4, 2, False, True, False, True),    # refill after the wgmma
     (64, 64, 128, 4, 3, True, False, True, True),
@@ -85,9 +88,21 @@ def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k,
 
 
 @needs_gluon
+@pytest.mark.parametrize("pairs", [False, True])
+def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
+    build = _wgmma_build(64, 64, 128, 4, 3, True, True, pairs, params_ahead=1)
+    assert build.count("HGMMA") > 0, "no wgmma in the SASS"
+    assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
+    assert inflight_clobbers(build.instructions()) == []
+
+
+@needs_gluon
 @pytest.mark.parametrize("block_m,config", [
-    (8, w4a16_mma.MmaConfig(128, 128, 8, 4)),                                  # M = 1
+    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
+    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=False)),
     (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False)),
+    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
+                             params_ahead=True)),
     (64, w4a16_mma.MmaConfig(64, 64, 2, 4, 1, 64, 1, x_shared=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
@@ -96,7 +111,7 @@ def test_mma_kernel_builds_for_sm90(block_m, config):
                       NUM_WARPS=config.num_warps, WARPS_M=config.warps_m,
                       PREFETCH=config.prefetch, X_SHARED=config.x_shared,
                       LOAD_STEPS=config.load_steps, VECTOR_COLUMNS=config.vector_columns,
-                      EVEN=True)
+                      PARAMS_AHEAD=config.params_ahead, EVEN=True)
     build = compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps)
     assert build.count("HMMA") > 0, "no mma.sync in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"

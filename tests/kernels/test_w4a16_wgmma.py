@@ -29,9 +29,18 @@ def test_default_tiles_fit_in_shared_memory(m, k, n):
     assert config.block_n % (16 * config.num_warps) == 0
 
 
-def test_dispatched_for_17_to_64_rows_on_wide_layers():
-    assert [wgmma_dispatch(m, 28672) for m in (16, 17, 64, 65)] == [False, True, True, False]
-    assert not wgmma_dispatch(64, 4096)
+def test_dispatched_for_17_to_32_rows_and_to_64_on_wide_or_deep_layers():
+    assert [wgmma_dispatch(m, 28672, 4096) for m in (16, 17, 64, 65)] == \
+        [False, True, True, False]
+    assert [wgmma_dispatch(m, 4096, 14336) for m in (16, 17, 64, 65)] == \
+        [False, True, True, False]
+    assert [wgmma_dispatch(m, 4096, 4096) for m in (16, 17, 32, 33)] == \
+        [False, True, True, False]
+
+
+def test_steps_in_pairs_up_to_32_rows():
+    assert all(pick_wgmma_config(32, n, k, 128).pairs for k, n in _SHAPES)
+    assert not any(pick_wgmma_config(33, n, k, 128).pairs for k, n in _SHAPES)
 
 
 def test_block_m_rounds_rows_up():
@@ -50,6 +59,8 @@ def test_block_m_rounds_rows_up():
     (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(stages=1), "at least 2 stages"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(stages=2, pairs=True),
      "at least 3 stages with pairs"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), WgmmaConfig(params_ahead=3),
+     "params_ahead 1 or 2"),
 ])
 def test_bad_calls_are_refused_before_launch(x, config, match):
     if w4a16_wgmma.gluon is None:
@@ -71,7 +82,9 @@ _CONFIGS = [None, WgmmaConfig(64, 128, 1, 4, 4), WgmmaConfig(128, 128, 2, 8, 3),
             WgmmaConfig(256, 64, 8, 8, 3), WgmmaConfig(128, 128, 1, 4, 3),
             WgmmaConfig(64, 128, 2, 4, 3, pairs=True), WgmmaConfig(128, 64, 3, 4, 4, pairs=True),
             WgmmaConfig(128, 128, 1, 4, 2, late_refill=True),
-            WgmmaConfig(64, 128, 2, 4, 3, pairs=True, late_refill=True)]
+            WgmmaConfig(64, 128, 2, 4, 3, pairs=True, late_refill=True),
+            WgmmaConfig(64, 128, 2, 4, 3, params_ahead=1),
+            WgmmaConfig(64, 128, 2, 4, 3, pairs=True, params_ahead=1)]
 
 
 @pytest.mark.gpu
