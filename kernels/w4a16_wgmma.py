@@ -105,23 +105,23 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
     """Tiles from the H200 sweeps (bench/results/quant.md, sessions 9-10, weights read
     from DRAM), steps of ``step_rows``. Wide layers (N >= 8192): 128 columns on one
     warpgroup, K unsplit; up to 32 rows steps in pairs over three ring slots (47.3 vs
-    50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers: K split until the
-    column blocks make about two programs per multiprocessor (at least 8 steps a split);
-    up to 32 rows 64 columns, steps in pairs over four slots; deep layers (K >= 8192)
-    128 columns on two slots (41.7 us at M = 64 on 14336 x 4096, tl.dot 50.1); else 64
-    columns on three slots."""
+    50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers up to 32 rows: 64
+    columns, K split 4 ways, steps in pairs over four slots. Above: K split until the
+    column blocks make about two programs per multiprocessor (at least 8 steps a
+    split); deep layers (K >= 8192) 128 columns on two slots (41.7 us at M = 64 on
+    14336 x 4096, tl.dot 50.1), else 64 columns on three slots."""
     block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
         if m <= 32:
             return WgmmaConfig(128, block_k, 1, stages=3, pairs=True)
         return WgmmaConfig(128, block_k, 1, stages=2)
-    block_n = 128 if m > 32 and k >= WGMMA_DEEP_K else 64
+    if m <= 32:  # K split 4 ways won every narrow cell (8 ran 38.2 vs 32.1 us at 14336)
+        return WgmmaConfig(64, block_k, 4, stages=4, pairs=True)
+    block_n = 128 if k >= WGMMA_DEEP_K else 64
     blocks = -(-n // block_n)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
         split *= 2
-    if m <= 32:
-        return WgmmaConfig(block_n, block_k, split, stages=4, pairs=True)
     if block_n == 128:
         return WgmmaConfig(block_n, block_k, split, stages=2)
     return WgmmaConfig(block_n, block_k, split)
