@@ -17,10 +17,10 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default and the default with ``params_ahead`` flipped, then
-    tiles around it: 64-256 columns on 2-8 warps, K split 1-16
-    ways, 1, 2 or 4 steps loaded together, columns permuted for vector loads or not;
-    above 16 rows, rows of x split over 2 or 4 warps, or x staged in shared memory."""
+    """The default and the default with ``params_ahead`` flipped, then tiles around it:
+    at up to 16 rows 32-256 columns on 2-8 warps, K split 2-32 ways, 1, 2 or 4 steps
+    loaded together, columns permuted for vector loads or not; above 16 rows, rows of x
+    split over 2 or 4 warps, or x staged in shared memory."""
     from tamis.kernels.w4a16_mma import MmaConfig, pick_mma_config
     default = pick_mma_config(m, n, k, 128)
     yield "default", default

@@ -18,12 +18,13 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default and the default with ``params_ahead`` 1 <-> 2; at M <= 16 rings of 2-8 slots of 128-row steps on 64 or 128 columns,
-    K split 1-16 ways; else 64 or 128 columns on one warpgroup or 128 / 256 on two (one
-    x^T tile in shared memory read by both), steps of 128 or 64 rows, K split 1, 2 or 4
-    ways (at least 4 steps a split), rings of 2-4 slots, single steps or steps in pairs
-    (``pairs``: the second unpack overlapping the first wgmma), at 128-row steps also
-    the refill after the wgmma (``late_refill``)."""
+    """The default and the default with ``params_ahead`` 1 <-> 2; at M <= 16 rings of
+    2-8 slots of 128-row steps on 64 or 128 columns, K split 1-16 ways; else 64 or 128
+    columns on one warpgroup or 128 / 256 on two (one x^T tile in shared memory read by
+    both), steps of 128 or 64 rows, K split 1, 2 or 4 ways (at least 4 steps a split),
+    rings of 2-4 slots, single steps or steps in pairs (``pairs``: the second unpack
+    overlapping the first wgmma), at 128-row steps also the refill after the wgmma
+    (``late_refill``)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
                                            shared_bytes)
     default = pick_wgmma_config(m, n, k, 128)

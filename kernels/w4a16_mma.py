@@ -216,6 +216,17 @@ if gluon is not None:
                      mask_wn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
+    def _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT: gl.constexpr,
+                        B_LAYOUT: gl.constexpr, ORDER: gl.constexpr, WL: gl.constexpr,
+                        XL: gl.constexpr):
+        """``_step_with`` over the two halves of a load of two steps, the groups'
+        parameters of both loaded ((nzz, s) the first step's, (nzz2, s2) the second's)."""
+        words_a, words_b = _halves(words, 1, WL)
+        x_a, x_b = _halves(x, 0, XL)
+        acc = _step_with(acc, words_a, x_a, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+        return _step_with(acc, words_b, x_b, nzz2, s2, A_LAYOUT, B_LAYOUT, ORDER)
+
+    @gluon.jit
     def _halves(t, DIM: gl.constexpr, LAYOUT: gl.constexpr):
         """The two halves of a 2-D tile along DIM (those bits of DIM are registers: no
         data moves), each in LAYOUT."""
@@ -333,10 +344,8 @@ if gluon is not None:
             if AHEAD and LOAD_STEPS == 1:
                 acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
             elif AHEAD:
-                words_a, words_b = _halves(words, 1, WL1)
-                x_a, x_b = _halves(x, 0, XL1)
-                acc = _step_with(acc, words_a, x_a, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
-                acc = _step_with(acc, words_b, x_b, nzz2, s2, A_LAYOUT, B_LAYOUT, ORDER)
+                acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
+                                      ORDER, WL1, XL1)
             elif LOAD_STEPS == 1:
                 acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
                             offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)

@@ -30,12 +30,12 @@ per warpgroup), x^T [BLOCK_K, BLOCK_M] is B. Per program:
    may move). Overlap comes from the other warpgroups of the multiprocessor, and with
    ``pairs`` from two steps issued before one wait: the second step's unpack runs while
    the first wgmma does, and both tiles, used by that wait, stay where they are
-   (checked on the SASS in CI: ``tests/kernels/test_w4a16_sm90_build.py``; not yet
-   timed on the H200).
+   (checked on the SASS in CI: ``tests/kernels/test_w4a16_sm90_build.py``; the
+   default up to 32 rows, where it won on the H200 in session 10).
 
 K is split over programs as in the other W4A16 kernels (the last program of a tile sums
-the partials in split order, ``tamis.kernels.splitk``). Scales and zero points of the
-next step are loaded one step ahead.
+the partials in split order, ``tamis.kernels.splitk``). Scales and zero points load
+``params_ahead`` (by default two) steps ahead.
 
 Needs: a CUDA device of compute capability 9.x, Gluon (triton >= 3.5), bf16 x, the
 ``mma_pack`` layout (``mma_layout_supported``), groups a multiple of 32 rows or the whole
@@ -76,13 +76,13 @@ class WgmmaConfig:
     num_warps: int = 4        # 4 (one warpgroup) or 8
     stages: int = 3           # ring slots of (word, x^T) tiles; stages - 1 in flight
     # Steps in pairs, the second step's unpack overlapping the first's wgmma (stages - 2
-    # in flight; needs 3 stages). Built and hazard-checked for sm_90 in CI; not yet
-    # timed on the H200, so no default takes it.
+    # in flight; needs 3 stages). Hazard-checked for sm_90 in CI; the default up to 32
+    # rows, where it won on the H200 (session 10).
     pairs: bool = False
     # The ring's refill issued after the step's wgmma instead of before its unpack: the
     # copies then overlap the wgmma, and the proxy fence the compiler puts before a
     # wgmma no longer follows them (SASS: one MEMBAR + FENCE.VIEW.ASYNC per step instead
-    # of two). Built and hazard-checked in CI; not yet timed, so no default takes it.
+    # of two). Hazard-checked in CI; timed in session 10, where it won no cell.
     late_refill: bool = False
     # Steps ahead that the scales and zero points load (1 or 2): each step's come from
     # DRAM (a new group per step), so one step ahead leaves a memory round trip in
@@ -108,8 +108,9 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
     50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers up to 32 rows: 64
     columns, K split 4 ways, steps in pairs over four slots. Above: K split until the
     column blocks make about two programs per multiprocessor (at least 8 steps a
-    split); deep layers (K >= 8192) 128 columns on two slots (41.7 us at M = 64 on
-    14336 x 4096, tl.dot 50.1), else 64 columns on three slots."""
+    split); deep layers (K >= 8192) 128 columns on two slots (at M = 64 on 14336 x 4096
+    that is 8 ways: 43.1 us, tl.dot 50.1; the sweep's 41.7 split 4 ways), else 64
+    columns on three slots."""
     block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
         if m <= 32:
@@ -122,17 +123,15 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
         split *= 2
-    if block_n == 128:
-        return WgmmaConfig(block_n, block_k, split, stages=2)
-    return WgmmaConfig(block_n, block_k, split)
+    return WgmmaConfig(block_n, block_k, split, stages=2 if block_n == 128 else 3)
 
 
 def wgmma_dispatch(m: int, n: int, k: int) -> bool:
     """Whether ``w4a16_gemm`` sends a call of M rows on a [K, N] layer here: 17..32 rows
     on every layer; 33..64 rows on wide (N >= 8192) or deep (K >= 8192) layers, where it
     beat the MMA-fragment and tl.dot kernels on the H200 (bench/results/quant.md,
-    sessions 9-10: at M = 32, 13.0 vs 15.0 us on 4096 x 4096, 30.0 vs 31.6 on 14336 x
-    4096; at M = 64, 41.7 vs 50.1 on 14336 x 4096). At 33..64 rows on 4096-deep narrow
+    sessions 9-10: at M = 32, 13.1 vs 15.0 us on 4096 x 4096, 30.9 vs 31.6 on 14336 x
+    4096; at M = 64, 43.1 vs 50.1 on 14336 x 4096). At 33..64 rows on 4096-deep narrow
     layers tl.dot tied or won."""
     if 16 < m <= 32:
         return True
@@ -176,9 +175,8 @@ if gluon is not None:
 
     @gluon.jit
     def _issue_step(acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
-                    stride_sg,
-                    stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
-                    NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
+                    stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
+                    mask_zn, NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, AHEAD: gl.constexpr, WL: gl.constexpr,
                     A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr,
                     LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr):
@@ -275,10 +273,10 @@ if gluon is not None:
             # that no instruction overwrites them in between).
             for i in range(0, NSTEPS - 1, 2):
                 acc, w_a, nzz, ss, nzz1, ss1 = _issue_step(
-                    acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
-                    stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
-                    NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
-                    LATE_REFILL, PARAMS_AHEAD)
+                    acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                    stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
+                    mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
+                    EVEN, LATE_REFILL, PARAMS_AHEAD)
                 acc, w_b, nzz, ss, nzz1, ss1 = _issue_step(
                     acc, i + 1, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                     stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
@@ -290,8 +288,8 @@ if gluon is not None:
             first_single = 0
         for i in range(first_single, NSTEPS):
             acc, w, nzz, ss, nzz1, ss1 = _issue_step(
-                acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr, stride_sg,
-                stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
+                acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                 NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
                 LATE_REFILL, PARAMS_AHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
