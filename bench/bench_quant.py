@@ -11,7 +11,10 @@
         eager calls), median of repeats; each result is checked against its reference
         first. --sweep also times grids of W4A16 and FP8-GEMV tile configs and prints the
         best per cell. --rotate N cycles the timed calls through N copies of each weight
-        (weights that fit in the L2 cache are otherwise re-read from it).
+        (weights that fit in the L2 cache are otherwise re-read from it). --pdl MODE ...
+        times the W4A16 / FP8 kernels under each launch mode of tamis.kernels.pdl (default
+        early, the engine's; in a graph of back-to-back calls a kernel launched with PDL
+        overlaps the one before, as a model's layers do) and adds a table by mode.
 The table comes last: workload, ours, baseline, ratio.
 """
 from __future__ import annotations
@@ -310,13 +313,13 @@ def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
 def run_gemm(args) -> None:
     import torch.nn.functional as F
 
-    from tamis.kernels import fp8, w4a16
+    from tamis.kernels import fp8, pdl, w4a16
     assert torch.cuda.is_available(), "gemm mode needs a CUDA GPU"
     torch.manual_seed(0)
     timer = cuda_time if args.eager else graph_time
     print(torch.cuda.get_device_name(), "fp8:", fp8.fp8_supported("cuda"),
           "timing:", "eager CUDA events" if args.eager else "CUDA graph replay", flush=True)
-    rows = []
+    rows, pdl_rows = [], []
     for k, n in SHAPES:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         qweight, scales, zeros = w4a16_operands(k, n)
@@ -344,10 +347,17 @@ def run_gemm(args) -> None:
             err8 = _rel_err(fp8.fp8_linear(x, w8, w8_scale), ref8)
             assert err8 < 2e-2, f"FP8 mismatch at M={m} {k}x{n}: rel err {err8}"
             t_bf16 = timer(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
-            t_w4 = timer(cycling([lambda c=c: w4a16.w4a16_gemm(x, c[1], c[2], c[3], 128,
-                                                               interleaved=interleaved)
-                                  for c in copies]))
-            t_fp8 = timer(cycling([lambda c=c: fp8.fp8_linear(x, c[4], c[5]) for c in copies]))
+            t_w4_modes, t_fp8_modes = [], []
+            for mode in args.pdl:  # the kernels' launch mode (tamis.kernels.pdl)
+                pdl.set_mode(mode)
+                t_w4_modes.append(timer(cycling([
+                    lambda c=c: w4a16.w4a16_gemm(x, c[1], c[2], c[3], 128,
+                                                 interleaved=interleaved) for c in copies])))
+                t_fp8_modes.append(timer(cycling([lambda c=c: fp8.fp8_linear(x, c[4], c[5])
+                                                  for c in copies])))
+            pdl.set_mode(args.pdl[0])
+            t_w4, t_fp8 = t_w4_modes[0], t_fp8_modes[0]
+            pdl_rows.append((f"{k}x{n}", m, t_bf16, t_w4_modes, t_fp8_modes))
             best4 = best8 = (float("nan"), "")
             if args.sweep and m in args.sweep_ms:
                 best4 = _sweep_w4(x, qweight, scales, zeros, dense_w4, timer)
@@ -365,6 +375,19 @@ def run_gemm(args) -> None:
         print(f"{shape:12s} {m:5d} {tb * 1e3:8.1f} {t4 * 1e3:8.1f} {tb / t4:6.2f} "
               f"{t8 * 1e3:8.1f} {tb / t8:6.2f} {b4 * 1e3:8.1f} {tb / b4:6.2f} "
               f"{b8 * 1e3:8.1f} {tb / b8:6.2f}")
+    if len(args.pdl) > 1:
+        _print_pdl_table(args.pdl, pdl_rows)
+
+
+def _print_pdl_table(modes, pdl_rows) -> None:
+    """us per GEMM under each PDL launch mode (``tamis.kernels.pdl``), x = bf16 / ours."""
+    print("\nus per GEMM by PDL mode (W4A16 | FP8), x = bf16 time / ours")
+    heads = "".join(f" {'W4:' + mo:>10s} {'x':>5s}" for mo in modes)
+    heads += "".join(f" {'F8:' + mo:>10s} {'x':>5s}" for mo in modes)
+    print(f"{'KxN':12s} {'M':>5s} {'bf16':>8s}{heads}")
+    for shape, m, tb, t4s, t8s in pdl_rows:
+        cells = "".join(f" {t * 1e3:10.1f} {tb / t:5.2f}" for t in (*t4s, *t8s))
+        print(f"{shape:12s} {m:5d} {tb * 1e3:8.1f}{cells}")
 
 
 def _fp8_weight(weight):
@@ -458,6 +481,10 @@ def main() -> None:
     gemm.add_argument("--rotate", type=int, default=1,
                       help="copies of each weight, cycled through by the timed calls (e.g. 16:"
                            " more bytes than the L2 cache holds; default 1, as measured so far)")
+    gemm.add_argument("--pdl", nargs="+", default=["early"],
+                      choices=["off", "exit", "late", "early"],
+                      help="PDL launch modes of the W4A16 / FP8 kernels (tamis.kernels.pdl) to"
+                           " time, each in the same process; the main table shows the first")
     gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 4, 64, 256, 2048],
                       help="the M values --sweep sweeps")
     args = parser.parse_args()

@@ -8,6 +8,8 @@ names below instead of the release's own.
 - ``async_load``: ``cp.async`` from global to shared memory (3.6
   ``async_copy_global_to_shared``, 3.9 ``async_load``; 3.9 keeps the old name only to
   raise).
+- ``gdc_wait`` / ``gdc_launch_dependents``: programmatic dependent launch, Triton's
+  own builtins, which Gluon kernels call as they are (``tamis.kernels.pdl``).
 
 ``gluon`` is None where Triton or Gluon is missing (CPU-only installs); then the
 kernels are never called (their dispatch checks) and none of the names exist.
@@ -18,6 +20,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from tamis.kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
 except ImportError:  # no triton, or one without Gluon
     gluon = None
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, use_triton
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 
 try:
     import triton
     import triton.language as tl
+    from tamis.kernels.pdl import gdc_launch_dependents, gdc_wait
 except ImportError:  # CPU-only installs without triton
     triton = None
 
@@ -73,7 +75,12 @@ if triton is not None:
                      M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
-                     LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr):
+                     LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr,
+                     PDL: tl.constexpr, PDL_TRIGGER: tl.constexpr):
+        if PDL_TRIGGER == 1:
+            gdc_launch_dependents()
+        if PDL:  # launched beside the kernel before (tamis.kernels.pdl): x is its output
+            gdc_wait()
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -115,6 +122,8 @@ if triton is not None:
                 x3 = tl.load(x_ptr + 3 * stride_xm + kk, mask=kmask & (m_k > 3),
                              other=0.0).to(tl.float32)
                 acc3 += w * x3[None, :]
+        if PDL_TRIGGER == 2:
+            gdc_launch_dependents()
         if HAS_SCALE:
             scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
         else:
@@ -182,7 +191,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
         LOOP_STAGES=config.loop_stages, HAS_SCALE=scale is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        PDL=pdl.launch(x.device), PDL_TRIGGER=pdl.trigger(x.device),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **({"launch_pdl": True} if pdl.launch(x.device) else {}))
     return out
 
 

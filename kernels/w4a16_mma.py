@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tamis.kernels import pdl
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels.w4a16 import code_shifts
 
@@ -54,7 +55,7 @@ from tamis.kernels._gluon import gluon
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    from tamis.kernels._gluon import gl, thread_barrier
+    from tamis.kernels._gluon import gdc_launch_dependents, gdc_wait, gl, thread_barrier
     from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_x, _min,
                                                _physical_columns, _store_out_t,
                                                _unpack_tile, _word_layout, _x_layout)
@@ -246,11 +247,16 @@ if gluon is not None:
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
         WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, X_SHARED: gl.constexpr,
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
-        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
+        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PDL: gl.constexpr,
+        PDL_TRIGGER: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
-        pads to 8 rows, not 16, and each MMA's x fragment is one contiguous load."""
+        pads to 8 rows, not 16, and each MMA's x fragment is one contiguous load. With
+        PDL (``tamis.kernels.pdl``) the first words, scales and zero points load before
+        the wait for the kernel before, x and every store after it."""
+        if PDL_TRIGGER == 1:
+            gdc_launch_dependents()
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[2, 0], warps_per_cta=[NUM_WARPS // WARPS_M, WARPS_M], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -297,8 +303,10 @@ if gluon is not None:
                 nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
                                                      K, offs_zn, mask_zn, offs_cn, mask_cn,
                                                      GROUP_SIZE)
-            if not X_SHARED:
-                x_next = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
+        if PDL:
+            gdc_wait()  # x and the outputs belong to the kernels before this one
+        if AHEAD and not X_SHARED:
+            x_next = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
         if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
             XG: gl.constexpr = gl.BlockedLayout(
                 [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
@@ -368,6 +376,8 @@ if gluon is not None:
                                      mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
                                      B_LAYOUT, ORDER, WL1, XL1)
 
+        if PDL_TRIGGER == 2:
+            gdc_launch_dependents()
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
@@ -393,6 +403,18 @@ if gluon is not None:
         if EVEN:
             return gl.load(w_ptrs + offset)
         return gl.load(w_ptrs + offset, mask=(rows * 8 < K)[None, :] & mask_n[:, None], other=0)
+
+
+def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int,
+                   even: bool, *, pdl_wait: bool = False, pdl_trigger: int = 0) -> dict:
+    """The compile-time arguments of ``_w4_mma_kernel`` for a launch of ``splits``
+    programs along K (shared with the sm_90 build tests, so that they build what runs)."""
+    return dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
+                NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
+                X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
+                VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
+                EVEN=even, PDL=pdl_wait, PDL_TRIGGER=pdl_trigger)
 
 
 def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -425,11 +447,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
-        GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT=splits, HAS_SPLIT=splits > 1,
-        NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
-        X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
-        VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
-        EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
+        SPLIT=splits, **mma_constexprs(config, block_m, min(group_size, k), splits,
+                         k % k_split == 0 and n % config.block_n == 0,
+                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device)),
+        num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
     )
     return out

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tamis.kernels import pdl
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels._gluon import gluon
 from tamis.kernels.w4a16_mma import _weight_supported, step_rows
@@ -57,7 +58,8 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared, warpgroup_mma, warpgroup_mma_wait)
 
-    from tamis.kernels._gluon import async_load, gl, thread_barrier
+    from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
+                                      thread_barrier)
     from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _min, _physical_columns,
                                                _physical_rows, _store_out_t, _unpack_tile_scaled,
                                                _word_layout)
@@ -161,17 +163,32 @@ if gluon is not None:
         permuted order, gathered in pairs) and commit them as one group. Past the
         split's last step: with EVEN the last tiles again (never read), else masked to
         zeros, as are rows past K, columns past N and rows of x past M."""
+        _copy_words(w_dst, w_ptrs, step, k_lo, K, offs_wr, mask_wn, stride_qk, NSTEPS,
+                    BLOCK_K, EVEN)
+        _copy_x(x_dst, x_ptrs, step, k_lo, K, offs_xk, mask_xm, NSTEPS, BLOCK_K, EVEN)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _copy_words(w_dst, w_ptrs, step, k_lo, K, offs_wr, mask_wn, stride_qk, NSTEPS,
+                    BLOCK_K: gl.constexpr, EVEN: gl.constexpr):
+        """``_copy_step``'s word tile, uncommitted."""
         if EVEN:
             step = gl.minimum(step, NSTEPS - 1)
             async_load(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk)
+        else:
+            w_ok = (k_lo + step * BLOCK_K + offs_wr * 8 < K)[None, :] & (step < NSTEPS)
+            async_load(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk, mask=mask_wn & w_ok)
+
+    @gluon.jit
+    def _copy_x(x_dst, x_ptrs, step, k_lo, K, offs_xk, mask_xm, NSTEPS,
+                BLOCK_K: gl.constexpr, EVEN: gl.constexpr):
+        """``_copy_step``'s x^T tile, uncommitted."""
+        if EVEN:
+            step = gl.minimum(step, NSTEPS - 1)
             async_load(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm)
         else:
-            k = k_lo + step * BLOCK_K
-            w_ok = (k + offs_wr * 8 < K)[None, :] & (step < NSTEPS)
-            async_load(w_dst, w_ptrs + step * (BLOCK_K // 8) * stride_qk, mask=mask_wn & w_ok)
-            x_ok = (k + offs_xk < K)[:, None] & (step < NSTEPS)
+            x_ok = (k_lo + step * BLOCK_K + offs_xk < K)[:, None] & (step < NSTEPS)
             async_load(x_dst, x_ptrs + step * BLOCK_K, mask=mask_xm & x_ok)
-        async_copy.commit_group()
 
     @gluon.jit
     def _issue_step(acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
@@ -217,7 +234,10 @@ if gluon is not None:
         BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
         NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr,
         LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
+        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
     ):
+        if PDL_TRIGGER == 1:
+            gdc_launch_dependents()
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -252,12 +272,13 @@ if gluon is not None:
 
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], WS)
         x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_K, BLOCK_M], XS)
+        # The ring's first AHEAD word tiles, and the scales and zero points (in the
+        # layout of the words' columns, PARAMS_AHEAD steps ahead), load before the wait
+        # for the kernel before (PDL, ``tamis.kernels.pdl``); x^T after it, each step's
+        # tile closing the step's copy group (the first group holds every word tile).
         for step in gl.static_range(AHEAD):
-            _copy_step(w_smem.index(step), x_smem.index(step), w_ptrs, x_ptrs, step, k_lo, K,
-                       offs_wr, offs_xk, mask_wn, mask_xm, stride_qk, NSTEPS, BLOCK_K, EVEN)
-
-        # Scales and zero points in the layout of the words' columns, PARAMS_AHEAD steps
-        # ahead.
+            _copy_words(w_smem.index(step), w_ptrs, step, k_lo, K, offs_wr, mask_wn,
+                        stride_qk, NSTEPS, BLOCK_K, EVEN)
         offs_zn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
         mask_zn = offs_zn < N
         nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, GROUP_SIZE)
@@ -265,6 +286,12 @@ if gluon is not None:
         if PARAMS_AHEAD == 2:
             nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K, K, offs_zn,
                                       mask_zn, GROUP_SIZE)
+        if PDL:
+            gdc_wait()
+        for step in gl.static_range(AHEAD):
+            _copy_x(x_smem.index(step), x_ptrs, step, k_lo, K, offs_xk, mask_xm, NSTEPS,
+                    BLOCK_K, EVEN)
+            async_copy.commit_group()
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if PAIRS:
@@ -294,6 +321,8 @@ if gluon is not None:
                 LATE_REFILL, PARAMS_AHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         async_copy.wait_group(0)
+        if PDL_TRIGGER == 2:
+            gdc_launch_dependents()
 
         offs_cn = pid_n * BLOCK_N + _physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
@@ -309,6 +338,17 @@ def wgmma_block_m(m: int) -> int:
         if m <= block_m:
             return block_m
     return WGMMA_MAX_M
+
+
+def wgmma_constexprs(config: WgmmaConfig, block_m: int, group_size: int, splits: int,
+                     even: bool, *, pdl_wait: bool = False, pdl_trigger: int = 0) -> dict:
+    """The compile-time arguments of ``_w4_wgmma_kernel`` for a launch of ``splits``
+    programs along K (shared with the sm_90 build tests, so that they build what runs)."""
+    return dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k, HAS_SPLIT=splits > 1, NUM_WARPS=config.num_warps,
+                STAGES=config.stages, PAIRS=config.pairs, LATE_REFILL=config.late_refill,
+                PARAMS_AHEAD=config.params_ahead, EVEN=even, PDL=pdl_wait,
+                PDL_TRIGGER=pdl_trigger)
 
 
 def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -350,10 +390,10 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
     _w4_wgmma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
-        GROUP_SIZE=min(group_size, k), BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, K_SPLIT=k_split, SPLIT=splits, HAS_SPLIT=splits > 1,
-        NUM_WARPS=config.num_warps, STAGES=config.stages, PAIRS=config.pairs,
-        LATE_REFILL=config.late_refill, PARAMS_AHEAD=config.params_ahead,
-        EVEN=k % k_split == 0 and n % config.block_n == 0, num_warps=config.num_warps,
+        K_SPLIT=k_split, SPLIT=splits,
+        **wgmma_constexprs(config, block_m, min(group_size, k), splits,
+                           k % k_split == 0 and n % config.block_n == 0,
+                           pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device)),
+        num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
     )
     return out

@@ -57,11 +57,29 @@ def test_checker_passes_writes_after_the_wait_and_to_other_registers():
 
 
 def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False,
-                 params_ahead=2):
-    constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                      HAS_SPLIT=split, NUM_WARPS=warps, STAGES=stages, PAIRS=pairs,
-                      LATE_REFILL=late, PARAMS_AHEAD=params_ahead, EVEN=even)
-    return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps)
+                 params_ahead=2, pdl_trigger=None):
+    config = w4a16_wgmma.WgmmaConfig(block_n, block_k, 2 if split else 1, warps, stages,
+                                     pairs, late, params_ahead)
+    pdl = pdl_trigger is not None
+    constexprs = w4a16_wgmma.wgmma_constexprs(config, block_m, 128, config.split_k, even,
+                                              pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
+    return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps,
+                        launch_pdl=pdl)
+
+
+def _mma_build(block_m, config, pdl_trigger=None):
+    pdl = pdl_trigger is not None
+    constexprs = w4a16_mma.mma_constexprs(config, block_m, 128, config.split_k, True,
+                                          pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
+    return compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps,
+                        launch_pdl=pdl)
+
+
+def _before_the_wait(build) -> list[str]:
+    """Opcodes up to the PDL wait (``ACQBULK``, griddepcontrol.wait); fails without one."""
+    opcodes = [i.opcode for i in build.instructions()]
+    assert opcodes.count("ACQBULK") == 1, "expected one griddepcontrol.wait"
+    return opcodes[:opcodes.index("ACQBULK")]
 
 
 @needs_gluon
@@ -106,12 +124,55 @@ def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
     (64, w4a16_mma.MmaConfig(64, 64, 2, 4, 1, 64, 1, x_shared=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
-    constexprs = dict(GROUP_SIZE=128, BLOCK_M=block_m, BLOCK_N=config.block_n,
-                      BLOCK_K=config.block_k, HAS_SPLIT=config.split_k > 1,
-                      NUM_WARPS=config.num_warps, WARPS_M=config.warps_m,
-                      PREFETCH=config.prefetch, X_SHARED=config.x_shared,
-                      LOAD_STEPS=config.load_steps, VECTOR_COLUMNS=config.vector_columns,
-                      PARAMS_AHEAD=config.params_ahead, EVEN=True)
-    build = compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps)
+    build = _mma_build(block_m, config)
     assert build.count("HMMA") > 0, "no mma.sync in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
+
+
+_WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")
+
+
+@needs_gluon
+@pytest.mark.parametrize("trigger", [0, 1, 2])
+@pytest.mark.parametrize("block_m,config", [
+    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
+    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
+                             params_ahead=True)),
+    (16, w4a16_mma.MmaConfig(128, 128, 8, 8, vector_columns=False)),
+])
+def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, trigger):
+    """Launched with PDL the kernel may run beside the one before it: no global or
+    shared store, no atomic, before griddepcontrol.wait, and a trigger (PREEXIT) where
+    asked (1: before the wait, 2: after it)."""
+    build = _mma_build(block_m, config, pdl_trigger=trigger)
+    before = _before_the_wait(build)
+    assert not [op for op in before if op.split(".")[0] in _WRITES]
+    assert any(op.startswith("LDG") for op in before), "no weight load ahead of the wait"
+    opcodes = [i.opcode for i in build.instructions()]
+    assert opcodes.count("PREEXIT") == (trigger > 0)
+    if trigger:
+        assert ("PREEXIT" in before) == (trigger == 1)
+    assert build.stack_bytes == 0
+
+
+@needs_gluon
+@pytest.mark.parametrize("trigger", [0, 1, 2])
+@pytest.mark.parametrize("block_m,block_n,warps,stages,split,even,pairs", [
+    (64, 64, 4, 3, True, True, False),      # the narrow default at 33..64 rows
+    (32, 64, 4, 4, True, True, True),       # 17..32 rows, narrow
+    (32, 64, 4, 4, True, False, True),      # masked tails
+])
+def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
+        block_m, block_n, warps, stages, split, even, pairs, trigger):
+    """Before the wait: the ring's first word tiles (cp.async) and the scales, no store
+    and no x^T copy: the cp.async copies before it are the words' (4 bytes each, one
+    tile of BLOCK_N x 16 words a step over the program's threads)."""
+    build = _wgmma_build(block_m, block_n, 128, warps, stages, split, even, pairs,
+                         pdl_trigger=trigger)
+    before = _before_the_wait(build)
+    assert not [op for op in before if op.split(".")[0] in _WRITES]
+    ahead = stages - 1 - pairs
+    word_copies = ahead * block_n * 16 // (32 * warps)
+    assert sum(op.startswith("LDGSTS") for op in before) == word_copies
+    assert inflight_clobbers(build.instructions()) == []
+    assert build.stack_bytes == 0
