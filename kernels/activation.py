@@ -10,11 +10,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, use_triton
 
 try:
     import triton
     import triton.language as tl
+    from tamis.kernels.pdl import gdc_launch_dependents
 except ImportError:
     triton = tl = None
 
@@ -33,7 +35,10 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 if tl is not None:
     @kernel
-    def _silu_and_mul_kernel(x_ptr, out_ptr, d, x_stride, BLOCK: tl.constexpr):
+    def _silu_and_mul_kernel(x_ptr, out_ptr, d, x_stride, BLOCK: tl.constexpr,
+                             PDL_TRIGGER: tl.constexpr):
+        if PDL_TRIGGER:  # the next GEMM may start loading its weights (tamis.kernels.pdl)
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < d
@@ -54,6 +59,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         block = 1024
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
             rows, out, d, rows.stride(0), BLOCK=block, num_warps=4,
+            PDL_TRIGGER=pdl.lets_next_launch(x.device),
             enable_fp_fusion=False)   # see ROUNDING in _triton.py
     return out.view(*x.shape[:-1], d)
 

@@ -23,12 +23,14 @@ import math
 
 import torch
 
+from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
 from tamis.kernels.attention_prefill import attend_ref, gather_kv, check_paged_inputs
 
 try:
     import triton
     import triton.language as tl
+    from tamis.kernels.pdl import gdc_launch_dependents
 except ImportError:
     triton = tl = None
 
@@ -126,7 +128,10 @@ if tl is not None:
     @kernel
     def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, out_ptr, o_tok_stride, o_head_stride,
                              num_heads, head_dim, num_splits,
-                             HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+                             PDL_TRIGGER: tl.constexpr):
+        if PDL_TRIGGER:  # the next GEMM may start loading its weights (tamis.kernels.pdl)
+            gdc_launch_dependents()
         seq = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS)
@@ -180,7 +185,8 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
         num_warps=num_warps, num_stages=num_stages)
     _decode_merge_kernel[(num_seqs, num_heads)](
         mid_o, mid_lse, out, out.stride(0), out.stride(1), num_heads, head_dim, splits,
-        HEAD_DIM=head_block, SPLITS=max(2, next_power_of_2(splits)), num_warps=4)
+        HEAD_DIM=head_block, SPLITS=max(2, next_power_of_2(splits)),
+        PDL_TRIGGER=pdl.lets_next_launch(q.device), num_warps=4)
     return out
 
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
 
 try:
     import triton.language as tl
+    from tamis.kernels.pdl import gdc_launch_dependents
 except ImportError:
     tl = None
 
@@ -46,7 +48,10 @@ def fused_add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torc
 if tl is not None:
     @kernel
     def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, hidden, eps,
-                         x_stride, res_stride, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         x_stride, res_stride, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL_TRIGGER: tl.constexpr):
+        if PDL_TRIGGER:  # the next GEMM may start loading its weights (tamis.kernels.pdl)
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < hidden
@@ -82,6 +87,7 @@ def _launch(x, residual, weight, eps):
         _rms_norm_kernel[(rows.shape[0],)](
             rows, res_rows, weight, out, res_out, hidden, eps, rows.stride(0),
             res_rows.stride(0), HAS_RESIDUAL=residual is not None, BLOCK=block,
+            PDL_TRIGGER=pdl.lets_next_launch(x.device),
             num_warps=min(16, max(1, block // 256)),
             enable_fp_fusion=False)   # see ROUNDING in _triton.py
     return out.view(x.shape), res_out.view(x.shape)

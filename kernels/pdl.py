@@ -9,6 +9,10 @@ still read, before ``gdc_wait()`` (PTX ``griddepcontrol.wait``: the grid before 
 completed and its writes are visible). What comes before the wait in our kernels reads
 only the layer's weights, scales and zero points, which no kernel of the step writes.
 
+The short kernels that come before the GEMMs in a decoder layer (RMSNorm, SiLU-and-mul,
+the decode attention's merge) are launched as before, and only trigger as they start
+(``lets_next_launch``): the GEMM after them then loads its weights while they run.
+
 Contract of a kernel launched with ``launch(device)`` true:
 - before ``gdc_wait()``: loads of weights and quantization parameters only;
 - x, the output, split-K partials and counters: only after it;
@@ -64,6 +68,14 @@ def trigger(device: torch.device) -> int:
     if not launch(device):
         return 0
     return {"exit": 0, "early": 1, "late": 2}[_mode]
+
+
+def lets_next_launch(device: torch.device) -> bool:
+    """The ``PDL_TRIGGER`` flag of the short kernels before the GEMMs (RMSNorm,
+    SiLU-and-mul, the decode attention's merge), which are not themselves launched with
+    PDL: whether they trigger as they start, so that the GEMM after them starts loading
+    its weights while they run (modes "late" and "early")."""
+    return trigger(device) != 0
 
 
 @functools.lru_cache(maxsize=None)
