@@ -13,7 +13,7 @@
         best per cell. --rotate N cycles the timed calls through N copies of each weight
         (weights that fit in the L2 cache are otherwise re-read from it). --pdl MODE ...
         times the W4A16 / FP8 kernels under each launch mode of tamis.kernels.pdl (default
-        early, the engine's; in a graph of back-to-back calls a kernel launched with PDL
+        auto, the engine's; in a graph of back-to-back calls a kernel launched with PDL
         overlaps the one before, as a model's layers do) and adds a table by mode.
 The table comes last: workload, ours, baseline, ratio.
 """
@@ -481,8 +481,8 @@ def main() -> None:
     gemm.add_argument("--rotate", type=int, default=1,
                       help="copies of each weight, cycled through by the timed calls (e.g. 16:"
                            " more bytes than the L2 cache holds; default 1, as measured so far)")
-    gemm.add_argument("--pdl", nargs="+", default=["early"],
-                      choices=["off", "exit", "late", "early"],
+    gemm.add_argument("--pdl", nargs="+", default=["auto"],
+                      choices=["off", "exit", "late", "early", "auto"],
                       help="PDL launch modes of the W4A16 / FP8 kernels (tamis.kernels.pdl) to"
                            " time, each in the same process; the main table shows the first")
     gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 4, 64, 256, 2048],

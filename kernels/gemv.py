@@ -191,7 +191,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
         LOOP_STAGES=config.loop_stages, HAS_SCALE=scale is not None,
-        PDL=pdl.launch(x.device), PDL_TRIGGER=pdl.trigger(x.device),
+        PDL=pdl.launch(x.device), PDL_TRIGGER=pdl.trigger(x.device, m),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl.launch(x.device) else {}))
     return out

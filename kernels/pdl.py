@@ -37,9 +37,13 @@ except ImportError:
 # When the next kernel may be scheduled: "early" (each program triggers as it starts:
 # the next GEMM's weight loads overlap this one's whole run) or "late" (after the main
 # loop: they overlap the epilogue); "exit" launches with PDL but leaves the trigger
-# implicit, at each program's exit; "off" launches as before.
-MODES = ("off", "exit", "late", "early")
-_mode = "off" if os.environ.get("TAMIS_DISABLE_PDL", "0") not in ("", "0") else "early"
+# implicit, at each program's exit; "off" launches as before. "auto" (the default) is
+# "early" for launches of one row of x and "exit" for more: on the H200 (session 11,
+# bench/results/quant.md) early triggers gained 0.4-0.9 us per GEMM at one row and
+# cost up to 9 us at 16-32 rows, where the next kernel's early programs slowed the
+# running one.
+MODES = ("off", "exit", "late", "early", "auto")
+_mode = "off" if os.environ.get("TAMIS_DISABLE_PDL", "0") not in ("", "0") else "auto"
 
 
 def set_mode(mode: str) -> None:
@@ -62,20 +66,21 @@ def launch(device: torch.device) -> bool:
             and _capability_major(device.index) >= 9)
 
 
-def trigger(device: torch.device) -> int:
-    """The kernels' ``PDL_TRIGGER`` constexpr: 0 none (the implicit one at exit), 1 at
-    the start of each program, 2 after its main loop."""
+def trigger(device: torch.device, rows: int = 1) -> int:
+    """The kernels' ``PDL_TRIGGER`` constexpr for a launch on ``rows`` rows of x: 0 none
+    (the implicit one at exit), 1 at the start of each program, 2 after its main loop."""
     if not launch(device):
         return 0
-    return {"exit": 0, "early": 1, "late": 2}[_mode]
+    mode = ("early" if rows == 1 else "exit") if _mode == "auto" else _mode
+    return {"exit": 0, "early": 1, "late": 2}[mode]
 
 
 def lets_next_launch(device: torch.device) -> bool:
     """The ``PDL_TRIGGER`` flag of the short kernels before the GEMMs (RMSNorm,
     SiLU-and-mul, the decode attention's merge), which are not themselves launched with
     PDL: whether they trigger as they start, so that the GEMM after them starts loading
-    its weights while they run (modes "late" and "early")."""
-    return trigger(device) != 0
+    its weights while they run (modes "late", "early" and "auto")."""
+    return launch(device) and _mode != "exit"
 
 
 @functools.lru_cache(maxsize=None)

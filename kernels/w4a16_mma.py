@@ -449,7 +449,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         SPLIT=splits, **mma_constexprs(config, block_m, min(group_size, k), splits,
                          k % k_split == 0 and n % config.block_n == 0,
-                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device)),
+                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device, m)),
         num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
     )
     return out

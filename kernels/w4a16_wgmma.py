@@ -393,7 +393,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
         K_SPLIT=k_split, SPLIT=splits,
         **wgmma_constexprs(config, block_m, min(group_size, k), splits,
                            k % k_split == 0 and n % config.block_n == 0,
-                           pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device)),
+                           pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device, m)),
         num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
     )
     return out

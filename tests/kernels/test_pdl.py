@@ -85,7 +85,7 @@ def test_w4a16_chain_with_pdl_equals_chain_without(m, graph, restore_mode):
 
     expected = _run("off", x, layers, step, graph=False)
     assert expected.abs().max() > 0 and torch.isfinite(expected).all()
-    for mode in ("exit", "late", "early"):
+    for mode in ("exit", "late", "early", "auto"):
         got = _run(mode, x, layers, step, graph)
         assert torch.equal(got, expected), f"mode {mode}: {(got - expected).abs().max()}"
 
@@ -101,6 +101,6 @@ def test_dense_gemv_chain_with_pdl_equals_chain_without(graph, restore_mode):
               for _ in range(6)]
     x = torch.randn(1, k, device="cuda").bfloat16()
     expected = _run("off", x, layers, linear, graph=False)
-    for mode in ("exit", "late", "early"):
+    for mode in ("exit", "late", "early", "auto"):
         got = _run(mode, x, layers, linear, graph)
         assert torch.equal(got, expected), f"mode {mode}: {(got - expected).abs().max()}"
