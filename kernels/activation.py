@@ -59,7 +59,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         block = 1024
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
             rows, out, d, rows.stride(0), BLOCK=block, num_warps=4,
-            PDL_TRIGGER=pdl.lets_next_launch(x.device),
+            PDL_TRIGGER=pdl.lets_next_launch(x.device, rows.shape[0]),
             enable_fp_fusion=False)   # see ROUNDING in _triton.py
     return out.view(*x.shape[:-1], d)
 

@@ -186,7 +186,7 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
     _decode_merge_kernel[(num_seqs, num_heads)](
         mid_o, mid_lse, out, out.stride(0), out.stride(1), num_heads, head_dim, splits,
         HEAD_DIM=head_block, SPLITS=max(2, next_power_of_2(splits)),
-        PDL_TRIGGER=pdl.lets_next_launch(q.device), num_warps=4)
+        PDL_TRIGGER=pdl.lets_next_launch(q.device, num_seqs), num_warps=4)
     return out
 
 

@@ -87,7 +87,7 @@ def _launch(x, residual, weight, eps):
         _rms_norm_kernel[(rows.shape[0],)](
             rows, res_rows, weight, out, res_out, hidden, eps, rows.stride(0),
             res_rows.stride(0), HAS_RESIDUAL=residual is not None, BLOCK=block,
-            PDL_TRIGGER=pdl.lets_next_launch(x.device),
+            PDL_TRIGGER=pdl.lets_next_launch(x.device, rows.shape[0]),
             num_warps=min(16, max(1, block // 256)),
             enable_fp_fusion=False)   # see ROUNDING in _triton.py
     return out.view(x.shape), res_out.view(x.shape)
