@@ -5,7 +5,7 @@ Llama-3.1-8B layer shapes on a Hopper GPU, against bf16 ``F.linear`` and the cur
 dequantized weight, a NaN anywhere counting as wrong, before it is timed by CUDA-graph
 replay, as decode runs).
 
-    python bench/sweep_w4a16_wgmma.py [--ms 32 64 128] [--quick] [--verbose]
+    python bench/sweep_w4a16_wgmma.py [--ms 32 64 128] [--quick | --family split] [--verbose]
 """
 from __future__ import annotations
 
@@ -24,11 +24,22 @@ def candidates(m: int, n: int, k: int, quick: bool):
     both), steps of 128 or 64 rows, K split 1, 2 or 4 ways (at least 4 steps a split),
     rings of 2-4 slots, single steps or steps in pairs (``pairs``: the second unpack
     overlapping the first wgmma), at 128-row steps also the refill after the wgmma
-    (``late_refill``)."""
+    (``late_refill``). Family "split": K split 2-16 ways (at least two steps a split)
+    on 64 / 128 columns, rings of 2-4 slots: more programs per multiprocessor (ncu,
+    session 11: the kernel issues at 7.7 cycles an instruction per warp with about two
+    warps a scheduler)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
                                            shared_bytes)
     default = pick_wgmma_config(m, n, k, 128)
     yield "default", default
+    if quick == "split":  # more programs per SM: K split up to 16 ways (>= 2 steps a split)
+        for bn, warps in ((64, 4), (128, 4), (128, 8)):
+            for split in (2, 4, 8, 16):
+                for stages, pairs in ((2, False), (3, False), (4, False), (3, True)):
+                    cfg = WgmmaConfig(bn, 128, split, warps, stages, pairs)
+                    if k // split >= 2 * 128 and shared_bytes(cfg, m) <= SHARED_BYTES:
+                        yield "", cfg
+        return
     yield "", replace(default, params_ahead=3 - default.params_ahead)
     if quick:
         return

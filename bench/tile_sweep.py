@@ -24,7 +24,9 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) -> None:
     """``kernel(x, packed, scales, zeros, group_size, config)``; ``candidates(m, n, k,
-    quick)`` yields (tag, config) pairs, the kernel's default first, tagged "default"."""
+    quick)`` yields (tag, config) pairs, the kernel's default first, tagged "default";
+    ``quick`` is False, True (defaults only) or the name given to ``--family`` (a
+    family of candidates the sweep script defines)."""
     import torch.nn.functional as F
 
     from tamis.kernels import w4a16
@@ -32,6 +34,7 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ms", type=int, nargs="+", default=default_ms)
     parser.add_argument("--quick", action="store_true", help="defaults only")
+    parser.add_argument("--family", help="one named family of candidates (see the script)")
     parser.add_argument("--verbose", action="store_true", help="print every candidate's time")
     parser.add_argument("--rotate", type=int, default=1,
                         help="copies of each weight, cycled through by the timed calls "
@@ -56,7 +59,7 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
                 lambda c=c: w4a16.w4a16_gemm(x, c[1], c[2], c[3], 128, interleaved=True)
                 for c in copies]))
             best, t_default = (float("inf"), None), None
-            for tag, cfg in candidates(m, n, k, args.quick):
+            for tag, cfg in candidates(m, n, k, args.family or args.quick):
                 torch.cuda.synchronize()
                 try:
                     err = relative_error(kernel(x, packed, scales, zeros, 128, cfg), ref)
