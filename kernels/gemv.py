@@ -11,7 +11,8 @@ converts it to fp32 in registers and accumulates ``w * x`` in fp32; the scale is
 once at the end. K is split over programs and reduced in the same launch
 (``tamis.kernels.splitk``). It serves FP8 checkpoints at decode (``fp8_gemv_triton``) and
 dense bf16 / fp16 layers at batch 1 (``linear``), where cuBLAS splits K with a second
-kernel.
+kernel. On Hopper it launches with programmatic dependent launch (``tamis.kernels.pdl``),
+waiting for the kernel before it as it starts.
 """
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ same permutation (``x[..., perm]``).
   (Hopper wgmma, 17..64 rows on wide layers; ``tamis.kernels.w4a16_wgmma``) and
   ``w4a16_gemm_mma`` (mma.sync, up to ``MMA_DISPATCH_M`` rows).
 
-``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere).
+``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere). On Hopper the two
+tensor-core kernels launch with programmatic dependent launch (``tamis.kernels.pdl``):
+their first weight loads overlap the kernel before them.
 """
 from __future__ import annotations
 
