@@ -25,7 +25,7 @@ def candidates(m: int, n: int, k: int, quick: bool):
     rings of 2-4 slots, single steps or steps in pairs (``pairs``: the second unpack
     overlapping the first wgmma), at 128-row steps also the refill after the wgmma
     (``late_refill``). Family "split": K split 2-16 ways (at least two steps a split)
-    on 64 / 128 columns, rings of 2-4 slots: more programs per multiprocessor (ncu,
+    on 64 / 128 columns of one warpgroup, rings of 2 or 3 slots, single or paired steps: more programs per multiprocessor (ncu,
     session 11: the kernel issues at 7.7 cycles an instruction per warp with about two
     warps a scheduler)."""
     from tamis.kernels.w4a16_wgmma import (SHARED_BYTES, WgmmaConfig, pick_wgmma_config,
@@ -33,10 +33,10 @@ def candidates(m: int, n: int, k: int, quick: bool):
     default = pick_wgmma_config(m, n, k, 128)
     yield "default", default
     if quick == "split":  # more programs per SM: K split up to 16 ways (>= 2 steps a split)
-        for bn, warps in ((64, 4), (128, 4), (128, 8)):
+        for bn in (64, 128):
             for split in (2, 4, 8, 16):
-                for stages, pairs in ((2, False), (3, False), (4, False), (3, True)):
-                    cfg = WgmmaConfig(bn, 128, split, warps, stages, pairs)
+                for stages, pairs in ((2, False), (3, False), (3, True)):
+                    cfg = WgmmaConfig(bn, 128, split, 4, stages, pairs)
                     if k // split >= 2 * 128 and shared_bytes(cfg, m) <= SHARED_BYTES:
                         yield "", cfg
         return
