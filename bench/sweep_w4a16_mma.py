@@ -17,7 +17,8 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default and the default with ``params_ahead`` flipped, then tiles around it:
+    """The default, the default with ``params_ahead`` flipped (and ``paired_steps`` where
+    it applies), then tiles around it:
     at up to 16 rows 32-256 columns on 2-8 warps, K split 2-32 ways, 1, 2 or 4 steps
     loaded together, columns permuted for vector loads or not; above 16 rows, rows of x
     split over 2 or 4 warps, or x staged in shared memory."""
@@ -25,6 +26,8 @@ def candidates(m: int, n: int, k: int, quick: bool):
     default = pick_mma_config(m, n, k, 128)
     yield "default", default
     yield "", replace(default, params_ahead=not default.params_ahead)
+    if default.params_ahead and default.load_steps == 1:
+        yield "", replace(default, paired_steps=not default.paired_steps)
     if quick:
         return
     if m <= 16:

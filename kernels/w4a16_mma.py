@@ -88,6 +88,11 @@ class MmaConfig:
     # more memory round trip per step, the group's scales coming from DRAM). Costs
     # registers: on the H200 it won at M = 1 and with two steps a load, lost elsewhere.
     params_ahead: bool = False
+    # With params_ahead and one step a load: the loop runs steps in pairs, the two loads
+    # in flight in two sets of registers that alternate, instead of one set copied into
+    # the other every step (the SASS of the M = 1 tile spent 45 of its 333 instructions
+    # a step on those copies).
+    paired_steps: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -228,6 +233,16 @@ if gluon is not None:
         return _step_with(acc, words_b, x_b, nzz2, s2, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
+    def _load_step(w_ptrs, x_ptrs, z_ptr, s_ptr, k, stride_qk, stride_sg, offs_wr, mask_wn,
+                   offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K,
+                   GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr):
+        """(words, -(128 + z), s, x^T) of the one-step load at row k of K."""
+        words = _load_words(w_ptrs, k // 8 * stride_qk, k // 8 + offs_wr, mask_wn, K, EVEN)
+        nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn, offs_cn,
+                               mask_cn, GROUP_SIZE)
+        return words, nzz, s, _load_x(x_ptrs, k, offs_xk, mask_xm, K, EVEN)
+
+    @gluon.jit
     def _halves(t, DIM: gl.constexpr, LAYOUT: gl.constexpr):
         """The two halves of a 2-D tile along DIM (those bits of DIM are registers: no
         data moves), each in LAYOUT."""
@@ -247,8 +262,8 @@ if gluon is not None:
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
         WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, X_SHARED: gl.constexpr,
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
-        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PDL: gl.constexpr,
-        PDL_TRIGGER: gl.constexpr,
+        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PAIRED: gl.constexpr,
+        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -318,63 +333,80 @@ if gluon is not None:
             offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
             xg_ptrs = x_ptr + offs_gm[None, :] * stride_xm + offs_gk[:, None]
             x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, offs_gm < M, K, EVEN)
-        for k0 in range(k_lo, k_hi, STEP_K):
-            # Past the split's last load a prefetch reloads that load (no bounds check).
-            k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
-            if PREFETCH:
-                words = ahead
-                ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
-                                    mask_wn, K, EVEN)
-                if AHEAD:
-                    nzz, s = nzz_ahead, s_ahead
-                    nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
-                                                       offs_zn, mask_zn, offs_cn, mask_cn,
-                                                       GROUP_SIZE)
-                    if LOAD_STEPS == 2:
-                        nzz2, s2 = nzz2_ahead, s2_ahead
-                        nzz2_ahead, s2_ahead = _group_params(
-                            z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
-                            offs_cn, mask_cn, GROUP_SIZE)
-            else:
-                words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
-                                    K, EVEN)
-            if X_SHARED:
-                thread_barrier()  # every warp has read the last step's tile
-                x_smem.store(x_ahead)
-                x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
-                thread_barrier()
-                x = x_smem.load(XL)
-            elif AHEAD:
-                x = x_next
-                x_next = _load_x(x_ptrs, k1, offs_xk, mask_xm, K, EVEN)
-            else:
-                x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
-            if AHEAD and LOAD_STEPS == 1:
-                acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
-            elif AHEAD:
-                acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
-                                      ORDER, WL1, XL1)
-            elif LOAD_STEPS == 1:
-                acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
-                            offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
-            else:
-                WL2: gl.constexpr = _word_layout(
-                    gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
-                XL2: gl.constexpr = _x_layout(
-                    gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
-                if LOAD_STEPS == 4:
-                    words_a, words_b = _halves(words, 1, WL2)
-                    x_a, x_b = _halves(x, 0, XL2)
-                    acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                     mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
-                                     B_LAYOUT, ORDER, WL1, XL1)
-                    acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
-                                     stride_sg, offs_zn, mask_zn, offs_cn, mask_cn, K,
-                                     GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
+        if PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
+            for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
+                words_b, nzz_b, s_b, x_b = _load_step(
+                    w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
+                    mask_wn, offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K,
+                    GROUP_SIZE, EVEN)
+                acc = _step_with(acc, ahead, x_next, nzz_ahead, s_ahead, A_LAYOUT, B_LAYOUT,
+                                 ORDER)
+                k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
+                ahead, nzz_ahead, s_ahead, x_next = _load_step(
+                    w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
+                    offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K, GROUP_SIZE, EVEN)
+                acc = _step_with(acc, words_b, x_b, nzz_b, s_b, A_LAYOUT, B_LAYOUT, ORDER)
+            if (k_hi - k_lo + STEP_K - 1) // STEP_K % 2 == 1:  # an odd step left, in (a)
+                acc = _step_with(acc, ahead, x_next, nzz_ahead, s_ahead, A_LAYOUT, B_LAYOUT,
+                                 ORDER)
+        else:
+            for k0 in range(k_lo, k_hi, STEP_K):
+                # Past the split's last load a prefetch reloads that load (no bounds check).
+                k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
+                if PREFETCH:
+                    words = ahead
+                    ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
+                                        mask_wn, K, EVEN)
+                    if AHEAD:
+                        nzz, s = nzz_ahead, s_ahead
+                        nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
+                                                           offs_zn, mask_zn, offs_cn, mask_cn,
+                                                           GROUP_SIZE)
+                        if LOAD_STEPS == 2:
+                            nzz2, s2 = nzz2_ahead, s2_ahead
+                            nzz2_ahead, s2_ahead = _group_params(
+                                z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
+                                offs_cn, mask_cn, GROUP_SIZE)
                 else:
-                    acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                     mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
-                                     B_LAYOUT, ORDER, WL1, XL1)
+                    words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
+                                        K, EVEN)
+                if X_SHARED:
+                    thread_barrier()  # every warp has read the last step's tile
+                    x_smem.store(x_ahead)
+                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
+                    thread_barrier()
+                    x = x_smem.load(XL)
+                elif AHEAD:
+                    x = x_next
+                    x_next = _load_x(x_ptrs, k1, offs_xk, mask_xm, K, EVEN)
+                else:
+                    x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
+                if AHEAD and LOAD_STEPS == 1:
+                    acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+                elif AHEAD:
+                    acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
+                                          ORDER, WL1, XL1)
+                elif LOAD_STEPS == 1:
+                    acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
+                                offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                else:
+                    WL2: gl.constexpr = _word_layout(
+                        gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
+                    XL2: gl.constexpr = _x_layout(
+                        gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
+                    if LOAD_STEPS == 4:
+                        words_a, words_b = _halves(words, 1, WL2)
+                        x_a, x_b = _halves(x, 0, XL2)
+                        acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                         mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         B_LAYOUT, ORDER, WL1, XL1)
+                        acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
+                                         stride_sg, offs_zn, mask_zn, offs_cn, mask_cn, K,
+                                         GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
+                    else:
+                        acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                         mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         B_LAYOUT, ORDER, WL1, XL1)
 
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
@@ -414,7 +446,14 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
                 X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
                 VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
-                EVEN=even, PDL=pdl_wait, PDL_TRIGGER=pdl_trigger)
+                EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger)
+
+
+def _paired(config: MmaConfig) -> bool:
+    """``paired_steps`` where it applies: x, scales and zero points a load ahead, one step
+    a load, x from global memory."""
+    return (config.paired_steps and config.params_ahead and config.prefetch == 1
+            and config.load_steps == 1 and not config.x_shared)
 
 
 def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,

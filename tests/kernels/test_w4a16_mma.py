@@ -76,7 +76,11 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
             MmaConfig(64, 64, 2, 4, 1, 64, x_shared=True, load_steps=2),
             MmaConfig(128, 128, 4, 8, vector_columns=False),
             MmaConfig(128, 64, 3, 4, params_ahead=True),
-            MmaConfig(64, 128, 3, 2, load_steps=2, params_ahead=True)]
+            MmaConfig(64, 128, 3, 2, load_steps=2, params_ahead=True),
+            # steps in pairs: an even and an odd number of steps a split, and tails
+            MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True),
+            MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True),
+            MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True)]
 
 
 @pytest.mark.gpu

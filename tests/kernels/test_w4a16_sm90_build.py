@@ -122,6 +122,7 @@ def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
     (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
                              params_ahead=True)),
     (64, w4a16_mma.MmaConfig(64, 64, 2, 4, 1, 64, 1, x_shared=True)),
+    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
     build = _mma_build(block_m, config)
