@@ -98,7 +98,8 @@ class MmaConfig:
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
     """Tiles from the H200 sweeps (bench/results/quant.md), steps of 128 rows of K (or of
     the group when it is shorter), 16 rows of x per program; x, scales and zero points a
-    load ahead at M = 1 and with two steps a load (session 10: 0.3-1.4 us faster there).
+    load ahead at M = 1 and with two steps a load (session 10: 0.3-1.4 us faster there),
+    at M = 1 steps in pairs (session 11: 0.2-0.7 us faster on every shape).
 
     M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
     columns on 2 warps split 4 ways; deep ones (K >= 8192) 256 columns on 8 warps split 16
@@ -110,10 +111,10 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     block_k = step_rows(k, group_size)
     if m == 1:
         if n >= 8192:
-            return MmaConfig(64, block_k, 4, 2, params_ahead=True)
+            return MmaConfig(64, block_k, 4, 2, params_ahead=True, paired_steps=True)
         if k >= 8192:
-            return MmaConfig(256, block_k, 16, 8, params_ahead=True)
-        return MmaConfig(128, block_k, 8, 4, params_ahead=True)
+            return MmaConfig(256, block_k, 16, 8, params_ahead=True, paired_steps=True)
+        return MmaConfig(128, block_k, 8, 4, params_ahead=True, paired_steps=True)
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
             return MmaConfig(64, block_k, 1, 2, vector_columns=False)

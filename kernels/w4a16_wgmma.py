@@ -108,11 +108,11 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
     from DRAM), steps of ``step_rows``. Wide layers (N >= 8192): 128 columns on one
     warpgroup, K unsplit; up to 32 rows steps in pairs over three ring slots (47.3 vs
     50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers up to 32 rows: 64
-    columns, K split 4 ways, steps in pairs over four slots. Above: K split until the
-    column blocks make about two programs per multiprocessor (at least 8 steps a
-    split); deep layers (K >= 8192) 128 columns on two slots (at M = 64 on 14336 x 4096
-    that is 8 ways: 43.1 us, tl.dot 50.1; the sweep's 41.7 split 4 ways), else 64
-    columns on three slots."""
+    columns, K split 4 ways, steps in pairs over four slots. Above: deep layers (K >=
+    8192) 128 columns, K split 4 ways, two slots (at M = 64 on 14336 x 4096: 41.2 us
+    against 42.3 split 8 ways and more for 16, session 11); others 64 columns on three
+    slots, K split until the column blocks make about two programs per multiprocessor
+    (at least 16 steps a split)."""
     block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
         if m <= 32:
@@ -120,12 +120,13 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
         return WgmmaConfig(128, block_k, 1, stages=2)
     if m <= 32:  # K split 4 ways won every narrow cell (8 ran 38.2 vs 32.1 us at 14336)
         return WgmmaConfig(64, block_k, 4, stages=4, pairs=True)
-    block_n = 128 if k >= WGMMA_DEEP_K else 64
-    blocks = -(-n // block_n)
+    if k >= WGMMA_DEEP_K:
+        return WgmmaConfig(128, block_k, 4, stages=2)
+    blocks = -(-n // 64)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split) >= 16:
         split *= 2
-    return WgmmaConfig(block_n, block_k, split, stages=2 if block_n == 128 else 3)
+    return WgmmaConfig(64, block_k, split, stages=3)
 
 
 def wgmma_dispatch(m: int, n: int, k: int) -> bool:
