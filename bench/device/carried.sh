@@ -6,8 +6,8 @@
 #              back to back, while the machine stays warm
 #   assemble   join the parts, check the sha256, unpack vLLM (xz tarball of its wheel without
 #              FA2, which Hopper does not use) into /tmp/vsite, install the small wheels
-#              (vLLM's and the server's dependencies) into /tmp/vdeps, convert the embedded
-#              SmolLM2 GGUF into /tmp/smol
+#              (vLLM's and the server's dependencies) into /tmp/vdeps; the parts are
+#              built here by bench/device/make_bundle.py
 #   use_src    run from the committed tree carried as .device_carry/src.tar
 #   tamis_env  link the rooms into a `tamis` package under /tmp/pkg and set PYTHONPATH
 set -o pipefail
@@ -24,7 +24,9 @@ tamis_env() {
 }
 
 assemble() {
-    cat /tmp/parts/part0 /tmp/parts/part1 /tmp/parts/part2 /tmp/parts/part3 > /tmp/bundle.tar || return 1
+    local parts
+    parts=$(ls /tmp/parts/part* | sort -V) || return 1
+    cat $parts > /tmp/bundle.tar || return 1
     (cd /tmp && echo "$(cut -d' ' -f1 /tmp/parts/bundle.sha)  bundle.tar" | sha256sum -c) || return 1
     mkdir -p /tmp/bundle /tmp/vsite && tar xf /tmp/bundle.tar -C /tmp/bundle || return 1
     xz -dc /tmp/bundle/vllm_nofa2.tar.xz | tar xf - -C /tmp/vsite || return 1
@@ -32,16 +34,20 @@ assemble() {
         /tmp/bundle/deps/*.whl || return 1
     tamis_env
     python3 -c "import vllm, fastapi, uvicorn; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
-    python3 -P -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
+    if [ -f /tmp/bundle/smol.gguf ]; then   # bundles of session 2 carried the whole GGUF
+        python3 -P -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
 convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
+    fi
 }
 
 # llama8b_served DIR: the Llama-3.1-8B shape (dummy weights) with SmolLM2's tokenizer beside
-# it, so `tamis serve` can detokenize (W3); needs `assemble` to have made /tmp/smol.
+# it, so `tamis serve` can detokenize (W3); needs `assemble` (the bundle's smol_tokenizer,
+# or /tmp/smol converted from a carried GGUF).
 llama8b_served() {
+    mkdir -p "$1" && cp /tmp/bundle/smol_tokenizer/* "$1"/ 2>/dev/null || \
+        cp /tmp/smol/tokenizer* /tmp/smol/chat_template.jinja "$1"/ || return 1
     python3 -P -c "import sys; sys.path.insert(0, 'bench'); from llama8b import write_llama8b_config; \
-write_llama8b_config('$1', vocab_size=49152, eos_token_id=2, bos_token_id=1)" && \
-        cp /tmp/smol/tokenizer* /tmp/smol/chat_template.jinja "$1"/ 2>/dev/null; ls "$1"
+write_llama8b_config('$1', vocab_size=49152, eos_token_id=2, bos_token_id=1)" && ls "$1"
 }
 
 # use_src: run from the committed tree (`git archive HEAD`, carried as .device_carry/src.tar)
