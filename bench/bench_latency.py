@@ -107,14 +107,43 @@ def hf_uncached(model, prompt: list[int], new_tokens: int) -> list[int]:
     sequence per token. The same weights and math as ``generate`` with other kernel
     shapes (a prefill GEMM instead of a GEMV, no cache): how far transformers agrees
     with itself sets the bar for any other engine at bf16 near-ties."""
-    eos = model.generation_config.eos_token_id
-    banned = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+    banned = banned_ids(model)
     ids = list(prompt)
     for _ in range(new_tokens):
         logits = model(torch.tensor([ids], device=DEVICE), use_cache=False).logits[0, -1]
         logits[banned] = float("-inf")     # as min_new_tokens in hf_generate
         ids.append(int(logits.argmax()))
     return ids[len(prompt):]
+
+
+@torch.inference_mode()
+def hf_teacher_forced(model, prompt: list[int], continuation: list[int]) -> list[int]:
+    """transformers' argmax at each position of ``continuation`` given the tokens before
+    it (one full forward, no cache; EOS banned as in ``hf_uncached``)."""
+    seq = torch.tensor([prompt + continuation[:-1]], device=DEVICE)
+    logits = model(seq, use_cache=False).logits[0, len(prompt) - 1:].float()
+    logits[:, banned_ids(model)] = float("-inf")
+    return logits.argmax(dim=-1).tolist()
+
+
+def tamis_teacher_forced(llm, prompt: list[int], continuation: list[int],
+                         banned: list[int]) -> list[int]:
+    """tamis's argmax at each position of ``continuation`` given the tokens before it,
+    from one prefill of prompt + continuation (``prompt_logprobs``: its model code,
+    attention and logits on the same prefix transformers sees; the prefix cache is
+    skipped for such requests)."""
+    from tamis.engine.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=len(banned) + 1,
+                            detokenize=False)
+    out = llm.generate([{"prompt_token_ids": prompt + continuation}], params, use_tqdm=False)
+    entries = out[0].prompt_logprobs[len(prompt):]
+    return [min((lp.rank, token) for token, lp in entry.items()
+                if lp.rank is not None and token not in banned)[1] for entry in entries]
+
+
+def banned_ids(model) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -221,8 +250,13 @@ def main() -> None:
                    hf_margin_in_std=margin)
         if args.hf_uncached:
             c = hf_uncached(hf, p, 32)
+            forced = hf_teacher_forced(hf, p, b)
+            tamis_forced = tamis_teacher_forced(llm, p, b, banned_ids(hf))
             row.update(tamis_vs_uncached=first_difference(a, c),
-                       generate_vs_uncached=first_difference(b, c))
+                       generate_vs_uncached=first_difference(b, c),
+                       forced_positions=len(b),
+                       forced_tamis_vs_full=sum(x == y for x, y in zip(tamis_forced, forced)),
+                       forced_generate_vs_full=sum(x == y for x, y in zip(b, forced)))
         greedy.append(row)
 
     result = dict(dtype=args.dtype, hf_seconds=hf_times, tamis_seconds=tamis_times,
@@ -244,6 +278,12 @@ def main() -> None:
                 print(f"greedy ({args.dtype}), {what}: "
                       f"{sum(f is None for f in firsts)}/{len(greedy)} identical; first differing "
                       f"index per prompt: {firsts}")
+            positions = sum(g["forced_positions"] for g in greedy)
+            print(f"teacher-forced on transformers' generated tokens ({positions} positions, "
+                  f"argmax of each engine's logits given the same prefix): tamis = transformers "
+                  f"full forward at {sum(g['forced_tamis_vs_full'] for g in greedy)}; "
+                  f"transformers generate = its own full forward at "
+                  f"{sum(g['forced_generate_vs_full'] for g in greedy)}")
     if args.skip_timing:
         return
 
