@@ -121,8 +121,13 @@ class CosSinCache:
         self._entry: tuple | None = None   # (positions, dtype, layout, value)
 
     def clear(self) -> None:
-        """Forgets the entry; call once per forward pass, before the layers."""
+        """Forgets the entry; called before the layers of each forward pass and after
+        them, so that no table outlives its step."""
         self._entry = None
+
+    @property
+    def empty(self) -> bool:
+        return self._entry is None
 
     def get(self, positions: torch.Tensor, dtype: torch.dtype, layout: str, compute):
         """The table for ``positions`` (the same tensor object) in ``dtype`` and ``layout``;

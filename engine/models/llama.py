@@ -111,6 +111,9 @@ class LlamaModel(nn.Module):
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
+        # Drop the step's cos/sin table: kept until the next forward, a table sized by the
+        # last step's tokens showed as allocated-memory growth between idle points.
+        self.rope_cache.clear()
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -113,6 +113,15 @@ def test_plain_forward_without_metadata_matches(case):
     torch.testing.assert_close(logits, case.ref_a, atol=case.atol, rtol=0)
 
 
+def test_forward_keeps_no_cos_sin_table(case):
+    """The step's cos/sin table dies with its forward: kept until the next one, it showed
+    on the H200 as allocated memory that grew with the last step's token count."""
+    ids = torch.tensor(case.ids_a)
+    with torch.no_grad(), forward_context(None, []):
+        case.model(ids, torch.arange(len(ids)))
+    assert case.model.model.rope_cache.empty
+
+
 # ----------------------------------------------------------------- variants
 
 ROPE_VARIANTS = {
