@@ -10,7 +10,10 @@ end-to-end seconds (prefill included), median of ``--repeats``.
 One set of weights serves both engines: transformers builds the model with random
 weights on the GPU, and tamis (``load_format="dummy"``) then loads that state dict
 through ``model.load_weights``. ``--check-greedy N``: N random prompts, the first 32
-greedy tokens of each engine compared (target: identical on >= 7 of 8).
+greedy tokens of each engine compared (target: identical on >= 7 of 8). With
+``--hf-uncached`` transformers also runs without a cache (how far it agrees with itself),
+and each engine's argmax is taken on transformers' own 32 generated tokens, teacher-forced
+(a near-tie then costs one position, not the rest of the sequence).
 ``--model DIR``: a real checkpoint instead of dummy weights (both engines load it), with
 English prompts for the greedy check: random weights give near-tied logits, where bf16
 rounding order decides the argmax. ``--vllm-json FILE``: vLLM's W2 measured in the same
