@@ -2,15 +2,16 @@
 
 Run here (a machine with PyPI), never in CI:
 
-    python3 bench/device/make_bundle.py [--parts 4] [--work /tmp/wh]
+    python3 bench/device/make_bundle.py [--work /tmp/wh] [--carry .device_carry]
 
 It downloads ``vllm==0.26.0`` for the device's Python 3.12, drops FA2's 123 MB library
 (Hopper runs FA3; vLLM imports FA2 only when it is there), xz-compresses the rest, and
 downloads every wheel vLLM and tamis's server need that the device image lacks (the
 closure of ``Requires-Dist`` without extras, minus the image's packages listed in the
 device tool's KINDS.md). With SmolLM2's tokenizer files (for W3's detokenizing server),
-they go into one tar, split into parts of 62 MiB (one device call carries one, with the working tree):
-``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``.
+they go into one tar, split into parts of 62 MiB (one device call carries one, with the
+working tree): ``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads
+and the compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
 """
 from __future__ import annotations
 
@@ -148,8 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work)
     bundle = work / "bundle"
-    for stale in (bundle / "vllm_nofa2.tar.xz", bundle / "smol_tokenizer"):
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+    shutil.rmtree(bundle / "smol_tokenizer", ignore_errors=True)
+    (bundle / "vllm_nofa2.tar.xz").unlink(missing_ok=True)
     for wheel in (bundle / "deps").glob("*.whl"):   # left by an earlier run's wider closure
         if wheel_name(wheel) in EXCLUDE:
             wheel.unlink()
@@ -168,8 +169,8 @@ def main() -> None:
 
 
 def split(tar_path: Path, carry: Path) -> None:
-    digest = hashlib.sha256(tar_path.read_bytes()).hexdigest()
     data = tar_path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
     parts = [data[i:i + PART_BYTES] for i in range(0, len(data), PART_BYTES)]
     for index, part in enumerate(parts):
         folder = carry / f"p{index + 1}"
