@@ -8,6 +8,8 @@ names below instead of the release's own.
 - ``async_load``: ``cp.async`` from global to shared memory (3.6
   ``async_copy_global_to_shared``, 3.9 ``async_load``; 3.9 keeps the old name only to
   raise).
+- ``tma_load``: a TMA copy of a tensor descriptor's box into shared memory, signalling an
+  mbarrier (3.6 ``tma.async_copy_global_to_shared``, 3.9 ``tma.async_load``).
 - ``gdc_wait`` / ``gdc_launch_dependents``: programmatic dependent launch, Triton's
   own builtins, which Gluon kernels call as they are (``tamis.kernels.pdl``).
 
@@ -20,6 +22,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import tma
     from tamis.kernels.pdl import gdc_launch_dependents, gdc_wait  # noqa: F401
 except ImportError:  # no triton, or one without Gluon
     gluon = None
@@ -27,3 +30,4 @@ except ImportError:  # no triton, or one without Gluon
 if gluon is not None:
     thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
     async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared

@@ -25,9 +25,11 @@ same permutation (``x[..., perm]``).
   by M bucket (``pick_config``), split-K reduced in the same launch for small M.
 - ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
   (``tamis.kernels.wna16_dequant``), then cuBLAS.
-- On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma``
-  (Hopper wgmma, 17..64 rows on wide layers; ``tamis.kernels.w4a16_wgmma``) and
-  ``w4a16_gemm_mma`` (mma.sync, up to ``MMA_DISPATCH_M`` rows).
+- On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma_tma``
+  (Hopper wgmma fed by the TMA, 17..64 rows; ``tamis.kernels.w4a16_wgmma_tma``),
+  ``w4a16_gemm_wgmma`` (Hopper wgmma fed by cp.async, where the TMA kernel does not take
+  the shape; ``tamis.kernels.w4a16_wgmma``) and ``w4a16_gemm_mma`` (mma.sync, up to
+  ``MMA_DISPATCH_M`` rows).
 
 ``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere). On Hopper the two
 tensor-core kernels launch with programmatic dependent launch (``tamis.kernels.pdl``):
@@ -271,6 +273,15 @@ def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
     return torch.matmul(x, weight)
 
 
+def _tma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
+    """A call on interleaved words that the TMA wgmma kernel takes (bf16 x of 17..64 rows
+    on a Hopper GPU, a weight shape it supports)."""
+    from tamis.kernels.w4a16_wgmma import wgmma_device_supported
+    from tamis.kernels.w4a16_wgmma_tma import tma_supported
+    return (x.dtype == torch.bfloat16 and tma_supported(x.shape[0], n, x.shape[1], group_size)
+            and wgmma_device_supported(x.device))
+
+
 def _wgmma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
     """A call on interleaved words that the wgmma kernel takes (bf16 x on a Hopper GPU,
     a weight shape it supports, rows and columns where it is dispatched)."""
@@ -286,15 +297,19 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                interleaved: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
-    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the wgmma kernel where
-    ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says (17..32 rows; to 64 on wide or deep
-    layers), else the MMA-fragment kernel up to MMA_DISPATCH_M rows, then tl.dot /
-    dequantize as above. The reference elsewhere."""
+    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..64
+    rows where it takes the shape (``tamis.kernels.w4a16_wgmma_tma.tma_supported``), else
+    the cp.async wgmma kernel where ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says
+    (17..32 rows; to 64 on wide or deep layers), else the MMA-fragment kernel up to
+    MMA_DISPATCH_M rows, then tl.dot / dequantize as above. The reference elsewhere."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     m, k = x2.shape
     if not (x2.is_cuda and triton is not None):
         out = w4a16_gemm_ref(x2, qweight, scales, zeros, group_size, bits, interleaved)
+    elif interleaved and _tma_takes(x2, qweight.shape[1], group_size):
+        from tamis.kernels.w4a16_wgmma_tma import w4a16_gemm_wgmma_tma
+        out = w4a16_gemm_wgmma_tma(x2, qweight, scales, zeros, group_size)
     elif interleaved and _wgmma_takes(x2, qweight.shape[1], group_size):
         from tamis.kernels.w4a16_wgmma import w4a16_gemm_wgmma
         out = w4a16_gemm_wgmma(x2, qweight, scales, zeros, group_size)

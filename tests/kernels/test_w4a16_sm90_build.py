@@ -8,11 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sm90_build import compile_sm90, inflight_clobbers, parse_sass  # noqa: E402
 
-from tamis.kernels import w4a16_mma, w4a16_wgmma  # noqa: E402
+from tamis.kernels import w4a16_mma, w4a16_wgmma, w4a16_wgmma_tma  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(w4a16_mma.gluon is None, reason="triton without Gluon")
 
@@ -176,4 +177,55 @@ def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
     word_copies = ahead * block_n * 16 // (32 * warps)
     assert sum(op.startswith("LDGSTS") for op in before) == word_copies
     assert inflight_clobbers(build.instructions()) == []
+    assert build.stack_bytes == 0
+
+
+def _tma_build(block_m, config, pdl_trigger=None):
+    """The TMA wgmma kernel as launched for ``config`` at ``block_m`` rows (K split)."""
+    from triton.runtime.jit import mangle_type
+    x = torch.zeros(block_m, 4096, dtype=torch.bfloat16)
+    packed = torch.zeros(512, 4096, dtype=torch.int32)
+    x_desc, w_desc = w4a16_wgmma_tma.descriptors(x, packed, config, block_m)
+    signature = {**_SIGNATURE, "x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc)}
+    pdl = pdl_trigger is not None
+    constexprs = w4a16_wgmma_tma.tma_constexprs(config, block_m, 128, config.split_k,
+                                                pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
+    return compile_sm90(w4a16_wgmma_tma._w4_wgmma_tma_kernel, signature, constexprs,
+                        config.num_warps, launch_pdl=pdl)
+
+
+_TMA_CONFIGS = [
+    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False)),   # 17..32, narrow
+    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 1, 4, 2, overlap=False)),   # 17..32, wide
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True)),    # 33..64, narrow
+    (64, w4a16_wgmma_tma.TmaConfig(128, 128, 1, 4, 4, overlap=True)),   # 33..64, wide
+    (64, w4a16_wgmma_tma.TmaConfig(64, 64, 4, 4, 3, overlap=True)),     # 64-row groups
+    (64, w4a16_wgmma_tma.TmaConfig(128, 128, 2, 8, 2, overlap=True)),   # two warpgroups
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 2, 4, 3, 1, overlap=False)),
+]
+
+
+@needs_gluon
+@pytest.mark.parametrize("block_m,config", _TMA_CONFIGS)
+def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
+    build = _tma_build(block_m, config)
+    assert build.count("HGMMA") > 0, "no wgmma in the SASS"
+    assert build.count("UTMALDG") > 0, "no TMA load in the SASS"
+    assert build.count("LDGSTS") == 0, "tiles copied by the threads, not the TMA"
+    assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
+    assert inflight_clobbers(build.instructions()) == []
+
+
+@needs_gluon
+@pytest.mark.parametrize("trigger", [0, 1, 2])
+@pytest.mark.parametrize("block_m,config", _TMA_CONFIGS[2:5])
+def test_tma_kernel_with_pdl_loads_only_words_before_the_wait(block_m, config, trigger):
+    """Before the wait: the ring's word boxes (one TMA load per 64 rows of K a slot)
+    and the scales, no store and none of x's boxes."""
+    build = _tma_build(block_m, config, pdl_trigger=trigger)
+    before = _before_the_wait(build)
+    assert not [op for op in before if op.split(".")[0] in _WRITES]
+    halves = config.block_k // 64
+    assert sum(op.startswith("UTMALDG") for op in before) == config.stages * halves
+    assert build.count("UTMALDG") > config.stages * halves
     assert build.stack_bytes == 0

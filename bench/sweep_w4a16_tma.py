@@ -1,0 +1,41 @@
+"""Sweep the tiles of the TMA wgmma W4A16 kernel (``tamis.kernels.w4a16_wgmma_tma``) at
+Llama-3.1-8B layer shapes on a Hopper GPU, against bf16 ``F.linear`` and the current
+``w4a16_gemm`` dispatch on the same interleaved words, in the same process
+(``tile_sweep.py``: every candidate checked against the fp32 product before it is timed
+by CUDA-graph replay).
+
+    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick] [--rotate 16] [--verbose]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tile_sweep import run_tile_sweep  # noqa: E402
+
+
+def candidates(m: int, n: int, k: int, quick: bool):
+    """The default, then 64 columns on one warpgroup, 128 on one or two, K split 1-8
+    ways (at least 4 steps a split), rings of 2 or 4 slots, the next
+    step's unpack overlapping this step's wgmmas or not."""
+    from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
+                                               shared_bytes, tma_block_m)
+    yield "default", pick_tma_config(m, n, k, 128)
+    if quick:
+        return
+    for bn, warps in ((64, 4), (128, 4), (128, 8)):
+        for split in (1, 2, 4, 8):
+            for stages, overlap in ((2, True), (4, True), (2, False), (4, False)):
+                cfg = TmaConfig(bn, 128, split, warps, stages, overlap=overlap)
+                if k // split >= 4 * 128 and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES:
+                    yield "", cfg
+
+
+def main() -> None:
+    from tamis.kernels.w4a16_wgmma_tma import w4a16_gemm_wgmma_tma
+    run_tile_sweep(__doc__.splitlines()[0], w4a16_gemm_wgmma_tma, candidates, [32, 64])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""W4A16 GEMM on Hopper's warpgroup MMA with every tile brought in by the Tensor Memory
+Accelerator (Gluon, sm_90), for batches of 17..64 rows of x.
+
+Why a fourth kernel. ``tamis.kernels.w4a16_wgmma`` visits K in ``mma_pack``'s permuted
+order, so its x^T tile must be gathered into shared memory two values at a time: at 64
+rows of x that is 32 ``cp.async`` a thread per step, each with its own 64-bit address,
+and the profile of session 11 (bench/results/quant.md) counted 1.9-3.7x cuBLAS's
+instructions. Here K is visited in its natural order, so x and the words are plain 2-D
+boxes that one thread asks the TMA for; the threads only unpack and multiply.
+
+The natural order from the same stored words. Within a 32-row block of K, the word of
+physical rows 8r .. 8r + 7 holds rows 8r + 2c and 8r + 2c + 1 at nibbles c and c + 4
+(``mma_pack``'s interleaved nibbles), and an m16n8k16 A fragment wants, in lane c = lane
+% 4, exactly rows 8r + 2c, 8r + 2c + 1 for r = 0..3. So every lane of a quad loads the
+block's four words of its column, shifts each right by 4c, and one lop3 gives the pair:
+
+    v = lop3(word >> 4c, 0x000F000F, 0x43004300)   # bf16x2 (128 + q_lo, 128 + q_hi)
+    v = fma(v, 1, -(128 + z));  v = fma(v, s, -0)    # ((q - z) * s), one bf16 rounding
+
+(4 instructions per pair of codes, against 15 per 8 codes in the permuted kernel: the
+same work; what goes is the gather). The four lanes of a quad read the same words from
+shared memory (a broadcast, no bank conflict).
+
+Per program (``BLOCK_N`` output columns, 64 per warpgroup, and up to 64 rows of x):
+a ring of ``stages`` slots, each holding per 64 rows of K one word box [8, BLOCK_N] (no
+swizzle) and one x box [BLOCK_M, 64] (128-byte swizzle: the wgmma's B operand as it
+lands), all signalling the slot's mbarrier. Each step waits for its slot, unpacks and
+issues one wgmma per 64 rows of K (the second unpack runs while the first wgmma does),
+and after a barrier of the program's threads (every warp has read the slot) refills the
+slot ``stages`` steps on. With ``overlap`` (the default above 32 rows) the next step's
+unpack also runs while this step's wgmmas do: the tiles of a wgmma in flight stay live
+until the wait that retires them, which the sm_90 build tests check on the SASS
+(``tests/kernels/sm90_build.py``). K is split over programs as in the other W4A16
+kernels (``tamis.kernels.splitk``). With programmatic dependent launch the ring's word
+boxes, scales and zero points load before the wait for the kernel before; x after.
+
+Needs: a Hopper GPU, Gluon with TMA (triton >= 3.5), bf16 x with 16-byte aligned rows
+(K % 8 == 0), the ``mma_pack`` layout with integer zero points in [0, 16], N % 4 == 0,
+groups a multiple of 64 rows or the whole K, K % 64 == 0 (``tma_supported``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tamis.kernels import pdl
+from tamis.kernels._gluon import gluon
+from tamis.kernels.splitk import even_split, sm_count, split_buffers
+
+if gluon is not None:
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, thread_barrier,
+                                      tma_load)
+    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_columns,
+                                               _physical_columns, _store_out_t)
+
+TMA_MAX_M = 64
+X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizzle's span
+SHARED_BYTES = 200 * 1024
+
+
+@dataclass(frozen=True)
+class TmaConfig:
+    block_n: int = 64     # output columns per program: 64 per warpgroup
+    block_k: int = 128    # rows of K per step (64 or 128; inside one group)
+    split_k: int = 4      # programs along K per column block
+    num_warps: int = 4    # 4 (one warpgroup) or 8
+    stages: int = 4       # ring slots; every slot's tiles are in flight ahead
+    params_ahead: int = 2  # steps ahead that the scales and zero points load (1 or 2)
+    # The next step's unpack while this step's wgmmas run (else it waits for them first;
+    # the second half's unpack overlaps the first half's wgmma either way).
+    overlap: bool = True
+
+
+def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
+    """Shapes the kernel takes (``tamis.kernels.w4a16.w4a16_gemm`` sends it every such
+    call of bf16 x on a Hopper GPU; x's alignment is fixed at the call)."""
+    return (gluon is not None and 16 < m <= TMA_MAX_M and k % X_BOX_K == 0 and n % 4 == 0
+            and (group_size >= k or group_size % X_BOX_K == 0))
+
+
+def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> TmaConfig:
+    """Tiles from the H200 sweep of session 13 (bench/results/quant.md; weights read from
+    DRAM), steps of 128 rows of K (64 where the group is 64 rows). Above 32 rows the next
+    step's unpack overlaps this step's wgmmas (won every 64-row cell: 14.6 vs 17.4 us on
+    4096 x 4096); at 32 rows it lost by 0.2-1.6 us. Wide layers (N >= 8192), K unsplit:
+    above 32 rows 128 columns on one warpgroup over four slots (44.0 us at 4096 x 28672),
+    else 64 columns over two (37.7 us). Others: 64 columns over two slots, K split until
+    the column blocks make about two programs per multiprocessor while each split keeps
+    at least 8 steps (4 ways on 4096-deep layers, 8 on 14336)."""
+    block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
+    overlap = m > 32
+    if n >= 8192:
+        if overlap:
+            return TmaConfig(128, block_k, 1, 4, 4, overlap=True)
+        return TmaConfig(64, block_k, 1, 4, 2, overlap=False)
+    blocks = -(-n // 64)
+    split = 1
+    while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
+        split *= 2
+    return TmaConfig(64, block_k, split, 4, 2, overlap=overlap)
+
+
+def shared_bytes(config: TmaConfig, block_m: int) -> int:
+    """Shared memory of one program's ring."""
+    return config.stages * config.block_k * (config.block_n // 2 + block_m * 2)
+
+
+if gluon is not None:
+
+    # $2 the word shifted right by 4c, $3 -(128 + z) twice, $4 the scale twice (bf16x2);
+    # $0, $1 the bf16 pair ((q_lo - z) * s, (q_hi - z) * s).
+    _BOX_K = gl.constexpr(X_BOX_K)
+    _UNPACK_PAIR = gl.constexpr("""{
+ .reg .b32 v, one, nz;
+ mov.b32 one, 0x3F803F80;
+ mov.b32 nz, 0x80008000;
+ lop3.b32 v, $2, 0x000F000F, 0x43004300, 0xEA;
+ fma.rn.bf16x2 v, v, one, $3;
+ fma.rn.bf16x2 v, v, $4, nz;
+ mov.b32 {$0, $1}, v;
+}""")
+
+    @gluon.constexpr_function
+    def _quad_layout(a_layout, order):
+        """The layout of [BLOCK_N, _BOX_K / 8, 4] (physical column, word row r, lane c of
+        the quad) whose unpacked pairs, joined on a last axis h and reshaped to [BLOCK_N,
+        _BOX_K] (row 8r + 2c + h), are ``a_layout`` (the A operand's linear layout,
+        bases [m, k]) with columns in physical order: k bases 2 and 4 become c, the others
+        from 8 up word rows, k = 1 is h; column bases map m to its physical column
+        (``order``), those in registers first so that a thread's words load as a vector."""
+        def to_quad(basis):
+            n, k = basis
+            assert not (n and k), "A operand bases are columns or rows of K"
+            if n:
+                return [1 << order[n.bit_length() - 1], 0, 0]
+            return [0, 0, k // 2] if k in (2, 4) else [0, k // 8, 0]
+        regs = [to_quad(b) for b in a_layout.reg_bases if b != [0, 1]]
+        regs = sorted(regs, key=lambda b: (b[0] == 0, b[0]))
+        shape = [a_layout.shape[0], a_layout.shape[1] // 8, 4]
+        return gl.DistributedLinearLayout(
+            reg_bases=regs, lane_bases=[to_quad(b) for b in a_layout.lane_bases],
+            warp_bases=[to_quad(b) for b in a_layout.warp_bases], block_bases=[], shape=shape)
+
+    @gluon.constexpr_function
+    def _words_layout(quad):
+        """The layout of a word box [_BOX_K / 8, BLOCK_N] as loaded from shared memory:
+        ``quad`` transposed, the lane bits of c broadcast (the four lanes of a quad hold
+        the same words). Loaded in this layout and permuted in registers, because in
+        Triton 3.6 a load through a permuted view of an unswizzled shared tile reads the
+        wrong addresses (seen on the H200, session 13)."""
+        def t(b):
+            return [b[1], b[0]]
+        return gl.DistributedLinearLayout(
+            reg_bases=[t(b) for b in quad.reg_bases], lane_bases=[t(b) for b in quad.lane_bases],
+            warp_bases=[t(b) for b in quad.warp_bases], block_bases=[],
+            shape=[quad.shape[1], quad.shape[0]])
+
+    @gluon.jit
+    def _operand(w_box, nzz, ss, QUAD: gl.constexpr, WORDS: gl.constexpr,
+                 A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """The A operand [BLOCK_N, _BOX_K] of a word box [_BOX_K / 8, BLOCK_N] in shared
+        memory: ((q - z) * s) in bf16, logical columns, natural K order. nzz, ss:
+        [BLOCK_N, 1, 1] bf16x2 pairs of the step's group."""
+        words = gl.convert_layout(gl.permute(w_box.load(WORDS), (1, 0)),
+                                  gl.SliceLayout(2, QUAD), assert_trivial=True)
+        quad = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, QUAD)))
+        shifted = words[:, :, None] >> (4 * quad)[None, None, :]
+        lo, hi = gl.inline_asm_elementwise(_UNPACK_PAIR, "=h,=h,r,r,r", [shifted, nzz, ss],
+                                           dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
+                                           pack=1)
+        t = gl.reshape(gl.join(lo, hi), [lo.shape[0], _BOX_K])
+        return gl.convert_layout(_logical_columns(t, ORDER), A_LAYOUT, assert_trivial=True)
+
+    @gluon.jit
+    def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_n, mask_n,
+                      GROUP_SIZE: gl.constexpr):
+        """(-(128 + z), s) of the group of row k (clamped to K - 1) as bf16x2 pairs,
+        [BLOCK_N, 1, 1]."""
+        g = gl.minimum(k, K - 1) // GROUP_SIZE
+        z = gl.load(z_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
+        s = gl.load(s_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
+        return (_bf16x2(-(z.to(gl.float32) + 128.0))[:, None, None],
+                _bf16x2(s.to(gl.float32))[:, None, None])
+
+    @gluon.jit
+    def _fill_words(w_desc, bar, w_smem, slot, k, n0, pred, BYTES: gl.constexpr,
+                    HALVES: gl.constexpr):
+        """Expect the slot's bytes on its barrier and start its word boxes (rows k / 8..)."""
+        mbarrier.expect(bar, BYTES, pred=pred)
+        for h in gl.static_range(HALVES):
+            tma_load(w_desc, [k // 8 + h * (_BOX_K // 8), n0], bar,
+                     w_smem.index(slot * HALVES + h), pred=pred)
+
+    @gluon.jit
+    def _fill_x(x_desc, bar, x_smem, slot, k, m0, pred, HALVES: gl.constexpr):
+        """Start the slot's x boxes (rows m0.. of x, columns k..)."""
+        for h in gl.static_range(HALVES):
+            tma_load(x_desc, [m0, k + h * _BOX_K], bar, x_smem.index(slot * HALVES + h),
+                     pred=pred)
+
+    @gluon.jit
+    def _unpack_step(w_smem, slot, nzz, ss, QUAD: gl.constexpr, WORDS: gl.constexpr,
+                     A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, HALVES: gl.constexpr):
+        """The A operands of a slot's one or two word boxes (the first twice for one)."""
+        a0 = _operand(w_smem.index(slot * HALVES), nzz, ss, QUAD, WORDS, A_LAYOUT, ORDER)
+        a1 = a0
+        if HALVES == 2:
+            a1 = _operand(w_smem.index(slot * HALVES + 1), nzz, ss, QUAD, WORDS, A_LAYOUT,
+                          ORDER)
+        return a0, a1
+
+    @gluon.jit
+    def _issue_step(acc, a0, a1, x_smem, slot, HALVES: gl.constexpr):
+        """Issue a step's wgmmas (left running) on the slot's x boxes."""
+        acc = warpgroup_mma(a0, x_smem.index(slot * HALVES).permute((1, 0)), acc, is_async=True)
+        if HALVES == 2:
+            acc = warpgroup_mma(a1, x_smem.index(slot * HALVES + 1).permute((1, 0)), acc,
+                                is_async=True)
+        return acc
+
+    @gluon.jit
+    def _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k, n0, m0, pred,
+                BYTES: gl.constexpr, HALVES: gl.constexpr):
+        """Refill a slot that every warp has read (its words by loads, x by a retired
+        wgmma) with the boxes of rows k..; the barrier and the proxy fence order those
+        reads before the TMA's writes."""
+        thread_barrier()
+        fence_async_shared()
+        _fill_words(w_desc, bars.index(slot), w_smem, slot, k, n0, pred, BYTES, HALVES)
+        _fill_x(x_desc, bars.index(slot), x_smem, slot, k, m0, pred, HALVES)
+
+    @gluon.jit
+    def _w4_wgmma_tma_kernel(
+        x_desc, w_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
+        M, N, K, K_SPLIT, SPLIT, stride_sg, stride_om,
+        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
+        STAGES: gl.constexpr, PARAMS_AHEAD: gl.constexpr, OVERLAP: gl.constexpr,
+        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
+    ):
+        if PDL_TRIGGER == 1:
+            gdc_launch_dependents()
+        HALVES: gl.constexpr = BLOCK_K // _BOX_K
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+        A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        A_LINEAR: gl.constexpr = gl.to_linear_layout(A_LAYOUT, [BLOCK_N, _BOX_K])
+        ORDER: gl.constexpr = _column_order(A_LINEAR, True)
+        QUAD: gl.constexpr = _quad_layout(A_LINEAR, ORDER)
+        WORDS: gl.constexpr = _words_layout(QUAD)
+        PARAMS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, QUAD))
+        BYTES: gl.constexpr = BLOCK_K // 8 * BLOCK_N * 4 + HALVES * BLOCK_M * _BOX_K * 2
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        pid_m = gl.program_id(2)
+        k_lo = pid_k * K_SPLIT
+        nsteps = (gl.minimum(k_lo + K_SPLIT, K) - k_lo + BLOCK_K - 1) // BLOCK_K
+        n0 = pid_n * BLOCK_N
+        m0 = pid_m * BLOCK_M
+
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * HALVES, _BOX_K // 8, BLOCK_N],
+                                           w_desc.layout)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * HALVES, BLOCK_M, _BOX_K],
+                                           x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        fence_async_shared()
+        thread_barrier()
+
+        # Word boxes and group parameters before the wait for the kernel before (PDL);
+        # x, which that kernel writes, after it.
+        for s in gl.static_range(STAGES):
+            _fill_words(w_desc, bars.index(s), w_smem, s, k_lo + s * BLOCK_K, n0,
+                        s < nsteps, BYTES, HALVES)
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=PARAMS)  # physical columns, as the words
+        mask_n = offs_n < N
+        nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_n, mask_n, GROUP_SIZE)
+        nzz1, ss1 = nzz, ss
+        if PARAMS_AHEAD == 2 or OVERLAP:
+            nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K, K, offs_n,
+                                      mask_n, GROUP_SIZE)
+        if PDL:
+            gdc_wait()
+        for s in gl.static_range(STAGES):
+            _fill_x(x_desc, bars.index(s), x_smem, s, k_lo + s * BLOCK_K, m0, s < nsteps,
+                    HALVES)
+
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
+        if OVERLAP:
+            # Step i + 1's unpack runs while step i's wgmmas do; step i's tiles stay live
+            # until the wait that retires them (tests/kernels/sm90_build.py checks that no
+            # instruction overwrites them in between).
+            mbarrier.wait(bars.index(0), 0)
+            a0, a1 = _unpack_step(w_smem, 0, nzz, ss, QUAD, WORDS, A_LAYOUT, ORDER, HALVES)
+            nzz, ss = nzz1, ss1
+            nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + 2 * BLOCK_K, K, offs_n,
+                                      mask_n, GROUP_SIZE)
+            for i in range(nsteps):
+                slot = i % STAGES
+                acc = _issue_step(acc, a0, a1, x_smem, slot, HALVES)
+                j = gl.minimum(i + 1, nsteps - 1)  # past the last step: that one again
+                mbarrier.wait(bars.index(j % STAGES), (j // STAGES) & 1)
+                b0, b1 = _unpack_step(w_smem, j % STAGES, nzz, ss, QUAD, WORDS, A_LAYOUT,
+                                      ORDER, HALVES)
+                nzz, ss = nzz1, ss1
+                nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 3) * BLOCK_K,
+                                          K, offs_n, mask_n, GROUP_SIZE)
+                if HALVES == 2:
+                    acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0, a1])
+                else:
+                    acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0])
+                _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k_lo + (i + STAGES) * BLOCK_K,
+                        n0, m0, i + STAGES < nsteps, BYTES, HALVES)
+                a0, a1 = b0, b1
+        else:
+            for i in range(nsteps):
+                slot = i % STAGES
+                mbarrier.wait(bars.index(slot), (i // STAGES) & 1)
+                nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg,
+                                                  k_lo + (i + PARAMS_AHEAD) * BLOCK_K, K,
+                                                  offs_n, mask_n, GROUP_SIZE)
+                a0 = _operand(w_smem.index(slot * HALVES), nzz, ss, QUAD, WORDS, A_LAYOUT,
+                              ORDER)
+                acc = warpgroup_mma(a0, x_smem.index(slot * HALVES).permute((1, 0)), acc,
+                                    is_async=True)
+                if HALVES == 2:
+                    a1 = _operand(w_smem.index(slot * HALVES + 1), nzz, ss, QUAD, WORDS,
+                                  A_LAYOUT, ORDER)
+                    acc = warpgroup_mma(a1, x_smem.index(slot * HALVES + 1).permute((1, 0)),
+                                        acc, is_async=True)
+                    acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0, a1])
+                else:
+                    acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0])
+                if PARAMS_AHEAD == 2:
+                    nzz, ss, nzz1, ss1 = nzz1, ss1, nzz_next, ss_next
+                else:
+                    nzz, ss = nzz_next, ss_next
+                _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k_lo + (i + STAGES) * BLOCK_K,
+                        n0, m0, i + STAGES < nsteps, BYTES, HALVES)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        if PDL_TRIGGER == 2:
+            gdc_launch_dependents()
+
+        offs_cn = n0 + _physical_columns(
+            gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
+        offs_cm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+                     (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
+
+
+def tma_block_m(m: int) -> int:
+    """Rows of x per program (the wgmma's N): M rounded up to 32 or 64."""
+    return 32 if m <= 32 else 64
+
+
+def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int, *,
+                   pdl_wait: bool = False, pdl_trigger: int = 0) -> dict:
+    """The compile-time arguments of ``_w4_wgmma_tma_kernel`` (shared with the sm_90
+    build tests, so that they build what runs)."""
+    return dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                BLOCK_K=config.block_k, HAS_SPLIT=splits > 1, NUM_WARPS=config.num_warps,
+                STAGES=config.stages, PARAMS_AHEAD=config.params_ahead,
+                OVERLAP=config.overlap, PDL=pdl_wait,
+                PDL_TRIGGER=pdl_trigger)
+
+
+def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_m: int):
+    """The TMA descriptors of x's boxes [block_m, 64] (128-byte swizzle: the wgmma's B
+    operand as it lands) and of the word boxes [8, block_n] (no swizzle), one of each per
+    64 rows of K."""
+    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return (TensorDescriptor.from_tensor(x, [block_m, X_BOX_K], x_layout),
+            TensorDescriptor.from_tensor(packed, [X_BOX_K // 8, config.block_n], w_layout))
+
+
+def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                         zeros: torch.Tensor, group_size: int,
+                         config: TmaConfig | None = None) -> torch.Tensor:
+    """``w4a16_gemm_ref`` for x [M, K] bf16 (17 <= M <= ``TMA_MAX_M``) on a Hopper GPU,
+    the weight in ``mma_pack``'s layout (integer zero points in [0, 16])."""
+    if gluon is None:
+        raise RuntimeError("w4a16_gemm_wgmma_tma needs triton with Gluon")
+    m, k = x.shape
+    n = packed.shape[1]
+    if x.dtype != torch.bfloat16 or not tma_supported(m, n, k, group_size):
+        raise ValueError(f"TMA wgmma path takes bf16 x with 17..{TMA_MAX_M} rows, K % 64 == 0, "
+                         f"N % 4 == 0 and 64-row groups; got M={m}, N={n}, K={k}, group "
+                         f"{group_size}, {x.dtype}")
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()  # TMA reads from 16-byte aligned rows
+    config = config or pick_tma_config(m, n, k, group_size, sm_count(x))
+    block_m = tma_block_m(m)
+    if group_size < k and group_size % config.block_k:
+        raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
+    if (config.block_k not in (64, 128) or config.num_warps not in (4, 8)
+            or config.block_n % (16 * config.num_warps)):
+        raise ValueError(f"TmaConfig takes block_k 64 or 128 and 4 or 8 warps of 16-column "
+                         f"multiples; got {config}")
+    if config.params_ahead not in (1, 2):
+        raise ValueError(f"TmaConfig takes params_ahead 1 or 2; got {config.params_ahead}")
+    if shared_bytes(config, block_m) > SHARED_BYTES:
+        raise ValueError(f"{config.stages} stages need {shared_bytes(config, block_m)} bytes of "
+                         f"shared memory (at most {SHARED_BYTES}): fewer stages")
+    splits, k_split = even_split(k, config.block_k, config.split_k)
+    blocks = -(-n // config.block_n)
+    m_blocks = -(-m // block_m)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    partials, counters = split_buffers(out, splits, (m, n), blocks * m_blocks)
+    x_desc, w_desc = descriptors(x, packed, config, block_m)
+    _w4_wgmma_tma_kernel[(blocks, splits, m_blocks)](
+        x_desc, w_desc, scales, zeros, out, partials, counters,
+        m, n, k, k_split, splits, scales.stride(0), out.stride(0),
+        **tma_constexprs(config, block_m, min(group_size, k), splits,
+                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device, m)),
+        num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
+    )
+    return out

@@ -1,0 +1,86 @@
+"""TMA wgmma W4A16 kernel: tile choice and refusals (CPU), the Gluon kernel against the
+reference on a Hopper GPU (``gpu``; Gluon has no interpreter)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from w4a16_cases import (KERNEL_SHAPES, assert_matches_reference,  # noqa: E402
+                         wna16_operands)
+
+from tamis.kernels import w4a16_wgmma_tma  # noqa: E402
+from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
+from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig,  # noqa: E402
+                                           pick_tma_config, shared_bytes, tma_block_m,
+                                           tma_supported, w4a16_gemm_wgmma_tma)
+
+_SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
+
+
+@pytest.mark.parametrize("m", [17, 32, 33, 64])
+@pytest.mark.parametrize("k,n", _SHAPES)
+def test_default_tiles_fit_in_shared_memory(m, k, n):
+    config = pick_tma_config(m, n, k, 128)
+    assert shared_bytes(config, tma_block_m(m)) <= SHARED_BYTES
+    assert config.block_n % (16 * config.num_warps) == 0
+
+
+def test_supported_shapes():
+    assert tma_supported(64, 4096, 4096, 128) == (w4a16_wgmma_tma.gluon is not None)
+    assert not tma_supported(16, 4096, 4096, 128)   # the MMA-fragment kernel's rows
+    assert not tma_supported(65, 4096, 4096, 128)
+    assert not tma_supported(64, 4096, 4096, 32)    # 32-row groups: steps of 64 rows
+    assert not tma_supported(64, 4096, 4128, 128)   # K % 64
+    assert not tma_supported(64, 4098, 4096, 128)   # N % 4 (16-byte word rows)
+
+
+@pytest.mark.parametrize("x,config,match", [
+    (torch.zeros(65, 1024, dtype=torch.bfloat16), None, "17..64 rows"),
+    (torch.zeros(64, 1024, dtype=torch.float16), None, "bf16 x"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(num_warps=2), "4 or 8 warps"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(block_n=96), "block_k 64 or 128"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(block_k=128), "divide"),
+    (torch.zeros(64, 4096, dtype=torch.bfloat16), TmaConfig(stages=12), "shared memory"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(params_ahead=3),
+     "params_ahead 1 or 2"),
+])
+def test_bad_calls_are_refused_before_launch(x, config, match):
+    if w4a16_wgmma_tma.gluon is None:
+        pytest.skip("triton without Gluon: w4a16_gemm_wgmma_tma refuses every call")
+    k = x.shape[1]
+    group = 64 if match == "divide" else 128
+    packed = torch.zeros(k // 8, 64, dtype=torch.int32)
+    scales, zeros = torch.ones(k // group, 64), torch.zeros(k // group, 64)
+    with pytest.raises(ValueError, match=match):
+        w4a16_gemm_wgmma_tma(x, packed, scales, zeros, group, config)
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+_CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
+            TmaConfig(128, 64, 4, 4, 6), TmaConfig(64, 64, 3, 4, 2),
+            TmaConfig(128, 128, 1, 4, 2), TmaConfig(64, 128, 2, 4, 3, params_ahead=1)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m", [17, 33, 64])
+@pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
+@pytest.mark.parametrize("config", range(len(_CONFIGS)))
+def test_kernel_matches_reference(m, k, n, group_size, config):
+    cfg = _CONFIGS[config]
+    if cfg is not None and group_size < k and group_size % cfg.block_k:
+        cfg = TmaConfig(cfg.block_n, 64, *list(cfg.__dict__.values())[2:])
+    if cfg is not None and shared_bytes(cfg, tma_block_m(m)) > SHARED_BYTES:
+        pytest.skip("ring over the shared memory limit (refused: tested on CPU)")
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    got = w4a16_gemm_wgmma_tma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(),
+                               zeros.cuda(), group_size, cfg)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
