@@ -16,13 +16,22 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default, then 64 columns on one warpgroup, 128 on one or two, K split 1-8
+    """The default; up to 16 rows 64 columns on one warpgroup or 128 on two, K split
+    2-16 ways, rings of 4 or 8 slots, overlapped or not; above, 64 columns on one warpgroup, 128 on one or two, K split 1-8
     ways (at least 4 steps a split), rings of 2 or 4 slots, the next
     step's unpack overlapping this step's wgmmas or not."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)
     if quick:
+        return
+    if m <= 16:  # decode: deep rings (bytes in flight), K split up to 16 ways
+        for bn, warps in ((64, 4), (128, 8)):
+            for split in (2, 4, 8, 16):
+                for stages, overlap in ((4, True), (8, True), (4, False), (8, False)):
+                    cfg = TmaConfig(bn, 128, split, warps, stages, overlap=overlap)
+                    if k // split >= 2 * 128 and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES:
+                        yield "", cfg
         return
     for bn, warps in ((64, 4), (128, 4), (128, 8)):
         for split in (1, 2, 4, 8):

@@ -26,7 +26,8 @@ same permutation (``x[..., perm]``).
 - ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
   (``tamis.kernels.wna16_dequant``), then cuBLAS.
 - On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma_tma``
-  (Hopper wgmma fed by the TMA, 17..64 rows; ``tamis.kernels.w4a16_wgmma_tma``),
+  (Hopper wgmma fed by the TMA, 17..64 rows, from 9 on narrow layers;
+  ``tamis.kernels.w4a16_wgmma_tma``),
   ``w4a16_gemm_wgmma`` (Hopper wgmma fed by cp.async, where the TMA kernel does not take
   the shape; ``tamis.kernels.w4a16_wgmma``) and ``w4a16_gemm_mma`` (mma.sync, up to
   ``MMA_DISPATCH_M`` rows).
@@ -274,11 +275,12 @@ def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
 
 
 def _tma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
-    """A call on interleaved words that the TMA wgmma kernel takes (bf16 x of 17..64 rows
-    on a Hopper GPU, a weight shape it supports)."""
+    """A call on interleaved words that the TMA wgmma kernel takes (bf16 x on a Hopper
+    GPU, rows and columns where ``tma_dispatch`` says, a weight shape it supports)."""
     from tamis.kernels.w4a16_wgmma import wgmma_device_supported
-    from tamis.kernels.w4a16_wgmma_tma import tma_supported
-    return (x.dtype == torch.bfloat16 and tma_supported(x.shape[0], n, x.shape[1], group_size)
+    from tamis.kernels.w4a16_wgmma_tma import tma_dispatch, tma_supported
+    return (x.dtype == torch.bfloat16 and tma_dispatch(x.shape[0], n)
+            and tma_supported(x.shape[0], n, x.shape[1], group_size)
             and wgmma_device_supported(x.device))
 
 
@@ -298,7 +300,7 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
     (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..64
-    rows where it takes the shape (``tamis.kernels.w4a16_wgmma_tma.tma_supported``), else
+    rows (9..64 on layers narrower than 8192 columns) where it takes the shape (``tamis.kernels.w4a16_wgmma_tma.tma_supported``), else
     the cp.async wgmma kernel where ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says
     (17..32 rows; to 64 on wide or deep layers), else the MMA-fragment kernel up to
     MMA_DISPATCH_M rows, then tl.dot / dequantize as above. The reference elsewhere."""

@@ -79,8 +79,17 @@ class TmaConfig:
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
     """Shapes the kernel takes (``tamis.kernels.w4a16.w4a16_gemm`` sends it every such
     call of bf16 x on a Hopper GPU; x's alignment is fixed at the call)."""
-    return (gluon is not None and 16 < m <= TMA_MAX_M and k % X_BOX_K == 0 and n % 4 == 0
+    return (gluon is not None and 1 <= m <= TMA_MAX_M and k % X_BOX_K == 0 and n % 4 == 0
             and (group_size >= k or group_size % X_BOX_K == 0))
+
+
+def tma_dispatch(m: int, n: int) -> bool:
+    """Whether ``w4a16_gemm`` sends a call of M rows on N columns here (where
+    ``tma_supported``): 17..64 rows, and 9..16 on layers narrower than 8192 columns,
+    where it beat every other kernel on the H200 (session 13: at 16 rows 9.6 vs 11.1 us
+    on 4096 x 4096, 20.3 vs 21.9 on 14336 x 4096; on 4096 x 28672 the MMA-fragment
+    kernel kept it, 31.9 vs 35.2, and at one row everywhere, 7.1 vs 8.0 at best)."""
+    return 16 < m <= TMA_MAX_M or (8 < m <= 16 and n < 8192)
 
 
 def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> TmaConfig:
@@ -358,8 +367,11 @@ if gluon is not None:
 
 
 def tma_block_m(m: int) -> int:
-    """Rows of x per program (the wgmma's N): M rounded up to 32 or 64."""
-    return 32 if m <= 32 else 64
+    """Rows of x per program (the wgmma's N): M rounded up to 8, 16, 32 or 64."""
+    for block_m in (8, 16, 32):
+        if m <= block_m:
+            return block_m
+    return 64
 
 
 def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int, *,
@@ -386,14 +398,14 @@ def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_
 def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                          zeros: torch.Tensor, group_size: int,
                          config: TmaConfig | None = None) -> torch.Tensor:
-    """``w4a16_gemm_ref`` for x [M, K] bf16 (17 <= M <= ``TMA_MAX_M``) on a Hopper GPU,
+    """``w4a16_gemm_ref`` for x [M, K] bf16 (M <= ``TMA_MAX_M``) on a Hopper GPU,
     the weight in ``mma_pack``'s layout (integer zero points in [0, 16])."""
     if gluon is None:
         raise RuntimeError("w4a16_gemm_wgmma_tma needs triton with Gluon")
     m, k = x.shape
     n = packed.shape[1]
     if x.dtype != torch.bfloat16 or not tma_supported(m, n, k, group_size):
-        raise ValueError(f"TMA wgmma path takes bf16 x with 17..{TMA_MAX_M} rows, K % 64 == 0, "
+        raise ValueError(f"TMA wgmma path takes bf16 x with 1..{TMA_MAX_M} rows, K % 64 == 0, "
                          f"N % 4 == 0 and 64-row groups; got M={m}, N={n}, K={k}, group "
                          f"{group_size}, {x.dtype}")
     x = x.contiguous()

@@ -16,7 +16,8 @@ from tamis.kernels import w4a16_wgmma_tma  # noqa: E402
 from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
 from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig,  # noqa: E402
                                            pick_tma_config, shared_bytes, tma_block_m,
-                                           tma_supported, w4a16_gemm_wgmma_tma)
+                                           tma_dispatch, tma_supported,
+                                           w4a16_gemm_wgmma_tma)
 
 _SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
 
@@ -29,9 +30,20 @@ def test_default_tiles_fit_in_shared_memory(m, k, n):
     assert config.block_n % (16 * config.num_warps) == 0
 
 
+def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
+    assert [tma_dispatch(m, 28672) for m in (1, 9, 16, 17, 32, 64, 65)] == \
+        [False, False, False, True, True, True, False]
+    assert [tma_dispatch(m, 4096) for m in (1, 8, 9, 16, 17, 64, 65)] == \
+        [False, False, True, True, True, True, False]
+
+
+def test_block_m_rounds_rows_up():
+    assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == \
+        [8, 8, 16, 16, 32, 32, 64, 64]
+
+
 def test_supported_shapes():
     assert tma_supported(64, 4096, 4096, 128) == (w4a16_wgmma_tma.gluon is not None)
-    assert not tma_supported(16, 4096, 4096, 128)   # the MMA-fragment kernel's rows
     assert not tma_supported(65, 4096, 4096, 128)
     assert not tma_supported(64, 4096, 4096, 32)    # 32-row groups: steps of 64 rows
     assert not tma_supported(64, 4096, 4128, 128)   # K % 64
@@ -39,7 +51,7 @@ def test_supported_shapes():
 
 
 @pytest.mark.parametrize("x,config,match", [
-    (torch.zeros(65, 1024, dtype=torch.bfloat16), None, "17..64 rows"),
+    (torch.zeros(65, 1024, dtype=torch.bfloat16), None, "1..64 rows"),
     (torch.zeros(64, 1024, dtype=torch.float16), None, "bf16 x"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(num_warps=2), "4 or 8 warps"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(block_n=96), "block_k 64 or 128"),
@@ -70,7 +82,7 @@ _CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="wgmma needs a Hopper GPU")
-@pytest.mark.parametrize("m", [17, 33, 64])
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
 @pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))
 def test_kernel_matches_reference(m, k, n, group_size, config):
