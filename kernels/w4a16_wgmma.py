@@ -6,7 +6,9 @@ x fragments into every warp; past 16 rows of x its programs either re-dequantize
 weight once per 16 rows or spend registers on x. ``wgmma`` takes its A operand from
 registers and its B operand from shared memory, and is 64 x N x 16 per warpgroup with N
 up to 256: one dequantized weight tile multiplies all rows of x of the program, and x
-is read from shared memory by the tensor cores, not by the threads.
+is read from shared memory by the tensor cores, not by the threads. ``w4a16_gemm`` now
+sends the shapes ``tamis.kernels.w4a16_wgmma_tma`` takes (natural K order, TMA-fed, fewer
+instructions) there; this kernel keeps the rest (32-row groups, K % 64 != 0).
 
 Orientation and layout as in ``tamis.kernels.w4a16_mma`` (out^T = W^T x^T; the stored
 words of ``mma_pack``; K visited in its permuted order inside each 32-row block, so a
