@@ -4,7 +4,8 @@ Llama-3.1-8B layer shapes on a Hopper GPU, against bf16 ``F.linear`` and the cur
 (``tile_sweep.py``: every candidate checked against the fp32 product before it is timed
 by CUDA-graph replay).
 
-    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick] [--rotate 16] [--verbose]
+    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick | --family blocks] [--rotate 16]
+        [--verbose]
 """
 from __future__ import annotations
 
@@ -23,6 +24,11 @@ def candidates(m: int, n: int, k: int, quick: bool):
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)
+    if quick == "blocks":  # narrow layers above 32 rows: 32-row blocks of x against 64
+        for split in (1, 2, 4):
+            for block_m in (32, 64):
+                yield "", TmaConfig(64, 128, split, 4, 2, overlap=True, block_m=block_m)
+        return
     if quick:
         return
     if m <= 16:  # decode: deep rings (bytes in flight), K split up to 16 ways
@@ -39,6 +45,10 @@ def candidates(m: int, n: int, k: int, quick: bool):
                 cfg = TmaConfig(bn, 128, split, warps, stages, overlap=overlap)
                 if k // split >= 4 * 128 and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES:
                     yield "", cfg
+    if m > 32 and n < 8192:  # narrow layers: 32-row blocks of x, fewer K splits
+        for split in (1, 2, 4):
+            for overlap in (True, False):
+                yield "", TmaConfig(64, 128, split, 4, 2, overlap=overlap, block_m=32)
 
 
 def main() -> None:

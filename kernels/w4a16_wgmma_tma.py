@@ -74,6 +74,7 @@ class TmaConfig:
     # The next step's unpack while this step's wgmmas run (else it waits for them first;
     # the second half's unpack overlaps the first half's wgmma either way).
     overlap: bool = True
+    block_m: int = 0      # rows of x per program (0: M rounded up, ``tma_block_m``)
 
 
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
@@ -412,7 +413,9 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     if x.data_ptr() % 16:
         x = x.clone()  # TMA reads from 16-byte aligned rows
     config = config or pick_tma_config(m, n, k, group_size, sm_count(x))
-    block_m = tma_block_m(m)
+    block_m = config.block_m or tma_block_m(m)
+    if block_m not in (8, 16, 32, 64):
+        raise ValueError(f"TmaConfig takes block_m 8, 16, 32 or 64; got {block_m}")
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
     if (config.block_k not in (64, 128) or config.num_warps not in (4, 8)
