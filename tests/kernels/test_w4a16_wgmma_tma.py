@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from w4a16_cases import (KERNEL_SHAPES, assert_matches_reference,  # noqa: E402
-                         wna16_operands)
+                         assert_refused, hopper, wna16_operands)
 
 from tamis.kernels import w4a16_wgmma_tma  # noqa: E402
 from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
@@ -63,16 +63,7 @@ def test_supported_shapes():
 def test_bad_calls_are_refused_before_launch(x, config, match):
     if w4a16_wgmma_tma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_wgmma_tma refuses every call")
-    k = x.shape[1]
-    group = 64 if match == "divide" else 128
-    packed = torch.zeros(k // 8, 64, dtype=torch.int32)
-    scales, zeros = torch.ones(k // group, 64), torch.zeros(k // group, 64)
-    with pytest.raises(ValueError, match=match):
-        w4a16_gemm_wgmma_tma(x, packed, scales, zeros, group, config)
-
-
-def _hopper() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    assert_refused(w4a16_gemm_wgmma_tma, x, config, match, 64 if match == "divide" else 128)
 
 
 _CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
@@ -81,7 +72,7 @@ _CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
 @pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
 @pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))

@@ -2,6 +2,7 @@
 W4A16 kernel tests (imported by the test modules)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tamis.kernels import w4a16
@@ -32,3 +33,18 @@ def assert_matches_reference(got: torch.Tensor, x: torch.Tensor, qweight: torch.
     assert got.dtype == torch.bfloat16 and got.shape == expected.shape
     tol = 1e-2 * expected.abs().max().item()
     torch.testing.assert_close(got.float().cpu(), expected, rtol=1e-2, atol=tol)
+
+
+def hopper() -> bool:
+    """A Hopper GPU is present (wgmma and the TMA are sm_90)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def assert_refused(gemm, x: torch.Tensor, config, match: str, group_size: int):
+    """``gemm(x, words, scales, zeros, group_size, config)`` on a 64-column layer raises
+    ValueError naming ``match``, before anything is launched (x may be on the CPU)."""
+    k = x.shape[1]
+    packed = torch.zeros(k // 8, 64, dtype=torch.int32)
+    scales, zeros = torch.ones(k // group_size, 64), torch.zeros(k // group_size, 64)
+    with pytest.raises(ValueError, match=match):
+        gemm(x, packed, scales, zeros, group_size, config)
