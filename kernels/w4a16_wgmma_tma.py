@@ -40,6 +40,7 @@ groups a multiple of 64 rows or the whole K, K % 64 == 0 (``tma_supported``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -390,10 +391,17 @@ def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_
     """The TMA descriptors of x's boxes [block_m, 64] (128-byte swizzle: the wgmma's B
     operand as it lands) and of the word boxes [8, block_n] (no swizzle), one of each per
     64 rows of K."""
-    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    x_layout, w_layout = _box_layouts()
     return (TensorDescriptor.from_tensor(x, [block_m, X_BOX_K], x_layout),
             TensorDescriptor.from_tensor(packed, [X_BOX_K // 8, config.block_n], w_layout))
+
+
+@functools.cache
+def _box_layouts():
+    """(x's, the words') shared layouts, built once: each costs about 8 us of host time,
+    which an eager call would otherwise pay twice."""
+    return (gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
+            gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
 
 
 def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
