@@ -17,10 +17,12 @@ from tile_sweep import run_tile_sweep  # noqa: E402
 
 
 def candidates(m: int, n: int, k: int, quick: bool):
-    """The default; up to 16 rows 64 columns on one warpgroup or 128 on two, K split
-    2-16 ways, rings of 4 or 8 slots, overlapped or not; above, 64 columns on one warpgroup, 128 on one or two, K split 1-8
-    ways (at least 4 steps a split), rings of 2 or 4 slots, the next
-    step's unpack overlapping this step's wgmmas or not."""
+    """The default first. Up to 16 rows: 64 columns on one warpgroup or 128 on two, K
+    split 2-16 ways, rings of 4 or 8 slots, the next step's unpack overlapping this
+    step's wgmmas or not. Above: 64 columns on one warpgroup, 128 on one or two, K split
+    1-8 ways (at least 4 steps a split), rings of 2 or 4 slots, overlapped or not; on
+    narrow layers above 32 rows also 32-row blocks of x. Family "blocks": 32- against
+    64-row blocks of x at K split 1, 2 or 4 ways."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)

@@ -300,7 +300,8 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
     (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..64
-    rows (9..64 on layers narrower than 8192 columns) where it takes the shape (``tamis.kernels.w4a16_wgmma_tma.tma_supported``), else
+    rows (9..64 on layers narrower than 8192 columns) where it takes the shape
+    (``tamis.kernels.w4a16_wgmma_tma``'s ``tma_dispatch`` and ``tma_supported``), else
     the cp.async wgmma kernel where ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says
     (17..32 rows; to 64 on wide or deep layers), else the MMA-fragment kernel up to
     MMA_DISPATCH_M rows, then tl.dot / dequantize as above. The reference elsewhere."""

@@ -79,8 +79,8 @@ class TmaConfig:
 
 
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
-    """Shapes the kernel takes (``tamis.kernels.w4a16.w4a16_gemm`` sends it every such
-    call of bf16 x on a Hopper GPU; x's alignment is fixed at the call)."""
+    """Shapes the kernel takes (x's alignment is fixed at the call); ``w4a16_gemm`` sends
+    it those of bf16 x on a Hopper GPU whose rows ``tma_dispatch`` picks."""
     return (gluon is not None and 1 <= m <= TMA_MAX_M and k % X_BOX_K == 0 and n % 4 == 0
             and (group_size >= k or group_size % X_BOX_K == 0))
 
@@ -226,12 +226,25 @@ if gluon is not None:
         return a0, a1
 
     @gluon.jit
+    def _issue_half(acc, a, x_box):
+        """Issue one wgmma (left running): a times the x box [BLOCK_M, _BOX_K], as K x M."""
+        return warpgroup_mma(a, x_box.permute((1, 0)), acc, is_async=True)
+
+    @gluon.jit
     def _issue_step(acc, a0, a1, x_smem, slot, HALVES: gl.constexpr):
         """Issue a step's wgmmas (left running) on the slot's x boxes."""
-        acc = warpgroup_mma(a0, x_smem.index(slot * HALVES).permute((1, 0)), acc, is_async=True)
+        acc = _issue_half(acc, a0, x_smem.index(slot * HALVES))
         if HALVES == 2:
-            acc = warpgroup_mma(a1, x_smem.index(slot * HALVES + 1).permute((1, 0)), acc,
-                                is_async=True)
+            acc = _issue_half(acc, a1, x_smem.index(slot * HALVES + 1))
+        return acc
+
+    @gluon.jit
+    def _retire_step(acc, a0, a1, HALVES: gl.constexpr):
+        """Wait for a step's wgmmas; its A tiles stay live (deps) until they retire."""
+        if HALVES == 2:
+            acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0, a1])
+        else:
+            acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0])
         return acc
 
     @gluon.jit
@@ -323,10 +336,7 @@ if gluon is not None:
                 nzz, ss = nzz1, ss1
                 nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 3) * BLOCK_K,
                                           K, offs_n, mask_n, GROUP_SIZE)
-                if HALVES == 2:
-                    acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0, a1])
-                else:
-                    acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0])
+                acc = _retire_step(acc, a0, a1, HALVES)
                 _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k_lo + (i + STAGES) * BLOCK_K,
                         n0, m0, i + STAGES < nsteps, BYTES, HALVES)
                 a0, a1 = b0, b1
@@ -337,18 +347,16 @@ if gluon is not None:
                 nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg,
                                                   k_lo + (i + PARAMS_AHEAD) * BLOCK_K, K,
                                                   offs_n, mask_n, GROUP_SIZE)
+                # The second half's unpack runs while the first half's wgmma does.
                 a0 = _operand(w_smem.index(slot * HALVES), nzz, ss, QUAD, WORDS, A_LAYOUT,
                               ORDER)
-                acc = warpgroup_mma(a0, x_smem.index(slot * HALVES).permute((1, 0)), acc,
-                                    is_async=True)
+                acc = _issue_half(acc, a0, x_smem.index(slot * HALVES))
+                a1 = a0
                 if HALVES == 2:
                     a1 = _operand(w_smem.index(slot * HALVES + 1), nzz, ss, QUAD, WORDS,
                                   A_LAYOUT, ORDER)
-                    acc = warpgroup_mma(a1, x_smem.index(slot * HALVES + 1).permute((1, 0)),
-                                        acc, is_async=True)
-                    acc, a0, a1 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0, a1])
-                else:
-                    acc, a0 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, a0])
+                    acc = _issue_half(acc, a1, x_smem.index(slot * HALVES + 1))
+                acc = _retire_step(acc, a0, a1, HALVES)
                 if PARAMS_AHEAD == 2:
                     nzz, ss, nzz1, ss1 = nzz1, ss1, nzz_next, ss_next
                 else:
