@@ -14,7 +14,8 @@ The contract (``tamis.kernels.w4a16_mma``'s docstring has the derivation):
 - output columns may be permuted (``_column_order``): results are stored at
   ``_physical_columns``;
 - ``_store_out_t`` stores out^T tiles, with the split-K reduction of
-  ``tamis.kernels.splitk``.
+  ``tamis.kernels.splitk`` (summed by the last split to arrive, or always by the last
+  split).
 """
 from __future__ import annotations
 
@@ -206,27 +207,71 @@ if gluon is not None:
 
     @gluon.jit
     def _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
-                     stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr):
+                     stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr,
+                     LAST_SPLIT_REDUCES: gl.constexpr = 0):
         """Store acc (out^T: [columns, rows]) as bf16 out[rows, columns]; with split K,
-        this program's fp32 partials to part_ptr [SPLIT, M, N] instead, and the last
-        split of the tile (one counter per row block x column block, grid axis 0 the
-        column blocks) sums them in split order, stores out and resets the counter."""
+        through fp32 partials in part_ptr [SPLIT, M, N] and one counter per row block x
+        column block (grid axis 0 the column blocks), summed in split order.
+
+        Who sums: the last split of the tile to arrive (``_reduce_at_arrival``), or with
+        ``LAST_SPLIT_REDUCES`` (the split count, a constexpr) always split SPLIT - 1
+        (``_reduce_at_last_split``: no wait for the counter in the others, one round of
+        loads; its unrolled loads cost registers)."""
         out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
         if not HAS_SPLIT:
             gl.store(out_ptrs, acc.to(gl.bfloat16), mask=out_mask)
         else:
             part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
-            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
-            thread_barrier()  # every thread's partials are stored before the count
             tile = pid_m * gl.num_programs(0) + pid_n
-            done = gl.atomic_add(count_ptr + tile, 1)
-            if done == SPLIT - 1:
-                total = gl.zeros_like(acc)
-                for sk in range(SPLIT):
-                    total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
-                gl.store(count_ptr + tile, 0)
+            if LAST_SPLIT_REDUCES:
+                _reduce_at_last_split(acc, out_ptrs, part_ptrs, count_ptr + tile, out_mask,
+                                      M, N, pid_k, LAST_SPLIT_REDUCES)
+            else:
+                _reduce_at_arrival(acc, out_ptrs, part_ptrs, count_ptr + tile, out_mask,
+                                   M, N, pid_k, SPLIT)
+
+    @gluon.jit
+    def _reduce_at_arrival(acc, out_ptrs, part_ptrs, counter, out_mask, M, N, pid_k, SPLIT):
+        """Every split stores its partials and counts itself in; the one that counts
+        last sums all of them (its own reloaded), stores out and resets the counter."""
+        gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
+        thread_barrier()  # every thread's partials are stored before the count
+        done = gl.atomic_add(counter, 1)
+        if done == SPLIT - 1:
+            total = gl.zeros_like(acc)
+            for sk in range(SPLIT):
+                total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+            gl.store(counter, 0)
+
+    @gluon.jit
+    def _reduce_at_last_split(acc, out_ptrs, part_ptrs, counter, out_mask, M, N, pid_k,
+                              SPLIT: gl.constexpr):
+        """Splits 0 .. SPLIT - 2 store their partials and release-increment the counter
+        (an atomic whose result nobody waits for); split SPLIT - 1 spins on it (acquire)
+        until they all have, then loads their partials in one round, adds its own from
+        registers last (the same sums, in the same order, as ``_reduce_at_arrival``),
+        stores out and resets the counter.
+
+        The spin relies on blocks starting in grid order, as split-K kernels that wait on
+        earlier splits do (CUTLASS's serial split-K, Marlin's locks): split SPLIT - 1 of
+        a tile is a later block than the others (grid axis 1 the splits), so they have
+        started, and they wait on nothing."""
+        if pid_k != SPLIT - 1:
+            gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
+            thread_barrier()  # every thread's partials are stored before the release
+            gl.atomic_add(counter, 1, sem="release")
+        else:
+            arrived = gl.atomic_add(counter, 0, sem="acquire")
+            while arrived < SPLIT - 1:
+                arrived = gl.atomic_add(counter, 0, sem="acquire")
+            gl.store(counter, 0)
+            total = gl.zeros_like(acc)
+            for sk in gl.static_range(SPLIT - 1):
+                total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            gl.store(out_ptrs, (total + acc).to(gl.bfloat16), mask=out_mask)
 
     @gluon.constexpr_function
     def _min(a, b):

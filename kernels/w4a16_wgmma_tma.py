@@ -76,6 +76,9 @@ class TmaConfig:
     # the second half's unpack overlaps the first half's wgmma either way).
     overlap: bool = True
     block_m: int = 0      # rows of x per program (0: M rounded up, ``tma_block_m``)
+    # Split K summed by the last split, the others not waiting for the counter
+    # (``_reduce_at_last_split``), instead of by the last to arrive.
+    last_split_reduces: bool = False
 
 
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
@@ -102,7 +105,8 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     above 32 rows 128 columns on one warpgroup over four slots (44.0 us at 4096 x 28672),
     else 64 columns over two (37.7 us). Others: 64 columns over two slots, K split until
     the column blocks make about two programs per multiprocessor while each split keeps
-    at least 8 steps (4 ways on 4096-deep layers, 8 on 14336)."""
+    at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed by the last split
+    where that won (``_last_split_reduces``)."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     overlap = m > 32
     if n >= 8192:
@@ -113,7 +117,18 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
         split *= 2
-    return TmaConfig(64, block_k, split, 4, 2, overlap=overlap)
+    return TmaConfig(64, block_k, split, 4, 2, overlap=overlap,
+                     last_split_reduces=_last_split_reduces(tma_block_m(m), split))
+
+
+def _last_split_reduces(block_m: int, splits: int) -> bool:
+    """Whether split K is better summed by the last split than by the last to arrive. On
+    the H200 (session 14, bench/results/quant.md) it won every 32-row cell (4096 x 4096:
+    10.6 against 11.7 us) and the 64-row ones of up to 4 splits (4096 x 6144: 16.2
+    against 19.4); at 64 rows and 8 splits its unrolled loads take the registers to 214,
+    512 programs no longer fit in one wave, and it lost (35.3 against 28.7 us on 14336 x
+    4096); at 16 rows and 4 splits it lost by 0.2-0.6 us."""
+    return splits > 1 and (block_m == 32 or (block_m == 64 and splits <= 4))
 
 
 def shared_bytes(config: TmaConfig, block_m: int) -> int:
@@ -265,7 +280,7 @@ if gluon is not None:
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
         STAGES: gl.constexpr, PARAMS_AHEAD: gl.constexpr, OVERLAP: gl.constexpr,
-        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
+        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
     ):
         if PDL_TRIGGER == 1:
             gdc_launch_dependents()
@@ -373,7 +388,7 @@ if gluon is not None:
         offs_cm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
-                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES)
 
 
 def tma_block_m(m: int) -> int:
@@ -392,7 +407,8 @@ def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1, NUM_WARPS=config.num_warps,
                 STAGES=config.stages, PARAMS_AHEAD=config.params_ahead,
                 OVERLAP=config.overlap, PDL=pdl_wait,
-                PDL_TRIGGER=pdl_trigger)
+                PDL_TRIGGER=pdl_trigger,
+                LAST_SPLIT_REDUCES=splits if config.last_split_reduces and splits > 1 else 0)
 
 
 def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_m: int):

@@ -3,6 +3,7 @@ reference (GPU; Gluon has no interpreter)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from w4a16_cases import wna16_operands as _operands  # noqa: E402
 
 from tamis.kernels import w4a16_mma  # noqa: E402
 from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack,  # noqa: E402
-                                     mma_supported, mma_unpack, w4a16_gemm_mma)
+                                     mma_supported, mma_unpack, one_wave_split, step_rows,
+                                     w4a16_gemm_mma)
 
 
 def test_pack_interleaves_each_word_like_awq():
@@ -114,3 +116,32 @@ def test_kernel_rows_split_over_warps(m, config):
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size, config)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("split", [2, 3, 16])
+@pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
+def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(split, k, n, group_size):
+    """Both split-K reductions add the same fp32 partials in the same order; ten launches
+    of each back to back (each must leave its counters at zero for the next)."""
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + split)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(split)).to(torch.bfloat16)
+    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
+    at_arrival = MmaConfig(128, step_rows(k, group_size), split, 4, params_ahead=True,
+                           paired_steps=True)
+    at_last = replace(at_arrival, last_split_reduces=True)
+    outs = [w4a16_gemm_mma(*args, cfg) for cfg in [at_arrival] * 10 + [at_last] * 10]
+    assert all(torch.equal(out, outs[0]) for out in outs)
+    assert_matches_reference(outs[-1], x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.parametrize("blocks,warps,k,expected", [
+    (32, 4, 4096, 16),    # 4096 x 4096: 512 programs of the 528 that fit
+    (48, 4, 4096, 8),     # 4096 x 6144: 16 ways would make 768
+    (16, 8, 14336, 16),   # 14336 x 4096: 2 programs of 8 warps a multiprocessor
+    (448, 2, 4096, 2),    # 4096 x 28672
+    (5, 4, 576, 2),       # two steps a split at least
+])
+def test_one_wave_split(blocks, warps, k, expected):
+    assert one_wave_split(blocks, warps, k, 128, 132) == expected

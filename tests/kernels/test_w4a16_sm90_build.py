@@ -131,6 +131,20 @@ def test_mma_kernel_builds_for_sm90(block_m, config):
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
 
 
+@needs_gluon
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 28672), (14336, 4096)])
+def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
+    """``one_wave_split`` counts 16 / num_warps resident programs a multiprocessor: the
+    one-row tiles, summed by their last split, must build to at most 128 registers (65536
+    a multiprocessor), and the partner splits' count is a RED (no wait for its result)."""
+    config = w4a16_mma.pick_mma_config(1, n, k, 128)
+    assert config.last_split_reduces and config.split_k > 1
+    build = _mma_build(8, config)
+    assert build.registers <= 128, f"{build.registers} registers: fewer programs resident"
+    assert build.stack_bytes == 0
+    assert build.count("REDG") + build.count("RED") >= 1, "the partner splits wait for the count"
+
+
 _WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")
 
 
@@ -202,6 +216,8 @@ _TMA_CONFIGS = [
     (64, w4a16_wgmma_tma.TmaConfig(64, 64, 4, 4, 3, overlap=True)),     # 64-row groups
     (64, w4a16_wgmma_tma.TmaConfig(128, 128, 2, 8, 2, overlap=True)),   # two warpgroups
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 2, 4, 3, 1, overlap=False)),
+    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True)),
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True, last_split_reduces=True)),
 ]
 
 
@@ -214,6 +230,17 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
     assert build.count("LDGSTS") == 0, "tiles copied by the threads, not the TMA"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert inflight_clobbers(build.instructions()) == []
+
+
+@needs_gluon
+def test_tma_kernel_summed_by_its_last_split_keeps_three_programs_a_multiprocessor():
+    """4096 x 6144 at 64 rows runs 384 programs (96 column blocks x 4 splits): one wave
+    only while three fit a multiprocessor, 168 registers a thread at most."""
+    config = w4a16_wgmma_tma.pick_tma_config(64, 6144, 4096, 128)
+    assert config.last_split_reduces and config.split_k == 4
+    build = _tma_build(64, config)
+    assert build.registers <= 168, f"{build.registers} registers: two programs a multiprocessor"
+    assert build.stack_bytes == 0
 
 
 @needs_gluon

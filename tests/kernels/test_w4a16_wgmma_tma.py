@@ -3,6 +3,7 @@ reference on a Hopper GPU (``gpu``; Gluon has no interpreter)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,20 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
     got = w4a16_gemm_wgmma_tma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(),
                                zeros.cuda(), group_size, cfg)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m,split", [(32, 2), (32, 8), (64, 4), (64, 3)])
+@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (1024, 520, 1024)])
+def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(m, split, k, n, group_size):
+    """Both split-K reductions add the same fp32 partials in the same order; ten launches
+    of each back to back (each must leave its counters at zero for the next)."""
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m + split)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(split)).to(torch.bfloat16)
+    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
+    at_arrival = TmaConfig(64, 128, split, 4, 2, overlap=m > 32)
+    at_last = replace(at_arrival, last_split_reduces=True)
+    outs = [w4a16_gemm_wgmma_tma(*args, cfg) for cfg in [at_arrival] * 10 + [at_last] * 10]
+    assert all(torch.equal(out, outs[0]) for out in outs)
+    assert_matches_reference(outs[-1], x, qweight, scales, zeros, group_size)
