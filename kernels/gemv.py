@@ -45,6 +45,10 @@ class GemvTiles:
     # (1 = plain loads; Triton pipelines loads that feed no tl.dot only in a tl.range
     # loop given num_stages).
     loop_stages: int = 1
+    # Split K summed by the last split, the others not waiting for the counter (as in
+    # ``tamis.kernels.w4a16_fragments._reduce_at_last_split``), instead of by the last
+    # split to arrive.
+    last_split_reduces: bool = False
 
 
 GEMV_MAX_M = 4      # rows the GEMV kernel takes
@@ -77,7 +81,8 @@ if triton is not None:
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
                      LOOP_STAGES: tl.constexpr, HAS_SCALE: tl.constexpr,
-                     PDL: tl.constexpr, PDL_TRIGGER: tl.constexpr):
+                     PDL: tl.constexpr, PDL_TRIGGER: tl.constexpr,
+                     LAST_SPLIT_REDUCES: tl.constexpr):
         if PDL_TRIGGER == 1:
             gdc_launch_dependents()
         if PDL:  # launched beside the kernel before (tamis.kernels.pdl): x is its output
@@ -129,34 +134,58 @@ if triton is not None:
             scale = tl.load(ws_ptr + offs_n, mask=mask_n, other=0.0)
         else:
             scale = tl.full([BLOCK_N], 1.0, tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            if m == 0:
-                col = tl.sum(acc0, axis=1)
-            elif m == 1:
-                col = tl.sum(acc1, axis=1)
-            elif m == 2:
-                col = tl.sum(acc2, axis=1)
-            else:
-                col = tl.sum(acc3, axis=1)
-            if not HAS_SPLIT:
+        if not HAS_SPLIT:
+            for m in tl.static_range(BLOCK_M):
+                col = _row_sums(acc0, acc1, acc2, acc3, m)
                 tl.store(out_ptr + m * stride_om + offs_n,
                          (col * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
-            else:
-                tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n, col, mask=mask_n)
-        if HAS_SPLIT:
+        elif LAST_SPLIT_REDUCES and pid_k == SPLIT - 1:
+            # The partner splits have started (earlier blocks) and wait on nothing.
+            arrived = tl.atomic_add(count_ptr + pid_n, 0, sem="acquire")
+            while arrived < SPLIT - 1:
+                arrived = tl.atomic_add(count_ptr + pid_n, 0, sem="acquire")
+            tl.store(count_ptr + pid_n, 0)
+            for m in tl.static_range(BLOCK_M):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for sk in tl.static_range(LAST_SPLIT_REDUCES - 1):  # one round of loads
+                    total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
+                                     mask=mask_n, other=0.0, cache_modifier=".cg")
+                total += _row_sums(acc0, acc1, acc2, acc3, m)
+                tl.store(out_ptr + m * stride_om + offs_n,
+                         (total * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
+        else:
+            for m in tl.static_range(BLOCK_M):
+                tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n,
+                         _row_sums(acc0, acc1, acc2, acc3, m), mask=mask_n)
             # Every thread's partials are stored before the (releasing) count.
             tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + pid_n, 1)
-            if done == SPLIT - 1:
-                for m in tl.static_range(BLOCK_M):
-                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                    for sk in range(SPLIT):
-                        total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
-                                         mask=mask_n, other=0.0, cache_modifier=".cg")
-                    tl.store(out_ptr + m * stride_om + offs_n,
-                             (total * scale).to(out_ptr.dtype.element_ty),
-                             mask=mask_n & (m_n > m))
-                tl.store(count_ptr + pid_n, 0)
+            if LAST_SPLIT_REDUCES:
+                tl.atomic_add(count_ptr + pid_n, 1, sem="release")
+            else:
+                done = tl.atomic_add(count_ptr + pid_n, 1)
+                if done == SPLIT - 1:
+                    for m in tl.static_range(BLOCK_M):
+                        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                        for sk in range(SPLIT):
+                            total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
+                                             mask=mask_n, other=0.0, cache_modifier=".cg")
+                        tl.store(out_ptr + m * stride_om + offs_n,
+                                 (total * scale).to(out_ptr.dtype.element_ty),
+                                 mask=mask_n & (m_n > m))
+                    tl.store(count_ptr + pid_n, 0)
+
+    @triton.jit
+    def _row_sums(acc0, acc1, acc2, acc3, m: tl.constexpr):
+        """Row m of x's products summed over the tile's K: [BLOCK_N] fp32."""
+        if m == 0:
+            col = tl.sum(acc0, axis=1)
+        elif m == 1:
+            col = tl.sum(acc1, axis=1)
+        elif m == 2:
+            col = tl.sum(acc2, axis=1)
+        else:
+            col = tl.sum(acc3, axis=1)
+        return col
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
@@ -193,6 +222,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
         LOOP_STAGES=config.loop_stages, HAS_SCALE=scale is not None,
         PDL=pdl.launch(x.device), PDL_TRIGGER=pdl.trigger(x.device, m),
+        LAST_SPLIT_REDUCES=splits if config.last_split_reduces and splits > 1 else 0,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl.launch(x.device) else {}))
     return out

@@ -128,3 +128,19 @@ def test_fp8_linear_dispatch_on_cuda(m):
     else:
         expected = fp8.fp8_linear_ref(x.float(), weight, scale)
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("m,split", [(1, 2), (1, 8), (1, 16), (2, 4)])
+def test_w8a16_gemv_summed_by_its_last_split_is_bit_equal(m, split):
+    """Both split-K reductions add the same fp32 partials in the same order; ten launches
+    of each back to back, the programs running at once (each launch must leave its
+    counters at zero for the next)."""
+    weight, scale = _weight(4096, 4096)
+    x = torch.randn(m, 4096, generator=torch.Generator().manual_seed(split)).to(torch.bfloat16)
+    args = (x.cuda(), weight.cuda(), scale.cuda())
+    at_arrival = GemvTiles(16, 512, split, loop_stages=3)
+    at_last = GemvTiles(16, 512, split, loop_stages=3, last_split_reduces=True)
+    outs = [fp8.fp8_gemv_triton(*args, cfg) for cfg in [at_arrival] * 10 + [at_last] * 10]
+    assert all(torch.equal(out, outs[0]) for out in outs)

@@ -24,6 +24,21 @@ def test_dense_weights_without_scale_match_fp32_product(m, n, k, tiles, dtype):
     torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol * want.abs().max().item())
 
 
+@pytest.mark.parametrize("m,split", [(1, 3), (1, 4), (3, 2)])
+def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(m, split):
+    """Both split-K reductions add the same fp32 partials in the same order (the
+    interpreter runs the programs one after the other, the last split last; the GPU's
+    concurrent case is test_fp8.py's)."""
+    torch.manual_seed(3)
+    x, weight, scale = torch.randn(m, 520), torch.randn(40, 520), torch.rand(40) + 0.5
+    at_arrival = gemv.GemvTiles(16, 64, split)
+    at_last = gemv.GemvTiles(16, 64, split, last_split_reduces=True)
+    want = gemv.gemv_triton(x, weight, scale, at_arrival)
+    assert torch.equal(gemv.gemv_triton(x, weight, scale, at_last), want)
+    assert torch.equal(gemv.gemv_triton(x, weight, scale, at_last), want)  # counters reset
+    torch.testing.assert_close(want, x @ (weight * scale[:, None]).t(), rtol=1e-4, atol=1e-4)
+
+
 def test_scale_multiplies_each_output_column():
     torch.manual_seed(1)
     x, weight, scale = torch.randn(2, 96), torch.randn(24, 96), torch.rand(24) + 0.5
