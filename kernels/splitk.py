@@ -6,6 +6,12 @@ counter of its column block; the program that sees ``splits - 1`` sums the parti
 split order (so the result is deterministic), writes the output and puts the counter
 back to 0. One launch, no zero-initialised output, no cast kernel afterwards.
 
+Kernels whose tiles set ``last_split_reduces`` sum the same partials in the same order,
+but always in the last split (``splits - 1``): the others increment the counter with a
+releasing atomic whose result they do not wait for, and it spins on the counter
+(acquiring) until they all have, keeps its own partials in registers and loads theirs in
+one round. It waits only on earlier blocks of the grid, which wait on nothing.
+
 The counters live in one int32 buffer per device that stays all-zero between launches.
 Kernels on one stream serialize, so every GEMV shares it; GEMVs running at the same time
 on two streams of one device would race on it (tamis runs its model on one stream).
