@@ -157,22 +157,30 @@ if triton is not None:
             for m in tl.static_range(BLOCK_M):
                 tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n,
                          _row_sums(acc0, acc1, acc2, acc3, m), mask=mask_n)
-            # Every thread's partials are stored before the (releasing) count.
-            tl.debug_barrier()
             if LAST_SPLIT_REDUCES:
+                tl.debug_barrier()  # every thread's partials are stored before the release
                 tl.atomic_add(count_ptr + pid_n, 1, sem="release")
             else:
-                done = tl.atomic_add(count_ptr + pid_n, 1)
-                if done == SPLIT - 1:
-                    for m in tl.static_range(BLOCK_M):
-                        total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                        for sk in range(SPLIT):
-                            total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
-                                             mask=mask_n, other=0.0, cache_modifier=".cg")
-                        tl.store(out_ptr + m * stride_om + offs_n,
-                                 (total * scale).to(out_ptr.dtype.element_ty),
-                                 mask=mask_n & (m_n > m))
-                    tl.store(count_ptr + pid_n, 0)
+                sum_at_arrival(part_ptr, out_ptr, count_ptr + pid_n, offs_n, mask_n, m_n, N,
+                               stride_om, scale, SPLIT, BLOCK_M, BLOCK_N)
+
+    @triton.jit
+    def sum_at_arrival(part_ptr, out_ptr, counter, offs_n, mask_n, m_n, N, stride_om, scale,
+                       SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Count this split in (its partials [SPLIT, BLOCK_M, N] stored); the split that
+        counts last sums each row's partials in split order, scales them, stores out and
+        resets the counter (``tamis.kernels.splitk``). Shared with the W4A16 GEMV."""
+        tl.debug_barrier()  # every thread's partials are stored before the count
+        done = tl.atomic_add(counter, 1)
+        if done == SPLIT - 1:
+            for m in tl.static_range(BLOCK_M):
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for sk in range(SPLIT):
+                    total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
+                                     mask=mask_n, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptr + m * stride_om + offs_n,
+                         (total * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
+            tl.store(counter, 0)
 
     @triton.jit
     def _row_sums(acc0, acc1, acc2, acc3, m: tl.constexpr):

@@ -21,6 +21,7 @@ from tamis.kernels.splitk import even_split, sm_count, split_buffers
 try:
     import triton
     import triton.language as tl
+    from tamis.kernels.gemv import sum_at_arrival
 except ImportError:  # CPU-only installs without triton
     triton = None
 
@@ -170,18 +171,8 @@ if triton is not None:
             else:
                 tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n, col, mask=mask_n)
         if HAS_SPLIT:
-            # Every thread's partials are stored before the (releasing) count.
-            tl.debug_barrier()
-            done = tl.atomic_add(count_ptr + pid_n, 1)
-            if done == SPLIT - 1:
-                for m in tl.static_range(BLOCK_M):
-                    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-                    for sk in range(SPLIT):
-                        total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
-                                         mask=mask_n, other=0.0, cache_modifier=".cg")
-                    tl.store(out_ptr + m * stride_om + offs_n,
-                             total.to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
-                tl.store(count_ptr + pid_n, 0)
+            sum_at_arrival(part_ptr, out_ptr, count_ptr + pid_n, offs_n, mask_n, m_n, N,
+                           stride_om, 1.0, SPLIT, BLOCK_M, BLOCK_N)
 
 
 def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
