@@ -136,7 +136,7 @@ if triton is not None:
             scale = tl.full([BLOCK_N], 1.0, tl.float32)
         if not HAS_SPLIT:
             for m in tl.static_range(BLOCK_M):
-                col = _row_sums(acc0, acc1, acc2, acc3, m)
+                col = row_sums(acc0, acc1, acc2, acc3, m)
                 tl.store(out_ptr + m * stride_om + offs_n,
                          (col * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
         elif LAST_SPLIT_REDUCES and pid_k == SPLIT - 1:
@@ -150,13 +150,13 @@ if triton is not None:
                 for sk in tl.static_range(LAST_SPLIT_REDUCES - 1):  # one round of loads
                     total += tl.load(part_ptr + (sk * BLOCK_M + m) * N + offs_n,
                                      mask=mask_n, other=0.0, cache_modifier=".cg")
-                total += _row_sums(acc0, acc1, acc2, acc3, m)
+                total += row_sums(acc0, acc1, acc2, acc3, m)
                 tl.store(out_ptr + m * stride_om + offs_n,
                          (total * scale).to(out_ptr.dtype.element_ty), mask=mask_n & (m_n > m))
         else:
             for m in tl.static_range(BLOCK_M):
                 tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n,
-                         _row_sums(acc0, acc1, acc2, acc3, m), mask=mask_n)
+                         row_sums(acc0, acc1, acc2, acc3, m), mask=mask_n)
             if LAST_SPLIT_REDUCES:
                 tl.debug_barrier()  # every thread's partials are stored before the release
                 tl.atomic_add(count_ptr + pid_n, 1, sem="release")
@@ -183,16 +183,17 @@ if triton is not None:
             tl.store(counter, 0)
 
     @triton.jit
-    def _row_sums(acc0, acc1, acc2, acc3, m: tl.constexpr):
-        """Row m of x's products summed over the tile's K: [BLOCK_N] fp32."""
+    def row_sums(acc0, acc1, acc2, acc3, m: tl.constexpr, K_AXIS: tl.constexpr = 1):
+        """Row m of x's products (acc0..acc3, one per row) summed over the tile's K axis:
+        [BLOCK_N] fp32. Shared with the W4A16 GEMV (K on axis 0 there)."""
         if m == 0:
-            col = tl.sum(acc0, axis=1)
+            col = tl.sum(acc0, axis=K_AXIS)
         elif m == 1:
-            col = tl.sum(acc1, axis=1)
+            col = tl.sum(acc1, axis=K_AXIS)
         elif m == 2:
-            col = tl.sum(acc2, axis=1)
+            col = tl.sum(acc2, axis=K_AXIS)
         else:
-            col = tl.sum(acc3, axis=1)
+            col = tl.sum(acc3, axis=K_AXIS)
         return col
 
 

@@ -21,7 +21,7 @@ from tamis.kernels.splitk import even_split, sm_count, split_buffers
 try:
     import triton
     import triton.language as tl
-    from tamis.kernels.gemv import sum_at_arrival
+    from tamis.kernels.gemv import row_sums, sum_at_arrival
 except ImportError:  # CPU-only installs without triton
     triton = None
 
@@ -157,14 +157,7 @@ if triton is not None:
                 acc3 += p3 * a - sx3[:, None] * b
         # Epilogue: one row at a time (M <= 4), straight to out or through the partials.
         for m in tl.static_range(BLOCK_M):
-            if m == 0:
-                col = tl.sum(acc0, axis=0)
-            elif m == 1:
-                col = tl.sum(acc1, axis=0)
-            elif m == 2:
-                col = tl.sum(acc2, axis=0)
-            else:
-                col = tl.sum(acc3, axis=0)
+            col = row_sums(acc0, acc1, acc2, acc3, m, 0)
             if not HAS_SPLIT:
                 tl.store(out_ptr + m * stride_om + offs_n, col.to(out_ptr.dtype.element_ty),
                          mask=mask_n & (m_n > m))
