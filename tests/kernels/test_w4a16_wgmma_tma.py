@@ -38,6 +38,17 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
         [False, False, True, True, True, True, False]
 
 
+@pytest.mark.parametrize("m,k,n,expected", [
+    (64, 4096, 6144, True),     # 4 splits: 168 registers, three programs a multiprocessor
+    (64, 14336, 4096, False),   # 8 splits: the unrolled loads would break the single wave
+    (32, 14336, 4096, True),
+    (16, 4096, 4096, False),
+    (64, 4096, 28672, False),   # K unsplit
+])
+def test_where_the_last_split_sums(m, k, n, expected):
+    assert pick_tma_config(m, n, k, 128).last_split_reduces == expected
+
+
 def test_block_m_rounds_rows_up():
     assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == \
         [8, 8, 16, 16, 32, 32, 64, 64]
