@@ -106,9 +106,10 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
 
     M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
     columns on 2 warps; deep ones (K >= 8192) 256 columns on 8 warps; else 128 columns on
-    4 warps; K split as far as one wave of programs allows (``one_wave_split``) and summed
-    by the last split (session 14: 4096 x 4096 5.6 against 7.0 us, 4096 x 28672 21.6
-    against 23.0). 2..8 rows (session 7, identity
+    4 warps; K split as far as one wave of programs allows (``one_wave_split``; session
+    14: 4096 x 4096 16 ways, 4096 x 28672 2 ways, 21.6-22.2 against 23.0-23.3 us at 4),
+    16 splits summed by the last split (5.6-5.9 against 6.3-6.4 us on 4096 x 4096; with
+    2 or 8 splits it was a wash). 2..8 rows (session 7, identity
     column order): 128 columns on 8 warps split 8 ways; 9..16 rows (session 8): 64
     columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); wide layers
     (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
@@ -118,7 +119,7 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         block_n, warps = (64, 2) if n >= 8192 else (256, 8) if k >= 8192 else (128, 4)
         split = one_wave_split(-(-n // block_n), warps, k, block_k, num_sms)
         return MmaConfig(block_n, block_k, split, warps, params_ahead=True,
-                         paired_steps=True, last_split_reduces=True)
+                         paired_steps=True, last_split_reduces=split >= 16)
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
             return MmaConfig(64, block_k, 1, 2, vector_columns=False)

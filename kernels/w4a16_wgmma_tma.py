@@ -122,13 +122,14 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
 
 
 def _last_split_reduces(block_m: int, splits: int) -> bool:
-    """Whether split K is better summed by the last split than by the last to arrive. On
-    the H200 (session 14, bench/results/quant.md) it won every 32-row cell (4096 x 4096:
-    10.6 against 11.7 us) and the 64-row ones of up to 4 splits (4096 x 6144: 16.2
-    against 19.4); at 64 rows and 8 splits its unrolled loads take the registers to 214,
-    512 programs no longer fit in one wave, and it lost (35.3 against 28.7 us on 14336 x
-    4096); at 16 rows and 4 splits it lost by 0.2-0.6 us."""
-    return splits > 1 and (block_m == 32 or (block_m == 64 and splits <= 4))
+    """Whether split K is better summed by the last split than by the last to arrive.
+    On the H200 (session 14, bench/results/quant.md, four calls) it won every 64-row cell
+    of 4 splits (4096 x 6144: 16.2-16.8 against 19.3-19.6 us) and every 16- and 32-row
+    cell of 8 splits (14336 x 4096 at 32 rows: 21.9-22.4 against 23.4-23.7); at 64 rows
+    and 8 splits its unrolled loads take the registers to 214, 512 programs no longer fit
+    in one wave, and it lost (35.3 against 28.7 us); with 4 splits it lost at 16 rows
+    (by 0.2-0.8 us) and at 32 rows won twice and lost once."""
+    return splits > 1 and ((block_m == 64 and splits <= 4) or (block_m <= 32 and splits >= 8))
 
 
 def shared_bytes(config: TmaConfig, block_m: int) -> int:

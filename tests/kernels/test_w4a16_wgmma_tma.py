@@ -41,7 +41,9 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
 @pytest.mark.parametrize("m,k,n,expected", [
     (64, 4096, 6144, True),     # 4 splits: 168 registers, three programs a multiprocessor
     (64, 14336, 4096, False),   # 8 splits: the unrolled loads would break the single wave
-    (32, 14336, 4096, True),
+    (32, 14336, 4096, True),    # 8 splits
+    (16, 14336, 4096, True),
+    (32, 4096, 4096, False),    # 4 splits
     (16, 4096, 4096, False),
     (64, 4096, 28672, False),   # K unsplit
 ])
