@@ -128,7 +128,7 @@ def _last_split_reduces(block_m: int, splits: int) -> bool:
     cell of 8 splits (14336 x 4096 at 32 rows: 21.9-22.4 against 23.4-23.7); at 64 rows
     and 8 splits its unrolled loads take the registers to 214, 512 programs no longer fit
     in one wave, and it lost (35.3 against 28.7 us); with 4 splits it lost at 16 rows
-    (by 0.2-0.8 us) and at 32 rows won twice and lost once."""
+    (by 0.2-0.8 us) and at 32 rows won twice and lost twice."""
     return splits > 1 and ((block_m == 64 and splits <= 4) or (block_m <= 32 and splits >= 8))
 
 
