@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, use_triton
-from tamis.kernels.splitk import even_split, sm_count, split_buffers
+from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
 
 try:
     import triton
@@ -231,7 +231,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor,
         SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
         LOOP_STAGES=config.loop_stages, HAS_SCALE=scale is not None,
         PDL=pdl.launch(x.device), PDL_TRIGGER=pdl.trigger(x.device, m),
-        LAST_SPLIT_REDUCES=splits if config.last_split_reduces and splits > 1 else 0,
+        LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **({"launch_pdl": True} if pdl.launch(x.device) else {}))
     return out

@@ -51,6 +51,12 @@ def split_buffers(out: torch.Tensor, splits: int, partial_shape: tuple[int, ...]
     return partials, split_counters(out.device, tiles)
 
 
+def last_split_constexpr(last_split_reduces: bool, splits: int) -> int:
+    """A kernel's LAST_SPLIT_REDUCES constexpr: the split count where the last split sums
+    a launch of ``splits`` (> 1) programs along K (its loads unroll over it), else 0."""
+    return splits if last_split_reduces and splits > 1 else 0
+
+
 def even_split(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """(splits, K per split): each split a whole number of ``block_k`` tiles, none empty."""
     tiles = -(-k // block_k)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels import pdl
-from tamis.kernels.splitk import even_split, sm_count, split_buffers
+from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
 from tamis.kernels.w4a16 import code_shifts
 
 from tamis.kernels._gluon import gluon
@@ -465,7 +465,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
                 VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
-                LAST_SPLIT_REDUCES=splits if config.last_split_reduces and splits > 1 else 0)
+                LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits))
 
 
 def _paired(config: MmaConfig) -> bool:

@@ -47,7 +47,7 @@ import torch
 
 from tamis.kernels import pdl
 from tamis.kernels._gluon import gluon
-from tamis.kernels.splitk import even_split, sm_count, split_buffers
+from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -409,7 +409,7 @@ def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int
                 STAGES=config.stages, PARAMS_AHEAD=config.params_ahead,
                 OVERLAP=config.overlap, PDL=pdl_wait,
                 PDL_TRIGGER=pdl_trigger,
-                LAST_SPLIT_REDUCES=splits if config.last_split_reduces and splits > 1 else 0)
+                LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits))
 
 
 def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_m: int):

@@ -2,6 +2,8 @@
 W4A16 kernel tests (imported by the test modules)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -48,3 +50,14 @@ def assert_refused(gemm, x: torch.Tensor, config, match: str, group_size: int):
     scales, zeros = torch.ones(k // group_size, 64), torch.zeros(k // group_size, 64)
     with pytest.raises(ValueError, match=match):
         gemm(x, packed, scales, zeros, group_size, config)
+
+
+def assert_sums_agree(gemm, args: tuple, at_arrival, launches: int = 10) -> torch.Tensor:
+    """``gemm(*args, config)`` summing split K by arrival (``at_arrival``) and at the last
+    split (the same config, ``last_split_reduces``), ``launches`` times each back to back
+    (each must leave its counters at zero for the next): every output bit-equal, the
+    two sums adding the same partials in the same order. Returns the last output."""
+    at_last = replace(at_arrival, last_split_reduces=True)
+    outs = [gemm(*args, cfg) for cfg in [at_arrival] * launches + [at_last] * launches]
+    assert all(torch.equal(out, outs[0]) for out in outs)
+    return outs[-1]
