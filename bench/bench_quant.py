@@ -402,7 +402,7 @@ def _label(config) -> str:
         return config
     short = {"block_m": "m", "block_n": "n", "block_k": "k", "block_kw": "kw", "split_k": "sk",
              "num_warps": "w", "num_stages": "s", "unpack_once": "once", "prefetch": "pf",
-             "loop_stages": "ls"}
+             "loop_stages": "ls", "last_split_reduces": "last"}
     if type(config).__name__ == "PackedGemvConfig":
         short = {**short, "block_n": "P n"}
     return " ".join(f"{short[f.name]}{int(v)}" for f, v in zip(fields(config), astuple(config)))

@@ -22,7 +22,11 @@ def candidates(m: int, n: int, k: int, quick: bool):
     step's wgmmas or not. Above: 64 columns on one warpgroup, 128 on one or two, K split
     1-8 ways (at least 4 steps a split), rings of 2 or 4 slots, overlapped or not; on
     narrow layers above 32 rows also 32-row blocks of x. Family "blocks": 32- against
-    64-row blocks of x at K split 1, 2 or 4 ways."""
+    64-row blocks of x at K split 1, 2 or 4 ways. Family "last": above 16 rows, split K
+    summed by the last split (session 14's ``last_split_reduces``; the grid above sums
+    by arrival): 64 columns on one warpgroup or 128 on two, 2-8 splits, 128-row steps
+    over 2 or 3 slots or 64-row steps over 4, overlapped or not, scales 1 or 2 steps
+    ahead."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)
@@ -30,6 +34,17 @@ def candidates(m: int, n: int, k: int, quick: bool):
         for split in (1, 2, 4):
             for block_m in (32, 64):
                 yield "", TmaConfig(64, 128, split, 4, 2, overlap=True, block_m=block_m)
+        return
+    if quick == "last":
+        for bn, warps in ((64, 4), (128, 8)):
+            for split in (2, 4, 8):
+                for block_k, stages in ((128, 2), (128, 3), (64, 4)):
+                    for overlap, ahead in ((True, 2), (False, 2), (False, 1)):
+                        cfg = TmaConfig(bn, block_k, split, warps, stages, ahead,
+                                        overlap=overlap, last_split_reduces=True)
+                        if (k // split >= 4 * 128
+                                and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES):
+                            yield "", cfg
         return
     if quick:
         return

@@ -39,11 +39,14 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     parser.add_argument("--rotate", type=int, default=1,
                         help="copies of each weight, cycled through by the timed calls "
                              "(16: more bytes than the L2 cache holds, as in decode)")
+    parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     args = parser.parse_args()
+    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes
+              else SHAPES)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
     table = []
-    for k, n in SHAPES:
+    for k, n in shapes:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)

@@ -56,12 +56,28 @@ GEMV_MAX_M = 4      # rows the GEMV kernel takes
 
 def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132,
                     weight_bytes: int = 1) -> GemvTiles:
-    """From the H200 sweeps (bench/results/quant.md, gpu.md): 16 rows per program; 512 K
-    per step unless N alone gives 8 programs per SM (then 256, fewer live registers); K
-    split until the programs' tiles hold 2 SMs' worth of 1-byte tiles (fp8 weights: 2
-    programs per SM; bf16, twice the bytes per tile, stops one split earlier: 4096x4096
-    6.6 us unsplit against 7.9 split in 2); one row pipelines its loads 3 tiles deep
-    (fp8 14336x4096 19.8 -> 17.4 us). Several rows take 256 K per step."""
+    """From the H200 sweeps (bench/results/quant.md, gpu.md).
+
+    One row of fp8 weights read from DRAM (session 15, ``bench/sweep_fp8_gemv.py``, 16
+    weight copies cycled): 8 rows per program and 1024 K per step, K unsplit, the
+    programs all resident at once: 4 warps where the 8-row blocks are at most 4 per SM
+    (116 registers: 4 programs an SM), else 2 warps while they are at most 6 per SM (168
+    registers: 6 an SM). 4096 x 4096 6.1-6.3 against 6.9-7.2 us, 14336 x 4096 15.8
+    against 16.5, 4096 x 6144 (2 warps) 8.6 against 9.2-9.4. Wider layers keep the
+    rule below (4096 x 28672: 29.9 us, no candidate faster).
+
+    Otherwise: 16 rows per program; 512 K per step unless N alone gives 8 programs per SM
+    (then 256, fewer live registers); K split until the programs' tiles hold 2 SMs' worth
+    of 1-byte tiles (fp8 weights: 2 programs per SM; bf16, twice the bytes per tile,
+    stops one split earlier: 4096x4096 6.6 us unsplit against 7.9 split in 2); one row
+    pipelines its loads 3 tiles deep (fp8 14336x4096 19.8 -> 17.4 us, an L2-resident
+    weight). Several rows take 256 K per step."""
+    if m == 1 and weight_bytes == 1:
+        blocks_of_8 = -(-n // 8)
+        if blocks_of_8 <= 4 * num_sms:
+            return GemvTiles(8, 1024, 1, 4, loop_stages=3)
+        if blocks_of_8 <= 6 * num_sms:
+            return GemvTiles(8, 1024, 1, 2, loop_stages=3)
     block_n = 16
     blocks = -(-n // block_n)
     block_k = 512 if m == 1 and blocks < 8 * num_sms else 256

@@ -98,27 +98,31 @@ def tma_dispatch(m: int, n: int) -> bool:
 
 
 def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> TmaConfig:
-    """Tiles from the H200 sweep of session 13 (bench/results/quant.md; weights read from
-    DRAM), steps of 128 rows of K (64 where the group is 64 rows). Above 32 rows the next
-    step's unpack overlaps this step's wgmmas (won every 64-row cell: 14.6 vs 17.4 us on
-    4096 x 4096); at 32 rows it lost by 0.2-1.6 us. Wide layers (N >= 8192), K unsplit:
-    above 32 rows 128 columns on one warpgroup over four slots (44.0 us at 4096 x 28672),
-    else 64 columns over two (37.7 us). Others: 64 columns over two slots, K split until
-    the column blocks make about two programs per multiprocessor while each split keeps
-    at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed by the last split
-    where that won (``_last_split_reduces``)."""
+    """Tiles from the H200 sweeps of sessions 13-15 (bench/results/quant.md; weights read
+    from DRAM), steps of 128 rows of K (64 where the group is 64 rows). Wide layers (N >=
+    8192), K unsplit: above 32 rows 128 columns on one warpgroup over four slots, the next
+    step's unpack overlapping this step's wgmmas (44.0 us at 4096 x 28672), else 64
+    columns over two (37.7 us). Others: 64 columns over two slots, K split until the
+    column blocks make about two programs per multiprocessor while each split keeps at
+    least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed as
+    ``_last_split_reduces`` says. Above 32 rows on these layers (session 15): at most 4
+    splits, summed by the last split, without the overlap (4096 x 4096 12.4 against 13.5
+    us, 4096 x 6144 15.2-15.3 against 16.5-16.6, 14336 x 4096 27.3-28.2 against 28.5-28.8
+    with 8 splits by arrival, in two calls); at 32 rows and below the overlap lost by
+    0.2-1.6 us (session 13)."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
-    overlap = m > 32
     if n >= 8192:
-        if overlap:
+        if m > 32:
             return TmaConfig(128, block_k, 1, 4, 4, overlap=True)
         return TmaConfig(64, block_k, 1, 4, 2, overlap=False)
     blocks = -(-n // 64)
+    block_m = tma_block_m(m)
     split = 1
-    while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
+    while (blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8
+           and not (block_m == 64 and split == 4)):
         split *= 2
-    return TmaConfig(64, block_k, split, 4, 2, overlap=overlap,
-                     last_split_reduces=_last_split_reduces(tma_block_m(m), split))
+    return TmaConfig(64, block_k, split, 4, 2, overlap=False,
+                     last_split_reduces=_last_split_reduces(block_m, split))
 
 
 def _last_split_reduces(block_m: int, splits: int) -> bool:
@@ -126,9 +130,10 @@ def _last_split_reduces(block_m: int, splits: int) -> bool:
     On the H200 (session 14, bench/results/quant.md, four calls) it won every 64-row cell
     of 4 splits (4096 x 6144: 16.2-16.8 against 19.3-19.6 us) and every 16- and 32-row
     cell of 8 splits (14336 x 4096 at 32 rows: 21.9-22.4 against 23.4-23.7); at 64 rows
-    and 8 splits its unrolled loads take the registers to 214, 512 programs no longer fit
-    in one wave, and it lost (35.3 against 28.7 us); with 4 splits it lost at 16 rows
-    (by 0.2-0.8 us) and at 32 rows won twice and lost twice."""
+    and 8 splits its unrolled loads take the registers to 203-214, 512 programs no
+    longer fit in one wave, and it lost (35.3 against 28.7 us: ``pick_tma_config`` splits
+    64 rows at most 4 ways); with 4 splits it lost at 16 rows (by 0.2-0.8 us) and at 32
+    rows won twice and lost twice."""
     return splits > 1 and ((block_m == 64 and splits <= 4) or (block_m <= 32 and splits >= 8))
 
 

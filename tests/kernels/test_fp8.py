@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tamis.kernels import fp8
-from tamis.kernels.gemv import GemvTiles
+from tamis.kernels.gemv import GemvTiles, pick_gemv_tiles
 
 
 def test_per_token_ref_scales_each_row_to_the_fp8_max():
@@ -88,6 +88,8 @@ def test_scaled_mm_matches_emulation(static):
     (4, 16, 64, GemvTiles(16, 128, 4)),    # more splits asked than tiles
     (1, 40, 520, GemvTiles(16, 64, 3, prefetch=True)),   # next tile loaded ahead
     (2, 40, 520, GemvTiles(16, 64, 3, loop_stages=3)),   # loads pipelined
+    (1, 44, 1100, GemvTiles(8, 1024, 1, 4, loop_stages=3)),  # one row's narrow tile
+    (1, 20, 300, GemvTiles(8, 1024, 1, 2, loop_stages=3)),   # its 2-warp form, K < a step
 ])
 def test_w8a16_gemv_matches_dequantized_weight(m, n, k, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,6 +101,21 @@ def test_w8a16_gemv_matches_dequantized_weight(m, n, k, config):
     # fp32 accumulation on both sides; the bf16 output rounding is the difference.
     tol = 8e-3 * expected.abs().max().item()
     torch.testing.assert_close(got.float().cpu(), expected, rtol=8e-3, atol=tol)
+
+
+@pytest.mark.parametrize("n,k,expected", [
+    (4096, 4096, GemvTiles(8, 1024, 1, 4, loop_stages=3)),    # 512 blocks of 8: 4 an SM
+    (4096, 14336, GemvTiles(8, 1024, 1, 4, loop_stages=3)),
+    (6144, 4096, GemvTiles(8, 1024, 1, 2, loop_stages=3)),    # 768: 2 warps, 6 an SM
+    (28672, 4096, GemvTiles(16, 256, 1, loop_stages=3)),      # wide: the general rule
+])
+def test_one_row_fp8_tiles_keep_every_program_resident(n, k, expected):
+    assert pick_gemv_tiles(1, n, k, 132, 1) == expected
+
+
+def test_bf16_and_several_rows_keep_the_general_tiles():
+    assert pick_gemv_tiles(1, 4096, 4096, 132, 2) == GemvTiles(16, 512, 1, loop_stages=3)
+    assert pick_gemv_tiles(2, 4096, 4096, 132, 1).block_n == 16
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),

@@ -219,6 +219,7 @@ _TMA_CONFIGS = [
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 2, 4, 3, 1, overlap=False)),
     (32, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True)),
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True, last_split_reduces=True)),
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True)),
 ]
 
 

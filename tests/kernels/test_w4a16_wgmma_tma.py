@@ -39,7 +39,7 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
 
 @pytest.mark.parametrize("m,k,n,expected", [
     (64, 4096, 6144, True),     # 4 splits: 168 registers, three programs a multiprocessor
-    (64, 14336, 4096, False),   # 8 splits: the unrolled loads would break the single wave
+    (64, 14336, 4096, True),    # split 4 ways, not 8: 8 would break the single wave
     (32, 14336, 4096, True),    # 8 splits
     (16, 14336, 4096, True),
     (32, 4096, 4096, False),    # 4 splits
@@ -48,6 +48,15 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
 ])
 def test_where_the_last_split_sums(m, k, n, expected):
     assert pick_tma_config(m, n, k, 128).last_split_reduces == expected
+
+
+@pytest.mark.parametrize("m,k,n,split,overlap", [
+    (64, 4096, 4096, 4, False), (64, 14336, 4096, 4, False), (33, 4096, 6144, 4, False),
+    (32, 14336, 4096, 8, False), (64, 4096, 28672, 1, True), (32, 4096, 28672, 1, False)])
+def test_narrow_layers_above_32_rows_split_at_most_4_ways_without_overlap(m, k, n, split,
+                                                                           overlap):
+    config = pick_tma_config(m, n, k, 128)
+    assert (config.split_k, config.overlap) == (split, overlap)
 
 
 def test_block_m_rounds_rows_up():
