@@ -1,14 +1,15 @@
 """Who sums split K: the last split to arrive, or always the last split (its partners not
-waiting for the counter, its loads in one round)? Both, for every kernel that splits K
-in one launch, at Llama-3.1-8B layer shapes on the H200, weights cycled from DRAM,
+waiting for the counter, its loads in one round; for the TMA kernel also with the
+partials in thread order, ``linear_partials``)? Each, for every kernel that splits K in
+one launch, at Llama-3.1-8B layer shapes on the H200, weights cycled from DRAM,
 CUDA-graph timing, against bf16 ``F.linear`` in the same process:
 
     python3 -P bench/sweep_split_reduce.py [--ms 1 16 32 64] [--rotate 16]
 
 Rows: the FP8 W8A16 GEMV and the dense bf16 GEMV (``tamis.kernels.gemv``) at one row,
 the MMA-fragment W4A16 kernel at one row, the TMA wgmma kernel at 16..64 rows; each at
-its default tile and with K split twice and half as many ways. The two sums are the
-same additions in the same order, so the outputs must be bit-equal (checked first).
+its default tile and with K split twice and half as many ways. The sums are the same
+additions in the same order, so the outputs must be bit-equal (checked first).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def main() -> None:
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
     print(f"{'KxN':11s} {'M':>3s} {'kernel':10s} {'split':>5s} {'bf16':>6s} "
-          f"{'arrival':>8s} {'x':>5s} {'last':>7s} {'x':>5s}")
+          f"{'arrival':>8s} {'x':>5s} {'last':>7s} {'x':>5s} {'linear':>7s} {'x':>5s}")
     for k, n in SHAPES:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         qweight, scales, zeros = w4a16_operands(k, n)
@@ -72,8 +73,12 @@ def main() -> None:
                         continue
                     times = []
                     outs = []
-                    for last in (False, True):
-                        cfg = replace(default, split_k=split, last_split_reduces=last)
+                    sums = [dict(last_split_reduces=False), dict(last_split_reduces=True)]
+                    if hasattr(default, "linear_partials"):
+                        sums = [{**how, "linear_partials": False} for how in sums]
+                        sums.append(dict(last_split_reduces=True, linear_partials=True))
+                    for how in sums:
+                        cfg = replace(default, split_k=split, **how)
                         outs.append(run(copies[0], cfg))
                         times.append(graph_time(cycling([lambda o=o, c=cfg: run(o, c)
                                                          for o in copies])))
@@ -83,6 +88,7 @@ def main() -> None:
                     print(f"{k}x{n:<6d} {m:3d} {name:10s} {split:4d}{mark} "
                           f"{t_bf16 * 1e3:6.1f} {times[0] * 1e3:8.2f} {t_bf16 / times[0]:5.2f} "
                           f"{times[1] * 1e3:7.2f} {t_bf16 / times[1]:5.2f}"
+                          + "".join(f" {t * 1e3:7.2f} {t_bf16 / t:5.2f}" for t in times[2:])
                           + ("" if same else "  NOT BIT-EQUAL"), flush=True)
 
 

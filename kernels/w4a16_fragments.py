@@ -273,6 +273,67 @@ if gluon is not None:
                                  cache_modifier=".cg")
             gl.store(out_ptrs, (total + acc).to(gl.bfloat16), mask=out_mask)
 
+    @gluon.jit
+    def _thread_linear(acc, NUM_WARPS: gl.constexpr):
+        """A wgmma accumulator [BN, BM] (instruction [16, BM, 16], warps [NUM_WARPS, 1])
+        viewed as [chunks, threads, 4]: each thread's registers in runs of 4 along the
+        last axis, the thread on the middle one. No data moves. Stored at offsets
+        ``_linear_offsets`` of the view, a warp writes 512 contiguous bytes per run."""
+        BN: gl.constexpr = acc.shape[0]
+        BM: gl.constexpr = acc.shape[1]
+        R: gl.constexpr = BN // (16 * NUM_WARPS)
+        # rows: repeat, warp, r1 (+8), lane / 4; columns: chunk of 8, lane % 4, j (+1)
+        t = gl.reshape(acc, [R, NUM_WARPS, 2, 8, BM // 8, 4, 2])
+        t = gl.permute(t, [0, 4, 1, 3, 5, 2, 6])
+        return gl.reshape(t, [R * (BM // 8), 32 * NUM_WARPS, 4])
+
+    @gluon.jit
+    def _from_thread_linear(view, acc, NUM_WARPS: gl.constexpr):
+        """``_thread_linear``'s inverse: the view back in the shape and layout of acc."""
+        BN: gl.constexpr = acc.shape[0]
+        BM: gl.constexpr = acc.shape[1]
+        R: gl.constexpr = BN // (16 * NUM_WARPS)
+        t = gl.reshape(view, [R, BM // 8, NUM_WARPS, 8, 4, 2, 2])
+        t = gl.permute(t, [0, 2, 5, 3, 1, 4, 6])
+        return gl.convert_layout(gl.reshape(t, [BN, BM]), acc.type.layout,
+                                 assert_trivial=True)
+
+    @gluon.jit
+    def _linear_offsets(view):
+        """Element offsets of a [chunks, threads, 4] view, in its own layout."""
+        V: gl.constexpr = view.type.layout
+        D0: gl.constexpr = view.shape[0]
+        T: gl.constexpr = view.shape[1]
+        i0 = gl.arange(0, D0, layout=gl.SliceLayout(1, gl.SliceLayout(2, V)))
+        i1 = gl.arange(0, T, layout=gl.SliceLayout(0, gl.SliceLayout(2, V)))
+        i2 = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, V)))
+        return (i0[:, None, None] * T + i1[None, :, None]) * 4 + i2[None, None, :]
+
+    @gluon.jit
+    def _reduce_linear_at_last_split(acc, out_ptrs, tile_parts, counter, out_mask, pid_k,
+                                     SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """``_reduce_at_last_split`` with the partials in thread order: a tile's SPLIT
+        partials at ``tile_parts`` (SPLIT x BN x BM fp32), each thread's registers stored
+        and loaded as 16-byte vectors, every warp access contiguous (against scalar
+        accesses 4 rows of out^T apart). Same additions, same order: bit-equal."""
+        view = _thread_linear(acc, NUM_WARPS)
+        offs = _linear_offsets(view)
+        size: gl.constexpr = acc.shape[0] * acc.shape[1]
+        if pid_k != SPLIT - 1:
+            gl.store(tile_parts + pid_k * size + offs, view)
+            thread_barrier()  # every thread's partials are stored before the release
+            gl.atomic_add(counter, 1, sem="release")
+        else:
+            arrived = gl.atomic_add(counter, 0, sem="acquire")
+            while arrived < SPLIT - 1:
+                arrived = gl.atomic_add(counter, 0, sem="acquire")
+            gl.store(counter, 0)
+            total = gl.zeros_like(view)
+            for sk in gl.static_range(SPLIT - 1):
+                total += gl.load(tile_parts + sk * size + offs, cache_modifier=".cg")
+            total = _from_thread_linear(total + view, acc, NUM_WARPS)
+            gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+
     @gluon.constexpr_function
     def _min(a, b):
         return min(a, b)
