@@ -57,6 +57,19 @@ def last_split_constexpr(last_split_reduces: bool, splits: int) -> int:
     return splits if last_split_reduces and splits > 1 else 0
 
 
+def linear_partials_constexpr(linear: bool, last_split_reduces: bool, splits: int) -> bool:
+    """A kernel's LINEAR_PARTIALS constexpr: the last split sums through partials stored
+    in thread order (``w4a16_fragments._reduce_linear_at_last_split``)."""
+    return linear and last_split_reduces and splits > 1
+
+
+def partial_shape(linear: bool, tiles: int, tile_elements: int, m: int, n: int
+                  ) -> tuple[int, ...]:
+    """The shape of one split's partials after ``split_buffers``' leading split axis: a
+    tile's worth per tile in thread order (``linear``), else [M, N]."""
+    return (tiles, tile_elements) if linear else (m, n)
+
+
 def even_split(k: int, block_k: int, splits: int) -> tuple[int, int]:
     """(splits, K per split): each split a whole number of ``block_k`` tiles, none empty."""
     tiles = -(-k // block_k)

@@ -208,7 +208,8 @@ if gluon is not None:
     @gluon.jit
     def _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
                      stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr,
-                     LAST_SPLIT_REDUCES: gl.constexpr = 0):
+                     LAST_SPLIT_REDUCES: gl.constexpr = 0, LINEAR_PARTIALS: gl.constexpr = False,
+                     NUM_WARPS: gl.constexpr = 4):
         """Store acc (out^T: [columns, rows]) as bf16 out[rows, columns]; with split K,
         through fp32 partials in part_ptr [SPLIT, M, N] and one counter per row block x
         column block (grid axis 0 the column blocks), summed in split order.
@@ -223,7 +224,13 @@ if gluon is not None:
         else:
             part_ptrs = part_ptr + offs_cm[None, :] * N + offs_cn[:, None]
             tile = pid_m * gl.num_programs(0) + pid_n
-            if LAST_SPLIT_REDUCES:
+            if LINEAR_PARTIALS:
+                size: gl.constexpr = acc.shape[0] * acc.shape[1]
+                _reduce_linear_at_last_split(acc, out_ptrs,
+                                             part_ptr + tile * (LAST_SPLIT_REDUCES * size),
+                                             count_ptr + tile, out_mask, pid_k,
+                                             LAST_SPLIT_REDUCES, NUM_WARPS)
+            elif LAST_SPLIT_REDUCES:
                 _reduce_at_last_split(acc, out_ptrs, part_ptrs, count_ptr + tile, out_mask,
                                       M, N, pid_k, LAST_SPLIT_REDUCES)
             else:

@@ -47,7 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels import pdl
-from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
+from tamis.kernels.splitk import (even_split, last_split_constexpr, linear_partials_constexpr,
+                                  partial_shape, sm_count, split_buffers)
 from tamis.kernels.w4a16 import code_shifts
 
 from tamis.kernels._gluon import gluon
@@ -96,6 +97,9 @@ class MmaConfig:
     # Split K summed by the last split, its partner splits not waiting for the counter
     # (``_reduce_at_last_split``), instead of by the last to arrive.
     last_split_reduces: bool = False
+    # With last_split_reduces (and warps_m 1): the partials stored and loaded in thread
+    # order, as 16-byte vectors (``_reduce_linear_at_last_split``).
+    linear_partials: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -282,6 +286,7 @@ if gluon is not None:
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
         PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PAIRED: gl.constexpr,
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
+        LINEAR_PARTIALS: gl.constexpr = False,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -430,7 +435,8 @@ if gluon is not None:
             gdc_launch_dependents()
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
-                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES)
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
+                     LINEAR_PARTIALS, NUM_WARPS)
 
     @gluon.constexpr_function
     def _x_row_padding(block_k):
@@ -465,7 +471,14 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
                 VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
-                LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits))
+                LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
+                LINEAR_PARTIALS=_linear_partials(config, splits))
+
+
+def _linear_partials(config: MmaConfig, splits: int) -> bool:
+    """LINEAR_PARTIALS: its thread-order view needs every warp along the columns."""
+    return config.warps_m == 1 and linear_partials_constexpr(
+        config.linear_partials, config.last_split_reduces, splits)
 
 
 def _paired(config: MmaConfig) -> bool:
@@ -501,7 +514,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    partials, counters = split_buffers(out, splits, (m, n), blocks * m_blocks)
+    partials, counters = split_buffers(
+        out, splits, partial_shape(_linear_partials(config, splits), blocks * m_blocks,
+                                   config.block_n * block_m, m, n), blocks * m_blocks)
     _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),

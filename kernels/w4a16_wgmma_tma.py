@@ -47,7 +47,8 @@ import torch
 
 from tamis.kernels import pdl
 from tamis.kernels._gluon import gluon
-from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
+from tamis.kernels.splitk import (even_split, last_split_constexpr, linear_partials_constexpr,
+                                  partial_shape, sm_count, split_buffers)
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -57,8 +58,7 @@ if gluon is not None:
     from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, thread_barrier,
                                       tma_load)
     from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_columns,
-                                               _physical_columns,
-                                               _reduce_linear_at_last_split, _store_out_t)
+                                               _physical_columns, _store_out_t)
 
 TMA_MAX_M = 64
 X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizzle's span
@@ -397,17 +397,10 @@ if gluon is not None:
         offs_cn = n0 + _physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
-        out_mask = (offs_cm < M)[None, :] & (offs_cn < N)[:, None]
-        if LINEAR_PARTIALS:
-            tile = pid_m * gl.num_programs(0) + pid_n
-            _reduce_linear_at_last_split(
-                acc, out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None],
-                part_ptr + tile * (LAST_SPLIT_REDUCES * BLOCK_N * BLOCK_M), count_ptr + tile,
-                out_mask, pid_k, LAST_SPLIT_REDUCES, NUM_WARPS)
-        else:
-            _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
-                         stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT,
-                         LAST_SPLIT_REDUCES)
+        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+                     (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
+                     LINEAR_PARTIALS, NUM_WARPS)
 
 
 def tma_block_m(m: int) -> int:
@@ -428,13 +421,8 @@ def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int
                 OVERLAP=config.overlap, PDL=pdl_wait,
                 PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
-                LINEAR_PARTIALS=linear_partials(config, splits))
-
-
-def linear_partials(config: TmaConfig, splits: int) -> bool:
-    """The kernel's LINEAR_PARTIALS constexpr: split K summed at the last split through
-    partials in thread order."""
-    return config.linear_partials and config.last_split_reduces and splits > 1
+                LINEAR_PARTIALS=linear_partials_constexpr(
+                    config.linear_partials, config.last_split_reduces, splits))
 
 
 def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_m: int):
@@ -489,9 +477,11 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    partial_shape = ((blocks * m_blocks, config.block_n * block_m)
-                     if linear_partials(config, splits) else (m, n))
-    partials, counters = split_buffers(out, splits, partial_shape, blocks * m_blocks)
+    linear = linear_partials_constexpr(config.linear_partials, config.last_split_reduces,
+                                       splits)
+    partials, counters = split_buffers(
+        out, splits, partial_shape(linear, blocks * m_blocks, config.block_n * block_m, m, n),
+        blocks * m_blocks)
     x_desc, w_desc = descriptors(x, packed, config, block_m)
     _w4_wgmma_tma_kernel[(blocks, splits, m_blocks)](
         x_desc, w_desc, scales, zeros, out, partials, counters,

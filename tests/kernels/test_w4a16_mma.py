@@ -122,7 +122,7 @@ def test_kernel_rows_split_over_warps(m, config):
 @pytest.mark.parametrize("split", [2, 3, 16])
 @pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
 def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(split, k, n, group_size):
-    """Both split-K sums bit-equal over back-to-back launches, and right."""
+    """The split-K sums bit-equal over back-to-back launches, and right."""
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + split)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(split)).to(torch.bfloat16)
     args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)

@@ -53,11 +53,14 @@ def assert_refused(gemm, x: torch.Tensor, config, match: str, group_size: int):
 
 
 def assert_sums_agree(gemm, args: tuple, at_arrival, launches: int = 10) -> torch.Tensor:
-    """``gemm(*args, config)`` summing split K by arrival (``at_arrival``) and at the last
-    split (the same config, ``last_split_reduces``), ``launches`` times each back to back
-    (each must leave its counters at zero for the next): every output bit-equal, the
-    two sums adding the same partials in the same order. Returns the last output."""
+    """``gemm(*args, config)`` summing split K by arrival (``at_arrival``), at the last
+    split (the same config, ``last_split_reduces``) and there through partials in thread
+    order (``linear_partials``), ``launches`` times each back to back (each must leave
+    its counters at zero for the next): every output bit-equal, the sums adding the same
+    partials in the same order. Returns the last output."""
     at_last = replace(at_arrival, last_split_reduces=True)
-    outs = [gemm(*args, cfg) for cfg in [at_arrival] * launches + [at_last] * launches]
+    linear = replace(at_last, linear_partials=True)
+    outs = [gemm(*args, cfg) for cfg in [at_arrival] * launches + [at_last] * launches
+            + [linear] * launches]
     assert all(torch.equal(out, outs[0]) for out in outs)
     return outs[-1]
