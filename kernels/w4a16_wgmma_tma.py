@@ -106,39 +106,38 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     from DRAM), steps of 128 rows of K (64 where the group is 64 rows). Wide layers (N >=
     8192), K unsplit: above 32 rows 128 columns on one warpgroup over four slots, the next
     step's unpack overlapping this step's wgmmas (44.0 us at 4096 x 28672), else 64
-    columns over two (37.7 us). Others: 64 columns over two slots, K split until the
-    column blocks make about two programs per multiprocessor while each split keeps at
-    least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed as
-    ``_last_split_reduces`` says. Above 32 rows on these layers (session 15): at most 4
-    splits, summed by the last split, without the overlap (4096 x 4096 12.4 against 13.5
-    us, 4096 x 6144 15.2-15.3 against 16.5-16.6, 14336 x 4096 27.3-28.2 against 28.5-28.8
-    with 8 splits by arrival, in two calls); at 32 rows and below the overlap lost by
-    0.2-1.6 us (session 13)."""
+    columns over two (37.7 us). Others: 64 columns over two slots without the overlap, K
+    split until the column blocks make about two programs per multiprocessor while each
+    split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed as
+    ``_split_sum`` says."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     if n >= 8192:
         if m > 32:
             return TmaConfig(128, block_k, 1, 4, 4, overlap=True)
         return TmaConfig(64, block_k, 1, 4, 2, overlap=False)
     blocks = -(-n // 64)
-    block_m = tma_block_m(m)
     split = 1
-    while (blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8
-           and not (block_m == 64 and split == 4)):
+    while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
         split *= 2
-    return TmaConfig(64, block_k, split, 4, 2, overlap=False,
-                     last_split_reduces=_last_split_reduces(block_m, split))
+    last, linear = _split_sum(tma_block_m(m), split)
+    return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=last,
+                     linear_partials=linear)
 
 
-def _last_split_reduces(block_m: int, splits: int) -> bool:
-    """Whether split K is better summed by the last split than by the last to arrive.
-    On the H200 (session 14, bench/results/quant.md, four calls) it won every 64-row cell
-    of 4 splits (4096 x 6144: 16.2-16.8 against 19.3-19.6 us) and every 16- and 32-row
-    cell of 8 splits (14336 x 4096 at 32 rows: 21.9-22.4 against 23.4-23.7); at 64 rows
-    and 8 splits its unrolled loads take the registers to 203-214, 512 programs no
-    longer fit in one wave, and it lost (35.3 against 28.7 us: ``pick_tma_config`` splits
-    64 rows at most 4 ways); with 4 splits it lost at 16 rows (by 0.2-0.8 us) and at 32
-    rows won twice and lost twice."""
-    return splits > 1 and ((block_m == 64 and splits <= 4) or (block_m <= 32 and splits >= 8))
+def _split_sum(block_m: int, splits: int) -> tuple[bool, bool]:
+    """(last_split_reduces, linear_partials): how split K is summed, from the H200 A/Bs
+    (bench/results/quant.md). Above 16 rows, by the last split through partials in
+    thread order (session 15: 4096 x 6144 at 64 rows 13.8 us against 15.0 by the last
+    split and 23.5 by arrival; 14336 x 4096 at 64 rows, 8 splits, 26.2 against 28.2 with
+    4 by the last split; every 32-row cell); their 16-byte accesses also take the 64-row
+    tile from 168 registers to 111, so 8 splits stay one wave. Up to 16 rows, by the last
+    split with 8 splits or more (session 14: 14336 x 4096 19.3 against 20.4 us), else
+    by arrival (it lost by 0.2-0.8 us with 4)."""
+    if splits == 1:
+        return False, False
+    if block_m > 16:
+        return True, True
+    return splits >= 8, False
 
 
 def shared_bytes(config: TmaConfig, block_m: int) -> int:

@@ -220,6 +220,8 @@ _TMA_CONFIGS = [
     (32, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True)),
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True, last_split_reduces=True)),
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True)),
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True,
+                                   linear_partials=True)),
 ]
 
 
@@ -235,14 +237,20 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
 
 
 @needs_gluon
-def test_tma_kernel_summed_by_its_last_split_keeps_three_programs_a_multiprocessor():
-    """4096 x 6144 at 64 rows runs 384 programs (96 column blocks x 4 splits): one wave
-    only while three fit a multiprocessor, 168 registers a thread at most."""
-    config = w4a16_wgmma_tma.pick_tma_config(64, 6144, 4096, 128)
-    assert config.last_split_reduces and config.split_k == 4
+@pytest.mark.parametrize("n,k,splits", [(6144, 4096, 4), (4096, 14336, 8)])
+def test_tma_kernel_sums_64_rows_through_vector_partials_in_one_wave(n, k, splits):
+    """At 64 rows the partials in thread order move as 16-byte vectors (8 stores of 4
+    values a thread; the last split 8 loads a partner), and the tile stays within 128
+    registers: 4 programs a multiprocessor, so 8 splits of 64 column blocks (512
+    programs) are one wave."""
+    config = w4a16_wgmma_tma.pick_tma_config(64, n, k, 128)
+    assert config.linear_partials and config.split_k == splits
     build = _tma_build(64, config)
-    assert build.registers <= 168, f"{build.registers} registers: two programs a multiprocessor"
+    assert build.registers <= 128, f"{build.registers} registers: under 4 programs an SM"
     assert build.stack_bytes == 0
+    opcodes = [i.opcode for i in build.instructions()]
+    assert opcodes.count("STG.E.128") == 8
+    assert sum(o.startswith("LDG.E.128") for o in opcodes) == 8 * (splits - 1)
 
 
 @needs_gluon

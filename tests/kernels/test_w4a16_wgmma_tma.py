@@ -37,26 +37,26 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
         [False, False, True, True, True, True, False]
 
 
-@pytest.mark.parametrize("m,k,n,expected", [
-    (64, 4096, 6144, True),     # 4 splits: 168 registers, three programs a multiprocessor
-    (64, 14336, 4096, True),    # split 4 ways, not 8: 8 would break the single wave
-    (32, 14336, 4096, True),    # 8 splits
-    (16, 14336, 4096, True),
-    (32, 4096, 4096, False),    # 4 splits
-    (16, 4096, 4096, False),
-    (64, 4096, 28672, False),   # K unsplit
+@pytest.mark.parametrize("m,k,n,split,last,linear", [
+    (64, 4096, 6144, 4, True, True),     # above 16 rows: the last split, thread order
+    (64, 14336, 4096, 8, True, True),    # 111 registers: 512 programs in one wave
+    (33, 4096, 4096, 4, True, True),
+    (32, 4096, 4096, 4, True, True),
+    (17, 14336, 4096, 8, True, True),
+    (16, 14336, 4096, 8, True, False),   # up to 16 rows: the last split from 8 splits
+    (16, 4096, 4096, 4, False, False),   # by arrival below
+    (64, 4096, 28672, 1, False, False),  # K unsplit
 ])
-def test_where_the_last_split_sums(m, k, n, expected):
-    assert pick_tma_config(m, n, k, 128).last_split_reduces == expected
-
-
-@pytest.mark.parametrize("m,k,n,split,overlap", [
-    (64, 4096, 4096, 4, False), (64, 14336, 4096, 4, False), (33, 4096, 6144, 4, False),
-    (32, 14336, 4096, 8, False), (64, 4096, 28672, 1, True), (32, 4096, 28672, 1, False)])
-def test_narrow_layers_above_32_rows_split_at_most_4_ways_without_overlap(m, k, n, split,
-                                                                           overlap):
+def test_how_split_k_is_summed(m, k, n, split, last, linear):
     config = pick_tma_config(m, n, k, 128)
-    assert (config.split_k, config.overlap) == (split, overlap)
+    assert (config.split_k, config.last_split_reduces, config.linear_partials) == \
+        (split, last, linear)
+
+
+@pytest.mark.parametrize("m,n,overlap", [(64, 4096, False), (17, 6144, False),
+                                         (64, 28672, True), (32, 28672, False)])
+def test_unpack_overlaps_the_wgmmas_only_on_wide_layers_above_32_rows(m, n, overlap):
+    assert pick_tma_config(m, n, 4096, 128).overlap == overlap
 
 
 def test_block_m_rounds_rows_up():
