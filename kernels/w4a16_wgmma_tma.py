@@ -108,7 +108,9 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     step's unpack overlapping this step's wgmmas (44.0 us at 4096 x 28672), else 64
     columns over two (37.7 us). Others: 64 columns over two slots without the overlap, K
     split until the column blocks make about two programs per multiprocessor while each
-    split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), summed as
+    split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), and up to 16
+    rows at least 8 ways while each split keeps 4 steps (session 15, 16 rows: 4096 x
+    4096 8.6 against 9.8 us with 4 by arrival, 4096 x 6144 10.8 against 11.2), summed as
     ``_split_sum`` says."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     if n >= 8192:
@@ -116,10 +118,14 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
             return TmaConfig(128, block_k, 1, 4, 4, overlap=True)
         return TmaConfig(64, block_k, 1, 4, 2, overlap=False)
     blocks = -(-n // 64)
+    block_m = tma_block_m(m)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
         split *= 2
-    last, linear = _split_sum(tma_block_m(m), split)
+    if block_m <= 16:  # session 15: 8 splits (4 steps each on 4096-deep layers) won
+        while split < 8 and k // (block_k * split * 2) >= 4:
+            split *= 2
+    last, linear = _split_sum(block_m, split)
     return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=last,
                      linear_partials=linear)
 
@@ -130,14 +136,15 @@ def _split_sum(block_m: int, splits: int) -> tuple[bool, bool]:
     thread order (session 15: 4096 x 6144 at 64 rows 13.8 us against 15.0 by the last
     split and 23.5 by arrival; 14336 x 4096 at 64 rows, 8 splits, 26.2 against 28.2 with
     4 by the last split; every 32-row cell); their 16-byte accesses also take the 64-row
-    tile from 168 registers to 111, so 8 splits stay one wave. Up to 16 rows, by the last
-    split with 8 splits or more (session 14: 14336 x 4096 19.3 against 20.4 us), else
-    by arrival (it lost by 0.2-0.8 us with 4)."""
+    tile from 168 registers to 111, so 8 splits stay one wave. Up to 16 rows the same
+    with 8 splits or more (session 15: 4096 x 4096 8.6 against 9.0 by the last split
+    and 9.6 by arrival; 14336 x 4096 19.8 against 19.7 and 20.5), else by arrival (the
+    last split lost by 0.2-0.8 us with 4 in session 14)."""
     if splits == 1:
         return False, False
-    if block_m > 16:
+    if block_m > 16 or splits >= 8:
         return True, True
-    return splits >= 8, False
+    return False, False
 
 
 def shared_bytes(config: TmaConfig, block_m: int) -> int:

@@ -43,8 +43,10 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
     (33, 4096, 4096, 4, True, True),
     (32, 4096, 4096, 4, True, True),
     (17, 14336, 4096, 8, True, True),
-    (16, 14336, 4096, 8, True, False),   # up to 16 rows: the last split from 8 splits
-    (16, 4096, 4096, 4, False, False),   # by arrival below
+    (16, 14336, 4096, 8, True, True),    # up to 16 rows: 8 splits, 4 steps each at least
+    (16, 4096, 4096, 8, True, True),
+    (9, 4096, 6144, 8, True, True),
+    (16, 1024, 4096, 2, False, False),   # 2 splits of 4 steps: by arrival
     (64, 4096, 28672, 1, False, False),  # K unsplit
 ])
 def test_how_split_k_is_summed(m, k, n, split, last, linear):
