@@ -10,7 +10,10 @@ Kernels whose tiles set ``last_split_reduces`` sum the same partials in the same
 but always in the last split (``splits - 1``): the others increment the counter with a
 releasing atomic whose result they do not wait for, and it spins on the counter
 (acquiring) until they all have, keeps its own partials in registers and loads theirs in
-one round. It waits only on earlier blocks of the grid, which wait on nothing.
+one round. It waits only on earlier blocks of the grid, which wait on nothing. The
+W4A16 tensor-core kernels can also store the partials in thread order
+(``linear_partials``: a tile's splits side by side, each thread's registers as 16-byte
+vectors; ``partial_shape``), the same sums with a quarter of the memory instructions.
 
 The counters live in one int32 buffer per device that stays all-zero between launches.
 Kernels on one stream serialize, so every GEMV shares it; GEMVs running at the same time

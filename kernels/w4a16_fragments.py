@@ -15,7 +15,7 @@ The contract (``tamis.kernels.w4a16_mma``'s docstring has the derivation):
   ``_physical_columns``;
 - ``_store_out_t`` stores out^T tiles, with the split-K reduction of
   ``tamis.kernels.splitk`` (summed by the last split to arrive, or always by the last
-  split).
+  split, its partials then optionally in thread order).
 """
 from __future__ import annotations
 
