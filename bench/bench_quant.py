@@ -36,6 +36,11 @@ MS = [1, 2, 4, 16, 64, 256, 2048]
 
 # ---------------------------------------------------------------- perplexity (CPU)
 
+def parse_shapes(texts: list[str] | None) -> list[tuple[int, int]]:
+    """``--shapes`` values ("KxN") as (K, N) pairs; none given: the four ``SHAPES``."""
+    return [tuple(int(v) for v in t.split("x")) for t in texts] if texts else SHAPES
+
+
 def evaluation_ids(tokenizer, tokens: int) -> torch.Tensor:
     from pydoc_data.topics import topics
     text = "\n\n".join(topics[key] for key in sorted(topics))

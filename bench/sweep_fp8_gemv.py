@@ -21,7 +21,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import SHAPES, _fp8_weight, _label, _rel_err, cycling, graph_time  # noqa: E402
+from bench_quant import (_fp8_weight, _label, _rel_err, cycling, graph_time,  # noqa: E402
+                         parse_shapes)
 
 
 GRIDS = {
@@ -54,8 +55,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     parser.add_argument("--top", type=int, default=5)
     args = parser.parse_args()
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes
-              else SHAPES)
+    shapes = parse_shapes(args.shapes)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
     table = []

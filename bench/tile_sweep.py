@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from bench_quant import SHAPES, cycling, graph_time, w4a16_operands
+from bench_quant import cycling, graph_time, parse_shapes, w4a16_operands
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -41,8 +41,7 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
                              "(16: more bytes than the L2 cache holds, as in decode)")
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     args = parser.parse_args()
-    shapes = ([tuple(int(v) for v in s.split("x")) for s in args.shapes] if args.shapes
-              else SHAPES)
+    shapes = parse_shapes(args.shapes)
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
     table = []

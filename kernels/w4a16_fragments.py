@@ -267,18 +267,30 @@ if gluon is not None:
         started, and they wait on nothing."""
         if pid_k != SPLIT - 1:
             gl.store(part_ptrs + pid_k * M * N, acc, mask=out_mask)
-            thread_barrier()  # every thread's partials are stored before the release
-            gl.atomic_add(counter, 1, sem="release")
+            _release_partials(counter)
         else:
-            arrived = gl.atomic_add(counter, 0, sem="acquire")
-            while arrived < SPLIT - 1:
-                arrived = gl.atomic_add(counter, 0, sem="acquire")
-            gl.store(counter, 0)
+            _wait_for_partners(counter, SPLIT)
             total = gl.zeros_like(acc)
             for sk in gl.static_range(SPLIT - 1):
                 total += gl.load(part_ptrs + sk * M * N, mask=out_mask, other=0.0,
                                  cache_modifier=".cg")
             gl.store(out_ptrs, (total + acc).to(gl.bfloat16), mask=out_mask)
+
+    @gluon.jit
+    def _release_partials(counter):
+        """A partner split's count-in, once its partials are stored: a releasing atomic
+        whose result it does not wait for."""
+        thread_barrier()  # every thread's partials are stored before the release
+        gl.atomic_add(counter, 1, sem="release")
+
+    @gluon.jit
+    def _wait_for_partners(counter, SPLIT: gl.constexpr):
+        """The last split's spin (acquiring) until its SPLIT - 1 partners have counted
+        in; then it puts the counter back to 0 for the next launch."""
+        arrived = gl.atomic_add(counter, 0, sem="acquire")
+        while arrived < SPLIT - 1:
+            arrived = gl.atomic_add(counter, 0, sem="acquire")
+        gl.store(counter, 0)
 
     @gluon.jit
     def _thread_linear(acc, NUM_WARPS: gl.constexpr):
@@ -328,13 +340,9 @@ if gluon is not None:
         size: gl.constexpr = acc.shape[0] * acc.shape[1]
         if pid_k != SPLIT - 1:
             gl.store(tile_parts + pid_k * size + offs, view)
-            thread_barrier()  # every thread's partials are stored before the release
-            gl.atomic_add(counter, 1, sem="release")
+            _release_partials(counter)
         else:
-            arrived = gl.atomic_add(counter, 0, sem="acquire")
-            while arrived < SPLIT - 1:
-                arrived = gl.atomic_add(counter, 0, sem="acquire")
-            gl.store(counter, 0)
+            _wait_for_partners(counter, SPLIT)
             total = gl.zeros_like(view)
             for sk in gl.static_range(SPLIT - 1):
                 total += gl.load(tile_parts + sk * size + offs, cache_modifier=".cg")
