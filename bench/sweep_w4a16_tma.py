@@ -26,7 +26,8 @@ def candidates(m: int, n: int, k: int, quick: bool):
     summed by the last split (session 14's ``last_split_reduces``; the grid above sums
     by arrival): 64 columns on one warpgroup or 128 on two, 2-8 splits, 128-row steps
     over 2 or 3 slots or 64-row steps over 4, overlapped or not, scales 1 or 2 steps
-    ahead."""
+    ahead. Family "linear": the same tiles, the partials in thread order (session 15's
+    ``linear_partials``, the default above 16 rows since; not yet swept)."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)
@@ -35,13 +36,14 @@ def candidates(m: int, n: int, k: int, quick: bool):
             for block_m in (32, 64):
                 yield "", TmaConfig(64, 128, split, 4, 2, overlap=True, block_m=block_m)
         return
-    if quick == "last":
+    if quick in ("last", "linear"):
         for bn, warps in ((64, 4), (128, 8)):
             for split in (2, 4, 8):
                 for block_k, stages in ((128, 2), (128, 3), (64, 4)):
                     for overlap, ahead in ((True, 2), (False, 2), (False, 1)):
                         cfg = TmaConfig(bn, block_k, split, warps, stages, ahead,
-                                        overlap=overlap, last_split_reduces=True)
+                                        overlap=overlap, last_split_reduces=True,
+                                        linear_partials=quick == "linear")
                         if (k // split >= 4 * 128
                                 and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES):
                             yield "", cfg
