@@ -294,7 +294,8 @@ if gluon is not None:
 
     @gluon.jit
     def _thread_linear(acc, NUM_WARPS: gl.constexpr):
-        """A wgmma accumulator [BN, BM] (instruction [16, BM, 16], warps [NUM_WARPS, 1])
+        """An MMA accumulator [BN, BM] (``mma.sync`` m16n8 or ``wgmma`` [16, BM, 16]
+        instructions, warps [NUM_WARPS, 1]: 16 rows a warp, 8 columns a lane quad)
         viewed as [chunks, threads, 4]: each thread's registers in runs of 4 along the
         last axis, the thread on the middle one. No data moves. Stored at offsets
         ``_linear_offsets`` of the view, a warp writes 512 contiguous bytes per run."""

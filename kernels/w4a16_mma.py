@@ -476,7 +476,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
 
 
 def _linear_partials(config: MmaConfig, splits: int) -> bool:
-    """LINEAR_PARTIALS: its thread-order view needs every warp along the columns."""
+    """LINEAR_PARTIALS (its thread-order view needs every warp along the columns:
+    ``w4a16_gemm_mma`` refuses linear_partials with warps_m > 1)."""
     return config.warps_m == 1 and linear_partials_constexpr(
         config.linear_partials, config.last_split_reduces, splits)
 
@@ -510,6 +511,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
+    if config.linear_partials and config.warps_m != 1:
+        raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
+                         f"got warps_m={config.warps_m}")
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)

@@ -56,14 +56,17 @@ def test_layout_needs_integer_zero_points_in_range():
     assert not mma_layout_supported(40, 40, 4, zeros)           # K % 32
 
 
-@pytest.mark.parametrize("config", [MmaConfig(load_steps=3), MmaConfig(prefetch=2)])
-def test_unsupported_config_is_refused_before_launch(config):
+@pytest.mark.parametrize("config,match", [
+    (MmaConfig(load_steps=3), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
+    (MmaConfig(prefetch=2), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
+    (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1")])
+def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
     x = torch.zeros(1, 128, dtype=torch.bfloat16)
     packed = torch.zeros(16, 16, dtype=torch.int32)
     scales, zeros = torch.ones(1, 16), torch.zeros(1, 16)
-    with pytest.raises(ValueError, match="load_steps 1, 2 or 4 and prefetch 0 or 1"):
+    with pytest.raises(ValueError, match=match):
         w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
 
 
