@@ -26,8 +26,9 @@ def candidates(m: int, n: int, k: int, quick: bool):
     summed by the last split (session 14's ``last_split_reduces``; the grid above sums
     by arrival): 64 columns on one warpgroup or 128 on two, 2-8 splits, 128-row steps
     over 2 or 3 slots or 64-row steps over 4, overlapped or not, scales 1 or 2 steps
-    ahead. Family "linear": the same tiles, the partials in thread order (session 15's
-    ``linear_partials``, the default above 16 rows since; not yet swept)."""
+    ahead. Family "linear": the same tiles and 128 columns on one warpgroup, the
+    partials in thread order (session 15's ``linear_partials``, the default above 16
+    rows since; not yet swept)."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
                                                shared_bytes, tma_block_m)
     yield "default", pick_tma_config(m, n, k, 128)
@@ -37,7 +38,10 @@ def candidates(m: int, n: int, k: int, quick: bool):
                 yield "", TmaConfig(64, 128, split, 4, 2, overlap=True, block_m=block_m)
         return
     if quick in ("last", "linear"):
-        for bn, warps in ((64, 4), (128, 8)):
+        # 128 columns on one warpgroup only with thread order (199 registers at 8 splits:
+        # 2 programs an SM, 256 programs one wave; x read from L2 half as often)
+        tiles = ((64, 4), (128, 8), (128, 4)) if quick == "linear" else ((64, 4), (128, 8))
+        for bn, warps in tiles:
             for split in (2, 4, 8):
                 for block_k, stages in ((128, 2), (128, 3), (64, 4)):
                     for overlap, ahead in ((True, 2), (False, 2), (False, 1)):
