@@ -518,15 +518,17 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    constexprs = mma_constexprs(config, block_m, min(group_size, k), splits,
+                                k % k_split == 0 and n % config.block_n == 0,
+                                pdl_wait=pdl.launch(x.device),
+                                pdl_trigger=pdl.trigger(x.device, m))
     partials, counters = split_buffers(
-        out, splits, partial_shape(_linear_partials(config, splits), blocks * m_blocks,
+        out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
                                    config.block_n * block_m, m, n), blocks * m_blocks)
     _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
-        SPLIT=splits, **mma_constexprs(config, block_m, min(group_size, k), splits,
-                         k % k_split == 0 and n % config.block_n == 0,
-                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device, m)),
-        num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
+        SPLIT=splits, **constexprs, num_warps=config.num_warps,
+        launch_pdl=pdl.launch(x.device),
     )
     return out

@@ -111,7 +111,7 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), and up to 16
     rows at least 8 ways while each split keeps 4 steps (session 15, 16 rows: 4096 x
     4096 8.6 against 9.8 us with 4 by arrival, 4096 x 6144 10.8 against 11.2), summed as
-    ``_split_sum`` says."""
+    ``_sums_at_last_split`` says."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     if n >= 8192:
         if m > 32:
@@ -125,14 +125,15 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     if block_m <= 16:  # session 15: 8 splits (4 steps each on 4096-deep layers) won
         while split < 8 and k // (block_k * split * 2) >= 4:
             split *= 2
-    last, linear = _split_sum(block_m, split)
-    return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=last,
-                     linear_partials=linear)
+    at_last = _sums_at_last_split(block_m, split)
+    return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=at_last,
+                     linear_partials=at_last)
 
 
-def _split_sum(block_m: int, splits: int) -> tuple[bool, bool]:
-    """(last_split_reduces, linear_partials): how split K is summed, from the H200 A/Bs
-    (bench/results/quant.md). Above 16 rows, by the last split through partials in
+def _sums_at_last_split(block_m: int, splits: int) -> bool:
+    """Whether split K is summed by the last split through partials in thread order
+    (``last_split_reduces`` and ``linear_partials``), else by the last split to arrive;
+    from the H200 A/Bs (bench/results/quant.md). Above 16 rows, by the last split in
     thread order (session 15: 4096 x 6144 at 64 rows 13.8 us against 15.0 by the last
     split and 23.5 by arrival; 14336 x 4096 at 64 rows, 8 splits, 26.2 against 28.2 with
     4 by the last split; every 32-row cell); their 16-byte accesses also take the 64-row
@@ -140,11 +141,7 @@ def _split_sum(block_m: int, splits: int) -> tuple[bool, bool]:
     with 8 splits or more (session 15: 4096 x 4096 8.6 against 9.0 by the last split
     and 9.6 by arrival; 14336 x 4096 19.8 against 19.7 and 20.5), else by arrival (the
     last split lost by 0.2-0.8 us with 4 in session 14)."""
-    if splits == 1:
-        return False, False
-    if block_m > 16 or splits >= 8:
-        return True, True
-    return False, False
+    return splits > 1 and (block_m > 16 or splits >= 8)
 
 
 def shared_bytes(config: TmaConfig, block_m: int) -> int:
@@ -483,17 +480,16 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    linear = linear_partials_constexpr(config.linear_partials, config.last_split_reduces,
-                                       splits)
+    constexprs = tma_constexprs(config, block_m, min(group_size, k), splits,
+                                pdl_wait=pdl.launch(x.device),
+                                pdl_trigger=pdl.trigger(x.device, m))
     partials, counters = split_buffers(
-        out, splits, partial_shape(linear, blocks * m_blocks, config.block_n * block_m, m, n),
-        blocks * m_blocks)
+        out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
+                                   config.block_n * block_m, m, n), blocks * m_blocks)
     x_desc, w_desc = descriptors(x, packed, config, block_m)
     _w4_wgmma_tma_kernel[(blocks, splits, m_blocks)](
         x_desc, w_desc, scales, zeros, out, partials, counters,
-        m, n, k, k_split, splits, scales.stride(0), out.stride(0),
-        **tma_constexprs(config, block_m, min(group_size, k), splits,
-                         pdl_wait=pdl.launch(x.device), pdl_trigger=pdl.trigger(x.device, m)),
+        m, n, k, k_split, splits, scales.stride(0), out.stride(0), **constexprs,
         num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
     )
     return out
