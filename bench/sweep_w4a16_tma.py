@@ -4,11 +4,12 @@ Llama-3.1-8B layer shapes on a Hopper GPU, against bf16 ``F.linear`` and the cur
 (``tile_sweep.py``: every candidate checked against the fp32 product before it is timed
 by CUDA-graph replay).
 
-    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick | --family blocks] [--rotate 16]
+    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick | --family blocks|last|linear|producer] [--rotate 16]
         [--verbose]
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -29,9 +30,25 @@ def candidates(m: int, n: int, k: int, quick: bool):
     ahead. Family "linear": the same tiles and 128 columns on one warpgroup, the
     partials in thread order (session 15's ``linear_partials``, the default above 16
     rows since; not yet swept)."""
-    from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, pick_tma_config,
-                                               shared_bytes, tma_block_m)
-    yield "default", pick_tma_config(m, n, k, 128)
+    from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, _sums_at_last_split,
+                                               pick_tma_config, shared_bytes, tma_block_m)
+    default = pick_tma_config(m, n, k, 128)
+    yield "default", default
+    if quick == "producer":
+        yield "", dataclasses.replace(default, producer_warp=not default.producer_warp)
+        for split in ((1, 2) if n >= 8192 else (2, 4, 8)):
+            at_last = _sums_at_last_split(tma_block_m(m), split)
+            tiles = [(128, 2, False, False)] + [  # the first: the plain kernel's tile
+                (block_k, stages, overlap, True) for block_k, stages in (
+                    (128, 2), (128, 3), (128, 4), (64, 4)) for overlap in (False, True)]
+            for block_k, stages, overlap, producer in tiles:
+                cfg = TmaConfig(64, block_k, split, 4, stages, overlap=overlap,
+                                last_split_reduces=at_last, linear_partials=at_last,
+                                producer_warp=producer)
+                if (k // split >= 4 * 128 and cfg != default
+                        and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES):
+                    yield "", cfg
+        return
     if quick == "blocks":  # narrow layers above 32 rows: 32-row blocks of x against 64
         for split in (1, 2, 4):
             for block_m in (32, 64):

@@ -63,6 +63,11 @@ if gluon is not None:
 TMA_MAX_M = 64
 X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizzle's span
 SHARED_BYTES = 200 * 1024
+PRODUCER_REGISTERS = 40  # the producer warp's registers (setmaxnreg)
+# With the producer warp a program is two warpgroups (the producer's has three idle warps):
+# registers capped so that two programs fit a multiprocessor (the warpgroup computing
+# gets 216 of them through setmaxnreg; 111 without the overlap, 137 with it, suffice).
+PRODUCER_WARP_MAXNREG = 128
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,11 @@ class TmaConfig:
     # With last_split_reduces: the partials stored and loaded in thread order, as
     # 16-byte vectors (``_reduce_linear_at_last_split``).
     linear_partials: bool = False
+    # One extra warp issues every TMA copy (``_produce``) while the warpgroup(s) only wait,
+    # unpack and multiply (``_consume``): Triton's shared-memory barrier analysis puts a
+    # barrier of the program's threads around each TMA copy and its mbarrier (five a
+    # step besides the slot's release), which in one warp cost nothing.
+    producer_warp: bool = False
 
 
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
@@ -111,7 +121,8 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), and up to 16
     rows at least 8 ways while each split keeps 4 steps (session 15, 16 rows: 4096 x
     4096 8.6 against 9.8 us with 4 by arrival, 4096 x 6144 10.8 against 11.2), summed as
-    ``_sums_at_last_split`` says."""
+    ``_sums_at_last_split`` says; above 32 rows with the producer warp where
+    ``_producer_split`` finds a split that fills the GPU with it."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     if n >= 8192:
         if m > 32:
@@ -125,9 +136,26 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     if block_m <= 16:  # session 15: 8 splits (4 steps each on 4096-deep layers) won
         while split < 8 and k // (block_k * split * 2) >= 4:
             split *= 2
+    producer = block_m > 32 and _producer_split(blocks, split, k // block_k, num_sms)
+    split = producer or split
     at_last = _sums_at_last_split(block_m, split)
     return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=at_last,
-                     linear_partials=at_last)
+                     linear_partials=at_last, producer_warp=bool(producer))
+
+
+def _producer_split(blocks: int, split: int, steps: int, num_sms: int) -> int:
+    """The K split with the producer warp (0: none), for a narrow layer above 32 rows
+    split ``split`` ways. The warp makes a program two warpgroups, of which two fit a
+    multiprocessor (``PRODUCER_WARP_MAXNREG``), so it pays only where the programs fill
+    1.5-2 per multiprocessor in one wave, halving the split to get there if each split
+    keeps 8 steps (session 16, 64 rows: 4096 x 4096 10.6 against 12.0 us; 14336 x 4096
+    split 4 with it 24.7 against 26.5 split 8 without; 4096 x 6144 split 2 with it 15.7
+    against 14.0 split 4 without, 192 programs on 132 multiprocessors). At 17..32 rows
+    it did not pay: 4096 x 4096 9.7 against 9.6 us (split 8 without), 14336 x 4096
+    23.1 against 20.8."""
+    while blocks * split > 2 * num_sms and split > 1 and steps // (split // 2) >= 8:
+        split //= 2
+    return split if 1.5 * num_sms < blocks * split <= 2 * num_sms else 0
 
 
 def _sums_at_last_split(block_m: int, splits: int) -> bool:
@@ -154,6 +182,7 @@ if gluon is not None:
     # $2 the word shifted right by 4c, $3 -(128 + z) twice, $4 the scale twice (bf16x2);
     # $0, $1 the bf16 pair ((q_lo - z) * s, (q_hi - z) * s).
     _BOX_K = gl.constexpr(X_BOX_K)
+    _PRODUCER_REGISTERS = gl.constexpr(PRODUCER_REGISTERS)
     _UNPACK_PAIR = gl.constexpr("""{
  .reg .b32 v, one, nz;
  mov.b32 one, 0x3F803F80;
@@ -287,17 +316,54 @@ if gluon is not None:
         _fill_x(x_desc, bars.index(slot), x_smem, slot, k, m0, pred, HALVES)
 
     @gluon.jit
-    def _w4_wgmma_tma_kernel(
-        x_desc, w_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
-        M, N, K, K_SPLIT, SPLIT, stride_sg, stride_om,
-        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-        BLOCK_K: gl.constexpr, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
-        STAGES: gl.constexpr, PARAMS_AHEAD: gl.constexpr, OVERLAP: gl.constexpr,
-        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
-        LINEAR_PARTIALS: gl.constexpr = False,
-    ):
-        if PDL_TRIGGER == 1:
-            gdc_launch_dependents()
+    def _release(w_desc, x_desc, bars, empty, w_smem, x_smem, slot, k, n0, m0, pred,
+                 BYTES: gl.constexpr, HALVES: gl.constexpr, PRODUCER_WARP: gl.constexpr):
+        """A slot every warp has read: handed to the producer warp (its empty mbarrier:
+        one thread arrives once all have read; as CUTLASS's TMA pipelines release a
+        stage, with no proxy fence, which here would be a MEMBAR that also waits for the
+        scales loading steps ahead), or refilled here with the boxes of rows k.."""
+        if PRODUCER_WARP:
+            thread_barrier()
+            mbarrier.arrive(empty.index(slot))
+        else:
+            _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k, n0, m0, pred, BYTES,
+                    HALVES)
+
+    @gluon.jit
+    def _produce(w_desc, x_desc, bars, empty, w_smem, x_smem, k_lo, nsteps, n0, m0,
+                 BYTES: gl.constexpr, HALVES: gl.constexpr, STAGES: gl.constexpr,
+                 BLOCK_K: gl.constexpr, PDL: gl.constexpr):
+        """The producer warp: every step's boxes into its slot once the consumers have
+        released it (the empty mbarrier's phase (i / STAGES) - 1; a fresh mbarrier
+        passes the wait for parity 1 at once). The first slots' words before the wait
+        for the kernel before (PDL), x after."""
+        for s in gl.static_range(STAGES):
+            _fill_words(w_desc, bars.index(s), w_smem, s, k_lo + s * BLOCK_K, n0,
+                        s < nsteps, BYTES, HALVES)
+        if PDL:
+            gdc_wait()
+        for s in gl.static_range(STAGES):
+            _fill_x(x_desc, bars.index(s), x_smem, s, k_lo + s * BLOCK_K, m0, s < nsteps,
+                    HALVES)
+        for i in range(STAGES, nsteps):
+            slot = i % STAGES
+            mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+            k = k_lo + i * BLOCK_K
+            _fill_words(w_desc, bars.index(slot), w_smem, slot, k, n0, True, BYTES, HALVES)
+            _fill_x(x_desc, bars.index(slot), x_smem, slot, k, m0, True, HALVES)
+
+    @gluon.jit
+    def _consume(w_desc, x_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, bars, empty,
+                 w_smem, x_smem, nzz, ss, nzz1, ss1, offs_n, mask_n, M, N, K, k_lo, nsteps,
+                 n0, m0, pid_m, pid_n, pid_k, SPLIT, stride_sg, stride_om,
+                 GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 BLOCK_K: gl.constexpr, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
+                 STAGES: gl.constexpr, PARAMS_AHEAD: gl.constexpr, OVERLAP: gl.constexpr,
+                 PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
+                 LAST_SPLIT_REDUCES: gl.constexpr, LINEAR_PARTIALS: gl.constexpr,
+                 PRODUCER_WARP: gl.constexpr):
+        """The warpgroup(s): wait for each step's slot, unpack, multiply, release the
+        slot; then the split-K sum and the output."""
         HALVES: gl.constexpr = BLOCK_K // _BOX_K
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
@@ -306,44 +372,9 @@ if gluon is not None:
         ORDER: gl.constexpr = _column_order(A_LINEAR, True)
         QUAD: gl.constexpr = _quad_layout(A_LINEAR, ORDER)
         WORDS: gl.constexpr = _words_layout(QUAD)
-        PARAMS: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, QUAD))
         BYTES: gl.constexpr = BLOCK_K // 8 * BLOCK_N * 4 + HALVES * BLOCK_M * _BOX_K * 2
-
-        pid_n = gl.program_id(0)
-        pid_k = gl.program_id(1)
-        pid_m = gl.program_id(2)
-        k_lo = pid_k * K_SPLIT
-        nsteps = (gl.minimum(k_lo + K_SPLIT, K) - k_lo + BLOCK_K - 1) // BLOCK_K
-        n0 = pid_n * BLOCK_N
-        m0 = pid_m * BLOCK_M
-
-        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * HALVES, _BOX_K // 8, BLOCK_N],
-                                           w_desc.layout)
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * HALVES, BLOCK_M, _BOX_K],
-                                           x_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(bars.index(s), count=1)
-        fence_async_shared()
-        thread_barrier()
-
-        # Word boxes and group parameters before the wait for the kernel before (PDL);
-        # x, which that kernel writes, after it.
-        for s in gl.static_range(STAGES):
-            _fill_words(w_desc, bars.index(s), w_smem, s, k_lo + s * BLOCK_K, n0,
-                        s < nsteps, BYTES, HALVES)
-        offs_n = n0 + gl.arange(0, BLOCK_N, layout=PARAMS)  # physical columns, as the words
-        mask_n = offs_n < N
-        nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_n, mask_n, GROUP_SIZE)
-        nzz1, ss1 = nzz, ss
-        if PARAMS_AHEAD == 2 or OVERLAP:
-            nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K, K, offs_n,
-                                      mask_n, GROUP_SIZE)
-        if PDL:
-            gdc_wait()
-        for s in gl.static_range(STAGES):
-            _fill_x(x_desc, bars.index(s), x_smem, s, k_lo + s * BLOCK_K, m0, s < nsteps,
-                    HALVES)
+        if PDL and PRODUCER_WARP:
+            gdc_wait()  # what the output and the partials overwrite may still be read
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if OVERLAP:
@@ -366,8 +397,9 @@ if gluon is not None:
                 nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + (i + 3) * BLOCK_K,
                                           K, offs_n, mask_n, GROUP_SIZE)
                 acc = _retire_step(acc, a0, a1, HALVES)
-                _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k_lo + (i + STAGES) * BLOCK_K,
-                        n0, m0, i + STAGES < nsteps, BYTES, HALVES)
+                _release(w_desc, x_desc, bars, empty, w_smem, x_smem, slot,
+                         k_lo + (i + STAGES) * BLOCK_K, n0, m0, i + STAGES < nsteps, BYTES,
+                         HALVES, PRODUCER_WARP)
                 a0, a1 = b0, b1
         else:
             for i in range(nsteps):
@@ -390,10 +422,9 @@ if gluon is not None:
                     nzz, ss, nzz1, ss1 = nzz1, ss1, nzz_next, ss_next
                 else:
                     nzz, ss = nzz_next, ss_next
-                _refill(w_desc, x_desc, bars, w_smem, x_smem, slot, k_lo + (i + STAGES) * BLOCK_K,
-                        n0, m0, i + STAGES < nsteps, BYTES, HALVES)
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(s))
+                _release(w_desc, x_desc, bars, empty, w_smem, x_smem, slot,
+                         k_lo + (i + STAGES) * BLOCK_K, n0, m0, i + STAGES < nsteps, BYTES,
+                         HALVES, PRODUCER_WARP)
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
 
@@ -404,6 +435,92 @@ if gluon is not None:
                      (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
                      LINEAR_PARTIALS, NUM_WARPS)
+
+    @gluon.jit
+    def _w4_wgmma_tma_kernel(
+        x_desc, w_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
+        M, N, K, K_SPLIT, SPLIT, stride_sg, stride_om,
+        GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+        BLOCK_K: gl.constexpr, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
+        STAGES: gl.constexpr, PARAMS_AHEAD: gl.constexpr, OVERLAP: gl.constexpr,
+        PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
+        LINEAR_PARTIALS: gl.constexpr = False, PRODUCER_WARP: gl.constexpr = False,
+    ):
+        if PDL_TRIGGER == 1:
+            gdc_launch_dependents()
+        HALVES: gl.constexpr = BLOCK_K // _BOX_K
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
+        A_LINEAR: gl.constexpr = gl.to_linear_layout(
+            gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2), [BLOCK_N, _BOX_K])
+        PARAMS: gl.constexpr = gl.SliceLayout(
+            1, gl.SliceLayout(2, _quad_layout(A_LINEAR, _column_order(A_LINEAR, True))))
+        BYTES: gl.constexpr = BLOCK_K // 8 * BLOCK_N * 4 + HALVES * BLOCK_M * _BOX_K * 2
+
+        pid_n = gl.program_id(0)
+        pid_k = gl.program_id(1)
+        pid_m = gl.program_id(2)
+        k_lo = pid_k * K_SPLIT
+        nsteps = (gl.minimum(k_lo + K_SPLIT, K) - k_lo + BLOCK_K - 1) // BLOCK_K
+        n0 = pid_n * BLOCK_N
+        m0 = pid_m * BLOCK_M
+
+        w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * HALVES, _BOX_K // 8, BLOCK_N],
+                                           w_desc.layout)
+        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES * HALVES, BLOCK_M, _BOX_K],
+                                           x_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # the slots' release to the producer warp (a separate allocation: the barrier
+        # analysis then sees no conflict between a release and the next step's wait)
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES if PRODUCER_WARP else 1, 1],
+                                          mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+            if PRODUCER_WARP:
+                mbarrier.init(empty.index(s), count=1)
+        fence_async_shared()
+        thread_barrier()
+
+        # Word boxes and group parameters before the wait for the kernel before (PDL);
+        # x, which that kernel writes, after it.
+        if not PRODUCER_WARP:
+            for s in gl.static_range(STAGES):
+                _fill_words(w_desc, bars.index(s), w_smem, s, k_lo + s * BLOCK_K, n0,
+                            s < nsteps, BYTES, HALVES)
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=PARAMS)  # physical columns, as the words
+        mask_n = offs_n < N
+        nzz, ss = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_n, mask_n, GROUP_SIZE)
+        nzz1, ss1 = nzz, ss
+        if PARAMS_AHEAD == 2 or OVERLAP:
+            nzz1, ss1 = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K, K, offs_n,
+                                      mask_n, GROUP_SIZE)
+        if PRODUCER_WARP:
+            gl.warp_specialize(
+                [(_consume, (w_desc, x_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, bars,
+                             empty, w_smem, x_smem, nzz, ss, nzz1, ss1, offs_n, mask_n, M, N,
+                             K, k_lo, nsteps, n0, m0, pid_m, pid_n, pid_k, SPLIT, stride_sg,
+                             stride_om, GROUP_SIZE, BLOCK_M, BLOCK_N, BLOCK_K, HAS_SPLIT,
+                             NUM_WARPS, STAGES, PARAMS_AHEAD, OVERLAP, PDL, PDL_TRIGGER,
+                             LAST_SPLIT_REDUCES, LINEAR_PARTIALS, PRODUCER_WARP)),
+                 (_produce, (w_desc, x_desc, bars, empty, w_smem, x_smem, k_lo, nsteps, n0,
+                             m0, BYTES, HALVES, STAGES, BLOCK_K, PDL))],
+                [1], [_PRODUCER_REGISTERS])
+        else:
+            if PDL:
+                gdc_wait()
+            for s in gl.static_range(STAGES):
+                _fill_x(x_desc, bars.index(s), x_smem, s, k_lo + s * BLOCK_K, m0, s < nsteps,
+                        HALVES)
+            _consume(w_desc, x_desc, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr, bars, empty,
+                     w_smem, x_smem, nzz, ss, nzz1, ss1, offs_n, mask_n, M, N, K, k_lo,
+                     nsteps, n0, m0, pid_m, pid_n, pid_k, SPLIT, stride_sg, stride_om,
+                     GROUP_SIZE, BLOCK_M, BLOCK_N, BLOCK_K, HAS_SPLIT, NUM_WARPS, STAGES,
+                     PARAMS_AHEAD, OVERLAP, PDL, PDL_TRIGGER, LAST_SPLIT_REDUCES,
+                     LINEAR_PARTIALS, PRODUCER_WARP)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+            if PRODUCER_WARP:
+                mbarrier.invalidate(empty.index(s))
 
 
 def tma_block_m(m: int) -> int:
@@ -425,7 +542,8 @@ def tma_constexprs(config: TmaConfig, block_m: int, group_size: int, splits: int
                 PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=linear_partials_constexpr(
-                    config.linear_partials, config.last_split_reduces, splits))
+                    config.linear_partials, config.last_split_reduces, splits),
+                PRODUCER_WARP=config.producer_warp)
 
 
 def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_m: int):
@@ -471,6 +589,8 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
             or config.block_n % (16 * config.num_warps)):
         raise ValueError(f"TmaConfig takes block_k 64 or 128 and 4 or 8 warps of 16-column "
                          f"multiples; got {config}")
+    if config.producer_warp and config.num_warps != 4:
+        raise ValueError(f"TmaConfig takes producer_warp with 4 warps; got {config}")
     if config.params_ahead not in (1, 2):
         raise ValueError(f"TmaConfig takes params_ahead 1 or 2; got {config.params_ahead}")
     if shared_bytes(config, block_m) > SHARED_BYTES:
@@ -490,6 +610,14 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     _w4_wgmma_tma_kernel[(blocks, splits, m_blocks)](
         x_desc, w_desc, scales, zeros, out, partials, counters,
         m, n, k, k_split, splits, scales.stride(0), out.stride(0), **constexprs,
-        num_warps=config.num_warps, launch_pdl=pdl.launch(x.device),
+        launch_pdl=pdl.launch(x.device), **compile_options(config),
     )
     return out
+
+
+def compile_options(config: TmaConfig) -> dict:
+    """The compiler's options of a launch (shared with the sm_90 build tests)."""
+    options = {"num_warps": config.num_warps}
+    if config.producer_warp:
+        options["maxnreg"] = PRODUCER_WARP_MAXNREG
+    return options

@@ -4,6 +4,7 @@ compiling), nothing spills, the tensor-core instructions are there, and no instr
 overwrites the registers of a wgmma still in flight. The GPU tests check their results."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -205,8 +206,9 @@ def _tma_build(block_m, config, pdl_trigger=None):
     pdl = pdl_trigger is not None
     constexprs = w4a16_wgmma_tma.tma_constexprs(config, block_m, 128, config.split_k,
                                                 pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
+    options = w4a16_wgmma_tma.compile_options(config)
     return compile_sm90(w4a16_wgmma_tma._w4_wgmma_tma_kernel, signature, constexprs,
-                        config.num_warps, launch_pdl=pdl)
+                        options.pop("num_warps"), launch_pdl=pdl, **options)
 
 
 _TMA_CONFIGS = [
@@ -236,15 +238,63 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
     assert inflight_clobbers(build.instructions()) == []
 
 
+_PRODUCER_CONFIGS = [
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True,
+                                   linear_partials=True, producer_warp=True)),
+    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 1, 4, 4, overlap=True, producer_warp=True)),
+    (32, w4a16_wgmma_tma.TmaConfig(64, 64, 2, 4, 4, 1, overlap=False, producer_warp=True)),
+]
+
+
 @needs_gluon
-@pytest.mark.parametrize("n,k,splits", [(6144, 4096, 4), (4096, 14336, 8)])
-def test_tma_kernel_sums_64_rows_through_vector_partials_in_one_wave(n, k, splits):
-    """At 64 rows the partials in thread order move as 16-byte vectors (8 stores of 4
-    values a thread; the last split 8 loads a partner), and the tile stays within 128
-    registers: 4 programs a multiprocessor, so 8 splits of 64 column blocks (512
-    programs) are one wave."""
-    config = w4a16_wgmma_tma.pick_tma_config(64, n, k, 128)
+@pytest.mark.parametrize("block_m,config", _PRODUCER_CONFIGS)
+def test_tma_kernel_with_a_producer_warp_issues_its_copies_without_barriers(block_m, config):
+    """With the producer warp no barrier of the program's threads stands between two
+    TMA copies (without it, Triton's barrier analysis puts one before each copy), the
+    computing warps' loop keeps two (the slot's release and the loop's head; three with
+    the overlap) where it had one more per TMA copy, and the registers stay at the cap
+    that lets two programs share a multiprocessor."""
+    build = _tma_build(block_m, config)
+    assert inflight_clobbers(build.instructions()) == []
+    assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
+    assert build.registers <= w4a16_wgmma_tma.PRODUCER_WARP_MAXNREG
+    opcodes = [i.opcode for i in build.instructions()]
+    copies = [i for i, op in enumerate(opcodes) if op.startswith("UTMALDG")]
+    assert len(copies) >= 2 * config.stages
+    between = [op for a, b in zip(copies, copies[1:]) for op in opcodes[a:b]
+               if op.startswith("BAR.SYNC")]
+    assert between == [], "a barrier between the producer's TMA copies"
+    in_loop = _main_loop_barriers(build)
+    assert in_loop <= 2 + config.overlap
+    plain = _tma_build(block_m, dataclasses.replace(config, producer_warp=False))
+    assert _main_loop_barriers(plain) >= in_loop + 2 * config.block_k // 64
+
+
+def _main_loop_barriers(build) -> int:
+    """Barriers of the program's threads in the loop around the first wgmma: from the
+    target of the first backward branch after it to that branch."""
+    ins = build.instructions()
+    first = next(i for i, x in enumerate(ins) if x.opcode.startswith("HGMMA"))
+    for i in range(first, len(ins)):
+        if ins[i].opcode == "BRA":
+            target = int(ins[i].operands[0], 16)
+            if target <= ins[first].address:
+                return sum(x.opcode.startswith("BAR.SYNC") for x in ins
+                           if target <= x.address <= ins[i].address)
+    raise AssertionError("no loop around the wgmma")
+
+
+@needs_gluon
+@pytest.mark.parametrize("m,n,k,splits", [(64, 6144, 4096, 4), (32, 4096, 14336, 8)])
+def test_tma_kernel_sums_through_vector_partials_in_one_wave(m, n, k, splits):
+    """Above 16 rows the partials in thread order move as 16-byte vectors (8 stores of
+    4 values a thread at 64 rows; the last split 8 loads a partner), and the 64-row tile
+    stays within 128 registers: 4 programs a multiprocessor, so 6 column blocks a
+    multiprocessor split 4 ways (384 programs), or 8 splits of 64 column blocks (512
+    programs), are one wave."""
+    config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
     assert config.linear_partials and config.split_k == splits
+    assert not config.producer_warp
     build = _tma_build(64, config)
     assert build.registers <= 128, f"{build.registers} registers: under 4 programs an SM"
     assert build.stack_bytes == 0

@@ -2,6 +2,7 @@
 reference on a Hopper GPU (``gpu``; Gluon has no interpreter)."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
 
 @pytest.mark.parametrize("m,k,n,split,last,linear", [
     (64, 4096, 6144, 4, True, True),     # above 16 rows: the last split, thread order
-    (64, 14336, 4096, 8, True, True),    # 111 registers: 512 programs in one wave
+    (64, 14336, 4096, 4, True, True),    # with the producer warp: 256 programs
+    (32, 14336, 4096, 8, True, True),    # 111 registers: 512 programs in one wave
     (33, 4096, 4096, 4, True, True),
     (32, 4096, 4096, 4, True, True),
     (17, 14336, 4096, 8, True, True),
@@ -53,6 +55,20 @@ def test_how_split_k_is_summed(m, k, n, split, last, linear):
     config = pick_tma_config(m, n, k, 128)
     assert (config.split_k, config.last_split_reduces, config.linear_partials) == \
         (split, last, linear)
+
+
+@pytest.mark.parametrize("m,k,n,split,producer", [
+    (64, 4096, 4096, 4, True),      # 256 programs: 1.9 a multiprocessor, two fit
+    (33, 14336, 4096, 4, True),     # 8 ways halved to 4 (28 steps a split)
+    (64, 4096, 6144, 4, False),     # 384 programs; halved, 192 leave SMs with one
+    (32, 4096, 4096, 4, False),     # not up to 32 rows
+    (64, 4096, 28672, 1, False),    # nor on wide layers
+    (64, 4096, 1024, 4, False),     # 64 programs
+])
+def test_producer_warp_where_two_programs_a_multiprocessor_fill_the_gpu(m, k, n, split,
+                                                                        producer):
+    config = pick_tma_config(m, n, k, 128, num_sms=132)
+    assert (config.split_k, config.producer_warp) == (split, producer)
 
 
 @pytest.mark.parametrize("m,n,overlap", [(64, 4096, False), (17, 6144, False),
@@ -83,6 +99,8 @@ def test_supported_shapes():
     (torch.zeros(64, 4096, dtype=torch.bfloat16), TmaConfig(stages=12), "shared memory"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(params_ahead=3),
      "params_ahead 1 or 2"),
+    (torch.zeros(64, 1024, dtype=torch.bfloat16),
+     TmaConfig(128, 64, 1, 8, 2, producer_warp=True), "producer_warp with 4 warps"),
 ])
 def test_bad_calls_are_refused_before_launch(x, config, match):
     if w4a16_wgmma_tma.gluon is None:
@@ -126,3 +144,33 @@ def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(m, split, k, n, gro
                             TmaConfig(64, 128, split, 4, 2, overlap=m > 32))
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
+
+
+_PRODUCER_CONFIGS = [
+    TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True, linear_partials=True),
+    TmaConfig(64, 128, 2, 4, 3, overlap=True),
+    TmaConfig(64, 128, 1, 4, 4, overlap=True),
+    TmaConfig(64, 64, 3, 4, 4, params_ahead=1, overlap=False),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m", [9, 17, 33, 64])
+@pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
+@pytest.mark.parametrize("config", range(len(_PRODUCER_CONFIGS)))
+def test_producer_warp_gives_the_same_bits_as_the_kernel_without_it(m, k, n, group_size,
+                                                                    config):
+    """The producer warp only moves who issues the copies: the same products, bit for
+    bit, over several launches (the ring's phases across steps and launches), and right."""
+    cfg = _PRODUCER_CONFIGS[config]
+    if group_size < k and group_size % cfg.block_k:
+        cfg = dataclasses.replace(cfg, block_k=64)
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
+    plain = w4a16_gemm_wgmma_tma(*args, cfg)
+    for _ in range(3):
+        got = w4a16_gemm_wgmma_tma(*args, dataclasses.replace(cfg, producer_warp=True))
+        assert torch.equal(got, plain)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
