@@ -34,6 +34,16 @@ SASS (``tests/kernels/sm90_build.py``). K is split over programs as in the other
 kernels (``tamis.kernels.splitk``). With programmatic dependent launch the ring's word
 boxes, scales and zero points load before the wait for the kernel before; x after.
 
+With ``producer_warp`` one more warp (``gl.warp_specialize``; ``_produce``) issues every
+copy, waiting on each slot's "empty" mbarrier, which the warpgroup (``_consume``) arrives
+on once all its threads have read the slot. Why: Triton's shared-memory barrier analysis
+cannot tell that the copies of one step touch different boxes, and puts a barrier of
+the program's threads before each copy and after its mbarrier's expect (6 barriers a
+step with two 64-row boxes of each kind; in one warp they cost nothing, and the
+warpgroup keeps 2). The price is registers: a program is then two warpgroups (three
+warps of the second idle), capped at 128 registers a thread so that two share a
+multiprocessor (``PRODUCER_WARP_MAXNREG``).
+
 Needs: a Hopper GPU, Gluon with TMA (triton >= 3.5), bf16 x with 16-byte aligned rows
 (K % 8 == 0), the ``mma_pack`` layout with integer zero points in [0, 16], N % 4 == 0,
 groups a multiple of 64 rows or the whole K, K % 64 == 0 (``tma_supported``).
