@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import importlib
 
+if __name__ == "kernels":  # run as the bare name: another package may own it
+    from tamis._shadowed import hand_name_to_installed
+    hand_name_to_installed(__name__, __file__)
+
 _HOME = {
     "apply_token_bitmask_": "bitmask", "apply_token_bitmask_ref": "bitmask",
     "store_kv_cache": "cache", "store_kv_cache_ref": "cache",
