@@ -75,8 +75,9 @@ X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizz
 SHARED_BYTES = 200 * 1024
 PRODUCER_REGISTERS = 40  # the producer warp's registers (setmaxnreg)
 # With the producer warp a program is two warpgroups (the producer's has three idle warps):
-# registers capped so that two programs fit a multiprocessor (the warpgroup computing
-# gets 216 of them through setmaxnreg; 111 without the overlap, 137 with it, suffice).
+# registers capped so that two programs fit a multiprocessor. ptxas builds both partitions
+# within the cap: the 64-column tiles fit without spills (sm_90 build tests), the wide
+# layers' 128-column overlapped tile does not (8 bytes of stack).
 PRODUCER_WARP_MAXNREG = 128
 
 
@@ -328,10 +329,10 @@ if gluon is not None:
     @gluon.jit
     def _release(w_desc, x_desc, bars, empty, w_smem, x_smem, slot, k, n0, m0, pred,
                  BYTES: gl.constexpr, HALVES: gl.constexpr, PRODUCER_WARP: gl.constexpr):
-        """A slot every warp has read: handed to the producer warp (its empty mbarrier:
-        one thread arrives once all have read; as CUTLASS's TMA pipelines release a
-        stage, with no proxy fence, which here would be a MEMBAR that also waits for the
-        scales loading steps ahead), or refilled here with the boxes of rows k.."""
+        """A slot every warp has read: handed to the producer warp (its empty mbarrier,
+        which one thread arrives on after the barrier; no proxy fence, as CUTLASS's TMA
+        pipelines release a stage: the words are unpacked and x's wgmmas retired), or
+        refilled here with the boxes of rows k.."""
         if PRODUCER_WARP:
             thread_barrier()
             mbarrier.arrive(empty.index(slot))
