@@ -26,7 +26,7 @@ same permutation (``x[..., perm]``).
 - ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
   (``tamis.kernels.wna16_dequant``), then cuBLAS.
 - On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma_tma``
-  (Hopper wgmma fed by the TMA, 17..64 rows, from 9 on narrow layers;
+  (Hopper wgmma fed by the TMA, 17..256 rows, from 9 on narrow layers;
   ``tamis.kernels.w4a16_wgmma_tma``),
   ``w4a16_gemm_wgmma`` (Hopper wgmma fed by cp.async, where the TMA kernel does not take
   the shape; ``tamis.kernels.w4a16_wgmma``) and ``w4a16_gemm_mma`` (mma.sync, up to
@@ -299,8 +299,8 @@ def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                interleaved: bool = False) -> torch.Tensor:
     """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
     the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
-    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..64
-    rows (9..64 on layers narrower than 8192 columns) where it takes the shape
+    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..256
+    rows (9..256 on layers narrower than 8192 columns) where it takes the shape
     (``tamis.kernels.w4a16_wgmma_tma``'s ``tma_dispatch`` and ``tma_supported``), else
     the cp.async wgmma kernel where ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says
     (17..32 rows; to 64 on wide or deep layers), else the MMA-fragment kernel up to

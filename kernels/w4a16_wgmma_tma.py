@@ -1,5 +1,5 @@
 """W4A16 GEMM on Hopper's warpgroup MMA with every tile brought in by the Tensor Memory
-Accelerator (Gluon, sm_90), for batches of 17..64 rows of x.
+Accelerator (Gluon, sm_90), for batches of 17..256 rows of x (in blocks of 64 above 64).
 
 Why a fourth kernel. ``tamis.kernels.w4a16_wgmma`` visits K in ``mma_pack``'s permuted
 order, so its x^T tile must be gathered into shared memory two values at a time: at 64
@@ -70,7 +70,7 @@ if gluon is not None:
     from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_columns,
                                                _physical_columns, _store_out_t)
 
-TMA_MAX_M = 64
+TMA_MAX_M = 256  # rows of x the kernel takes, in blocks of up to 64 (``tma_block_m``)
 X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizzle's span
 SHARED_BYTES = 200 * 1024
 PRODUCER_REGISTERS = 40  # the producer warp's registers (setmaxnreg)
@@ -115,10 +115,15 @@ def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
 
 def tma_dispatch(m: int, n: int) -> bool:
     """Whether ``w4a16_gemm`` sends a call of M rows on N columns here (where
-    ``tma_supported``): 17..64 rows, and 9..16 on layers narrower than 8192 columns,
+    ``tma_supported``): 17..256 rows, and 9..16 on layers narrower than 8192 columns,
     where it beat every other kernel on the H200 (session 13: at 16 rows 9.6 vs 11.1 us
     on 4096 x 4096, 20.3 vs 21.9 on 14336 x 4096; on 4096 x 28672 the MMA-fragment
-    kernel kept it, 31.9 vs 35.2, and at one row everywhere, 7.1 vs 8.0 at best)."""
+    kernel kept it, 31.9 vs 35.2, and at one row everywhere, 7.1 vs 8.0 at best).
+    Session 16, 65..256 rows in 64-row blocks, against the tl.dot kernel below 128 rows
+    and dequantize + cuBLAS from 128 (``bench/bench_w4a16_rows.py``): 96 rows
+    16.6 vs 52.6 us on 4096 x 4096, 84.8 vs 172.4 on 4096 x 28672; 256 rows 24.6 vs
+    25.6 on 4096 x 4096, 71.0 vs 89.7 on 14336 x 4096; faster at every row count and
+    shape tried."""
     return 16 < m <= TMA_MAX_M or (8 < m <= 16 and n < 8192)
 
 
@@ -139,22 +144,23 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
         if m > 32:
             return TmaConfig(128, block_k, 1, 4, 4, overlap=True)
         return TmaConfig(64, block_k, 1, 4, 2, overlap=False)
-    blocks = -(-n // 64)
     block_m = tma_block_m(m)
+    blocks = -(-n // 64) * -(-m // block_m)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
         split *= 2
     if block_m <= 16:  # session 15: 8 splits (4 steps each on 4096-deep layers) won
         while split < 8 and k // (block_k * split * 2) >= 4:
             split *= 2
-    producer = block_m > 32 and _producer_split(blocks, split, k // block_k, num_sms)
+    producer = block_m > 32 and _producer_split(blocks, split, k // block_k, num_sms,
+                                                halve=m <= 64)
     split = producer or split
     at_last = _sums_at_last_split(block_m, split)
     return TmaConfig(64, block_k, split, 4, 2, overlap=False, last_split_reduces=at_last,
                      linear_partials=at_last, producer_warp=bool(producer))
 
 
-def _producer_split(blocks: int, split: int, steps: int, num_sms: int) -> int:
+def _producer_split(blocks: int, split: int, steps: int, num_sms: int, halve: bool) -> int:
     """The K split with the producer warp (0: none), for a narrow layer above 32 rows
     split ``split`` ways. The warp makes a program two warpgroups, of which two fit a
     multiprocessor (``PRODUCER_WARP_MAXNREG``), so it pays only where the programs fill
@@ -163,8 +169,10 @@ def _producer_split(blocks: int, split: int, steps: int, num_sms: int) -> int:
     split 4 with it 24.7 against 26.5 split 8 without; 4096 x 6144 split 2 with it 15.7
     against 14.0 split 4 without, 192 programs on 132 multiprocessors). At 17..32 rows
     it did not pay: 4096 x 4096 9.7 against 9.6 us (split 8 without), 14336 x 4096
-    23.1 against 20.8."""
-    while blocks * split > 2 * num_sms and split > 1 and steps // (split // 2) >= 8:
+    23.1 against 20.8. Over several 64-row blocks of x (``halve`` false) halving lost:
+    14336 x 4096 at 128 rows 42.4 against 39.0, at 256 73.3 against 71.1."""
+    while (halve and blocks * split > 2 * num_sms and split > 1
+           and steps // (split // 2) >= 8):
         split //= 2
     return split if 1.5 * num_sms < blocks * split <= 2 * num_sms else 0
 
@@ -535,7 +543,8 @@ if gluon is not None:
 
 
 def tma_block_m(m: int) -> int:
-    """Rows of x per program (the wgmma's N): M rounded up to 8, 16, 32 or 64."""
+    """Rows of x per program (the wgmma's N): M rounded up to 8, 16, 32 or 64; above
+    64 rows, blocks of 64."""
     for block_m in (8, 16, 32):
         if m <= block_m:
             return block_m

@@ -31,11 +31,11 @@ def test_default_tiles_fit_in_shared_memory(m, k, n):
     assert config.block_n % (16 * config.num_warps) == 0
 
 
-def test_dispatched_for_17_to_64_rows_and_from_9_on_narrow_layers():
-    assert [tma_dispatch(m, 28672) for m in (1, 9, 16, 17, 32, 64, 65)] == \
-        [False, False, False, True, True, True, False]
-    assert [tma_dispatch(m, 4096) for m in (1, 8, 9, 16, 17, 64, 65)] == \
-        [False, False, True, True, True, True, False]
+def test_dispatched_for_17_to_256_rows_and_from_9_on_narrow_layers():
+    assert [tma_dispatch(m, 28672) for m in (1, 9, 16, 17, 32, 64, 65, 256, 257)] == \
+        [False, False, False, True, True, True, True, True, False]
+    assert [tma_dispatch(m, 4096) for m in (1, 8, 9, 16, 17, 64, 65, 256, 257)] == \
+        [False, False, True, True, True, True, True, True, False]
 
 
 @pytest.mark.parametrize("m,k,n,split,last,linear", [
@@ -64,6 +64,8 @@ def test_how_split_k_is_summed(m, k, n, split, last, linear):
     (32, 4096, 4096, 4, False),     # not up to 32 rows
     (64, 4096, 28672, 1, False),    # nor on wide layers
     (64, 4096, 1024, 4, False),     # 64 programs
+    (128, 14336, 4096, 4, False),   # 2 blocks of x: 512 programs, not halved (lost)
+    (256, 4096, 4096, 2, False),    # 4 blocks of x split 2
 ])
 def test_producer_warp_where_two_programs_a_multiprocessor_fill_the_gpu(m, k, n, split,
                                                                         producer):
@@ -78,20 +80,21 @@ def test_unpack_overlaps_the_wgmmas_only_on_wide_layers_above_32_rows(m, n, over
 
 
 def test_block_m_rounds_rows_up():
-    assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64)] == \
-        [8, 8, 16, 16, 32, 32, 64, 64]
+    assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 256)] == \
+        [8, 8, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
 def test_supported_shapes():
     assert tma_supported(64, 4096, 4096, 128) == (w4a16_wgmma_tma.gluon is not None)
-    assert not tma_supported(65, 4096, 4096, 128)
+    assert tma_supported(256, 4096, 4096, 128) == (w4a16_wgmma_tma.gluon is not None)
+    assert not tma_supported(257, 4096, 4096, 128)
     assert not tma_supported(64, 4096, 4096, 32)    # 32-row groups: steps of 64 rows
     assert not tma_supported(64, 4096, 4128, 128)   # K % 64
     assert not tma_supported(64, 4098, 4096, 128)   # N % 4 (16-byte word rows)
 
 
 @pytest.mark.parametrize("x,config,match", [
-    (torch.zeros(65, 1024, dtype=torch.bfloat16), None, "1..64 rows"),
+    (torch.zeros(257, 1024, dtype=torch.bfloat16), None, "1..256 rows"),
     (torch.zeros(64, 1024, dtype=torch.float16), None, "bf16 x"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(num_warps=2), "4 or 8 warps"),
     (torch.zeros(64, 1024, dtype=torch.bfloat16), TmaConfig(block_n=96), "block_k 64 or 128"),
@@ -115,7 +118,7 @@ _CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
-@pytest.mark.parametrize("m", [1, 9, 17, 33, 64])
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 65, 130])
 @pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))
 def test_kernel_matches_reference(m, k, n, group_size, config):
