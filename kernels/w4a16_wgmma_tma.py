@@ -191,9 +191,15 @@ def _sums_at_last_split(block_m: int, splits: int) -> bool:
     return splits > 1 and (block_m > 16 or splits >= 8)
 
 
+def slot_bytes(block_k: int, block_n: int, block_m: int) -> int:
+    """Bytes of one ring slot, which its TMA copies bring: the words of block_k rows of K
+    (8 codes an int32) for block_n columns, and block_m rows of x by block_k (bf16)."""
+    return block_k // 8 * block_n * 4 + block_m * block_k * 2
+
+
 def shared_bytes(config: TmaConfig, block_m: int) -> int:
     """Shared memory of one program's ring."""
-    return config.stages * config.block_k * (config.block_n // 2 + block_m * 2)
+    return config.stages * slot_bytes(config.block_k, config.block_n, block_m)
 
 
 if gluon is not None:
@@ -202,6 +208,7 @@ if gluon is not None:
     # $0, $1 the bf16 pair ((q_lo - z) * s, (q_hi - z) * s).
     _BOX_K = gl.constexpr(X_BOX_K)
     _PRODUCER_REGISTERS = gl.constexpr(PRODUCER_REGISTERS)
+    _slot_bytes = gluon.constexpr_function(slot_bytes)
     _UNPACK_PAIR = gl.constexpr("""{
  .reg .b32 v, one, nz;
  mov.b32 one, 0x3F803F80;
@@ -391,7 +398,7 @@ if gluon is not None:
         ORDER: gl.constexpr = _column_order(A_LINEAR, True)
         QUAD: gl.constexpr = _quad_layout(A_LINEAR, ORDER)
         WORDS: gl.constexpr = _words_layout(QUAD)
-        BYTES: gl.constexpr = BLOCK_K // 8 * BLOCK_N * 4 + HALVES * BLOCK_M * _BOX_K * 2
+        BYTES: gl.constexpr = _slot_bytes(BLOCK_K, BLOCK_N, BLOCK_M)
         if PDL and PRODUCER_WARP:
             gdc_wait()  # what the output and the partials overwrite may still be read
 
@@ -474,7 +481,7 @@ if gluon is not None:
             gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2), [BLOCK_N, _BOX_K])
         PARAMS: gl.constexpr = gl.SliceLayout(
             1, gl.SliceLayout(2, _quad_layout(A_LINEAR, _column_order(A_LINEAR, True))))
-        BYTES: gl.constexpr = BLOCK_K // 8 * BLOCK_N * 4 + HALVES * BLOCK_M * _BOX_K * 2
+        BYTES: gl.constexpr = _slot_bytes(BLOCK_K, BLOCK_N, BLOCK_M)
 
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
