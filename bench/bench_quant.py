@@ -273,6 +273,13 @@ def cycling(calls):
     return call
 
 
+def weight_copies(tensors: tuple, copies: int) -> list[tuple]:
+    """``copies`` copies of a layer's tensors, the first the tensors themselves: the timed
+    calls cycle through them (``cycling``), so that with 16 each reads its weight from
+    DRAM, as in decode, not from the L2 cache."""
+    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
+
+
 def w4a16_operands(k: int, n: int, group: int = 128):
     from tamis.quant.packing import pack_int32
     codes = torch.randint(0, 16, (k, n), device="cuda")
@@ -337,9 +344,7 @@ def run_gemm(args) -> None:
         w8, w8_scale = _fp8_weight(weight)
         dense_w8 = w8.float() * w8_scale[:, None]  # [N, K] fp32
         # --rotate N: N copies of every weight, the timed calls cycling through them.
-        copies = [(weight, qweight, scales, zeros, w8, w8_scale)] + [
-            tuple(t.clone() for t in (weight, qweight, scales, zeros, w8, w8_scale))
-            for _ in range(args.rotate - 1)]
+        copies = weight_copies((weight, qweight, scales, zeros, w8, w8_scale), args.rotate)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             # Correctness first: W4A16 against the fp32 product with its dequantized weight;

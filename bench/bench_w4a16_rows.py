@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import cycling, graph_time, parse_shapes, w4a16_operands  # noqa: E402
+from bench_quant import (cycling, graph_time, parse_shapes, w4a16_operands,  # noqa: E402
+                         weight_copies)
 
 
 def main() -> None:
@@ -35,8 +36,7 @@ def main() -> None:
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        copies = [(weight, packed, scales, zeros)] + [
-            tuple(t.clone() for t in (weight, packed, scales, zeros)) for _ in range(15)]
+        copies = weight_copies((weight, packed, scales, zeros), 16)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             before = (w4a16.w4a16_gemm_dequant if m >= w4a16.DEQUANT_MIN_M

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import (_fp8_weight, _label, _rel_err, cycling, graph_time,  # noqa: E402
-                         parse_shapes)
+                         parse_shapes, weight_copies)
 
 
 GRIDS = {
@@ -62,8 +62,7 @@ def main() -> None:
     for k, n in shapes:
         weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
         w8, w8_scale = _fp8_weight(weight)
-        copies = [(weight, w8, w8_scale)] + [tuple(t.clone() for t in (weight, w8, w8_scale))
-                                             for _ in range(args.rotate - 1)]
+        copies = weight_copies((weight, w8, w8_scale), args.rotate)
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
         ref = x.float() @ (w8.float() * w8_scale[:, None]).t()
         t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))

@@ -12,7 +12,8 @@ import argparse
 
 import torch
 
-from bench_quant import cycling, graph_time, parse_shapes, w4a16_operands
+from bench_quant import (cycling, graph_time, parse_shapes, w4a16_operands,
+                         weight_copies)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -50,9 +51,7 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        copies = [(weight, packed, scales, zeros)] + [
-            tuple(t.clone() for t in (weight, packed, scales, zeros))
-            for _ in range(args.rotate - 1)]
+        copies = weight_copies((weight, packed, scales, zeros), args.rotate)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ ref_weight
