@@ -5,9 +5,11 @@ against the fp32 product with the dequantized weight before it is timed by CUDA-
 replay, as decode runs).
 
     python bench/sweep_w4a16_mma.py [--ms 1 16 32 64] [--quick] [--verbose]
+        [--family one_row]
 """
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from dataclasses import replace
@@ -28,6 +30,13 @@ def candidates(m: int, n: int, k: int, quick: bool):
     yield "", replace(default, params_ahead=not default.params_ahead)
     if default.params_ahead and default.load_steps == 1:
         yield "", replace(default, paired_steps=not default.paired_steps)
+    if quick == "one_row":  # the one-row loop (words, x and parameters a load ahead, steps
+        # in pairs) over tile widths, warps and K splits; 16 splits and more summed by the last
+        for (bn, warps), split in itertools.product(
+                ((64, 2), (64, 4), (128, 4), (128, 8), (256, 8)), (4, 8, 16, 32)):
+            yield "", MmaConfig(bn, 128, split, warps, params_ahead=True, paired_steps=True,
+                                last_split_reduces=split >= 16)
+        return
     if quick:
         return
     if m <= 16:

@@ -57,8 +57,9 @@ if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
     from tamis.kernels._gluon import gdc_launch_dependents, gdc_wait, gl, thread_barrier
-    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_x, _min,
-                                               _physical_columns, _store_out_t,
+    from tamis.kernels.w4a16_fragments import (_column_order, _logical_x, _min,
+                                               _logical_columns, _physical_columns,
+                                               _store_out_t,
                                                _unpack_tile, _word_layout, _x_layout)
 
 MMA_MAX_M = 64
@@ -201,15 +202,46 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 if gluon is not None:
 
     @gluon.jit
-    def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn, mask_cn,
-                      GROUP_SIZE: gl.constexpr):
+    def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn,
+                      GROUP_SIZE: gl.constexpr, ORDER: gl.constexpr):
         """(-(128 + z) as bf16x2 per word column, s per output column) of the group of
-        row k (clamped to K - 1)."""
-        g = gl.minimum(k, K - 1) // GROUP_SIZE
-        nzz = _bf16x2(-(gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn,
-                                other=0.0).to(gl.float32) + 128.0))
-        s = gl.load(s_ptr + g * stride_sg + offs_cn, mask=mask_cn, other=0.0)
-        return nzz, s
+        row k (clamped to K - 1). Both load in the word layout, one vector a thread with
+        ``vector_columns`` (loaded by output column the compiler cannot tell the columns
+        of a thread are adjacent: one 16-bit load each)."""
+        g = _group_of(gl.minimum(k, K - 1), GROUP_SIZE)
+        z = gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0)
+        s = gl.load(s_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0)
+        return _negated_offset_zero(z), _scales_by_logical_column(s, ORDER, offs_cn)
+
+    @gluon.jit
+    def _scales_by_logical_column(s, ORDER: gl.constexpr, like):
+        """Scales loaded by physical column (in the word layout, as one vector a thread)
+        -> by logical column in ``like``'s layout (the accumulator's columns): the same
+        thread holds both, so no data moves."""
+        BN: gl.constexpr = s.shape[0]
+        t = gl.reshape(_logical_columns(gl.reshape(s, [BN, 1]), ORDER), [BN])
+        return gl.convert_layout(t, like.type.layout, assert_trivial=True)
+
+    @gluon.jit
+    def _group_of(k, GROUP_SIZE: gl.constexpr):
+        """The group of row k >= 0 (a shift for power-of-two groups: k // GROUP_SIZE on a
+        signed k costs three instructions)."""
+        if GROUP_SIZE & (GROUP_SIZE - 1) == 0:
+            return k >> _log2(GROUP_SIZE)
+        return k // GROUP_SIZE
+
+    @gluon.constexpr_function
+    def _log2(n):
+        return n.bit_length() - 1
+
+    @gluon.jit
+    def _negated_offset_zero(z):
+        """-(128 + z) as bf16, twice in an int32, for integer zero points z in [0, 16]
+        (``mma_layout_supported``), without float conversions: 1024 + z in fp16 has z in
+        its low mantissa bits, and bf16 -(128 + z) is 0xC300 | z."""
+        z_bits = (z.to(gl.float16) + 1024.0).to(gl.int16, bitcast=True).to(gl.int32)
+        negated = (z_bits & 0xFF) | 0xC300
+        return negated | (negated << 16)
 
     @gluon.jit
     def _step_with(acc, words, x, nzz, s, A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr,
@@ -221,27 +253,27 @@ if gluon is not None:
         return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
 
     @gluon.jit
-    def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn, mask_cn,
+    def _step(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn,
               K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr,
               ORDER: gl.constexpr):
         """acc + the product of one step (rows k.. of K, inside one group; past K, x reads
         as 0 and the last group's scale stands in)."""
         nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn,
-                               mask_cn, GROUP_SIZE)
+                               GROUP_SIZE, ORDER)
         return _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
     def _two_steps(acc, words, x, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn, offs_cn,
-                   mask_cn, K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr,
+                   K, GROUP_SIZE: gl.constexpr, A_LAYOUT: gl.constexpr,
                    B_LAYOUT: gl.constexpr, ORDER: gl.constexpr, WL: gl.constexpr,
                    XL: gl.constexpr):
         """``_step`` over the two halves of a load of two steps."""
         words_a, words_b = _halves(words, 1, WL)
         x_a, x_b = _halves(x, 0, XL)
         acc = _step(acc, words_a, x_a, k, z_ptr, s_ptr, stride_sg, offs_wn, mask_wn,
-                    offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                    offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
         return _step(acc, words_b, x_b, k + x_a.shape[0], z_ptr, s_ptr, stride_sg, offs_wn,
-                     mask_wn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                     mask_wn, offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
     def _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT: gl.constexpr,
@@ -256,13 +288,13 @@ if gluon is not None:
 
     @gluon.jit
     def _load_step(w_ptrs, x_ptrs, z_ptr, s_ptr, k, stride_qk, stride_sg, offs_wr, mask_wn,
-                   offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K,
-                   GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr):
+                   offs_zn, mask_zn, offs_cn, offs_xk, K,
+                   GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr, ORDER: gl.constexpr):
         """(words, -(128 + z), s, x^T) of the one-step load at row k of K."""
-        words = _load_words(w_ptrs, k // 8 * stride_qk, k // 8 + offs_wr, mask_wn, K, EVEN)
+        words = _load_words(w_ptrs, (k >> 3) * stride_qk, (k >> 3) + offs_wr, mask_wn, K, EVEN)
         nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn, offs_cn,
-                               mask_cn, GROUP_SIZE)
-        return words, nzz, s, _load_x(x_ptrs, k, offs_xk, mask_xm, K, EVEN)
+                               GROUP_SIZE, ORDER)
+        return words, nzz, s, _load_x(x_ptrs, k, offs_xk, K, EVEN)
 
     @gluon.jit
     def _halves(t, DIM: gl.constexpr, LAYOUT: gl.constexpr):
@@ -324,27 +356,26 @@ if gluon is not None:
         offs_zn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL1))
         mask_zn = offs_zn < N
         mask_cn = offs_cn < N
-        mask_xm = offs_xm < M
         w_ptrs = qw_ptr + offs_wr[None, :] * stride_qk + offs_wn[:, None]
-        x_ptrs = x_ptr + offs_xm[None, :] * stride_xm + offs_xk[:, None]
+        x_ptrs = x_ptr + _x_rows(offs_xm, M)[None, :] * stride_xm + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
         AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
         if PREFETCH:
-            ahead = _load_words(w_ptrs, k_lo // 8 * stride_qk, k_lo // 8 + offs_wr, mask_wn,
+            ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
                                 K, EVEN)
         if AHEAD:
             nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
-                                               mask_zn, offs_cn, mask_cn, GROUP_SIZE)
+                                               mask_zn, offs_cn, GROUP_SIZE, ORDER)
             if LOAD_STEPS == 2:  # the second step's group
                 nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
-                                                     K, offs_zn, mask_zn, offs_cn, mask_cn,
-                                                     GROUP_SIZE)
+                                                     K, offs_zn, mask_zn, offs_cn,
+                                                     GROUP_SIZE, ORDER)
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
         if AHEAD and not X_SHARED:
-            x_next = _load_x(x_ptrs, k_lo, offs_xk, mask_xm, K, EVEN)
+            x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
         if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
             XG: gl.constexpr = gl.BlockedLayout(
                 [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
@@ -354,20 +385,20 @@ if gluon is not None:
             x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
             offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
             offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
-            xg_ptrs = x_ptr + offs_gm[None, :] * stride_xm + offs_gk[:, None]
-            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, offs_gm < M, K, EVEN)
+            xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
+            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
         if PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
             for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
                 words_b, nzz_b, s_b, x_b = _load_step(
                     w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
-                    mask_wn, offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K,
-                    GROUP_SIZE, EVEN)
+                    mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K,
+                    GROUP_SIZE, EVEN, ORDER)
                 acc = _step_with(acc, ahead, x_next, nzz_ahead, s_ahead, A_LAYOUT, B_LAYOUT,
                                  ORDER)
                 k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
                 ahead, nzz_ahead, s_ahead, x_next = _load_step(
                     w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
-                    offs_zn, mask_zn, offs_cn, mask_cn, offs_xk, mask_xm, K, GROUP_SIZE, EVEN)
+                    offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER)
                 acc = _step_with(acc, words_b, x_b, nzz_b, s_b, A_LAYOUT, B_LAYOUT, ORDER)
             if (k_hi - k_lo + STEP_K - 1) // STEP_K % 2 == 1:  # an odd step left, in (a)
                 acc = _step_with(acc, ahead, x_next, nzz_ahead, s_ahead, A_LAYOUT, B_LAYOUT,
@@ -378,32 +409,32 @@ if gluon is not None:
                 k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
                 if PREFETCH:
                     words = ahead
-                    ahead = _load_words(w_ptrs, k1 // 8 * stride_qk, k1 // 8 + offs_wr,
+                    ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
                                         mask_wn, K, EVEN)
                     if AHEAD:
                         nzz, s = nzz_ahead, s_ahead
                         nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
-                                                           offs_zn, mask_zn, offs_cn, mask_cn,
-                                                           GROUP_SIZE)
+                                                           offs_zn, mask_zn, offs_cn,
+                                                           GROUP_SIZE, ORDER)
                         if LOAD_STEPS == 2:
                             nzz2, s2 = nzz2_ahead, s2_ahead
                             nzz2_ahead, s2_ahead = _group_params(
                                 z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
-                                offs_cn, mask_cn, GROUP_SIZE)
+                                offs_cn, GROUP_SIZE, ORDER)
                 else:
-                    words = _load_words(w_ptrs, k0 // 8 * stride_qk, k0 // 8 + offs_wr, mask_wn,
+                    words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr, mask_wn,
                                         K, EVEN)
                 if X_SHARED:
                     thread_barrier()  # every warp has read the last step's tile
                     x_smem.store(x_ahead)
-                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, offs_gm < M, K, EVEN)
+                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
                     thread_barrier()
                     x = x_smem.load(XL)
                 elif AHEAD:
                     x = x_next
-                    x_next = _load_x(x_ptrs, k1, offs_xk, mask_xm, K, EVEN)
+                    x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
                 else:
-                    x = _load_x(x_ptrs, k0, offs_xk, mask_xm, K, EVEN)
+                    x = _load_x(x_ptrs, k0, offs_xk, K, EVEN)
                 if AHEAD and LOAD_STEPS == 1:
                     acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
                 elif AHEAD:
@@ -411,7 +442,7 @@ if gluon is not None:
                                           ORDER, WL1, XL1)
                 elif LOAD_STEPS == 1:
                     acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
-                                offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                                offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
                 else:
                     WL2: gl.constexpr = _word_layout(
                         gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
@@ -421,14 +452,14 @@ if gluon is not None:
                         words_a, words_b = _halves(words, 1, WL2)
                         x_a, x_b = _halves(x, 0, XL2)
                         acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                         mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
                                          B_LAYOUT, ORDER, WL1, XL1)
                         acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
-                                         stride_sg, offs_zn, mask_zn, offs_cn, mask_cn, K,
+                                         stride_sg, offs_zn, mask_zn, offs_cn, K,
                                          GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
                     else:
                         acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                         mask_zn, offs_cn, mask_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
                                          B_LAYOUT, ORDER, WL1, XL1)
 
         if PDL_TRIGGER == 2:
@@ -447,11 +478,19 @@ if gluon is not None:
         return 32 if block_k >= 64 else 8
 
     @gluon.jit
-    def _load_x(x_ptrs, k0, offs_k, mask_m, K, EVEN: gl.constexpr):
-        """The x^T tile of rows k0.. (physical order); rows past M or K read as 0."""
+    def _x_rows(offs_m, M):
+        """Rows of x to read for tile rows ``offs_m``: past M, row M - 1 again."""
+        return gl.minimum(offs_m, M - 1)
+
+    @gluon.jit
+    def _load_x(x_ptrs, k0, offs_k, K, EVEN: gl.constexpr):
+        """The x^T tile of rows k0.. (physical order); rows past K read as 0. The
+        pointers of rows of x past M repeat row M - 1 (``_x_rows``): those columns of
+        the product are never stored, and loading them unmasked spares the zeroing
+        and predicates of a masked load."""
         if EVEN:
-            return gl.load(x_ptrs + k0, mask=mask_m[None, :], other=0.0)
-        return gl.load(x_ptrs + k0, mask=mask_m[None, :] & (k0 + offs_k < K)[:, None], other=0.0)
+            return gl.load(x_ptrs + k0)
+        return gl.load(x_ptrs + k0, mask=(k0 + offs_k < K)[:, None], other=0.0)
 
     @gluon.jit
     def _load_words(w_ptrs, offset, rows, mask_n, K, EVEN: gl.constexpr):

@@ -144,3 +144,18 @@ def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(split, k, n, group_
 ])
 def test_one_wave_split(blocks, warps, k, expected):
     assert one_wave_split(blocks, warps, k, 128, 132) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 3])
+def test_fp32_scales_and_zero_points_match_the_reference(m):
+    """Layers keep fp32 scales and zero points where fp16 would round the scales
+    (``quant.wna16``); the kernel turns the zero points into bf16 through fp16."""
+    k, n, group_size = 1024, 520, 128
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=11 + m)
+    scales, zeros = scales.float() * 1.0001, zeros.float()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
