@@ -33,7 +33,7 @@ def candidates(m: int, n: int, k: int, quick: bool):
     if quick == "one_row":  # the one-row loop (words, x and parameters a load ahead, steps
         # in pairs) over tile widths, warps and K splits; 16 splits and more summed by the last
         for (bn, warps), split in itertools.product(
-                ((64, 2), (64, 4), (128, 4), (128, 8), (256, 8)), (4, 8, 16, 32)):
+                ((64, 2), (128, 4), (128, 8), (256, 8)), (8, 16, 32)):
             yield "", MmaConfig(bn, 128, split, warps, params_ahead=True, paired_steps=True,
                                 last_split_reduces=split >= 16)
         return
