@@ -116,7 +116,8 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     16 splits summed by the last split (5.6-5.9 against 6.3-6.4 us on 4096 x 4096; with
     2 or 8 splits it was a wash). 2..8 rows (session 7, identity
     column order): 128 columns on 8 warps split 8 ways; 9..16 rows (session 8): 64
-    columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); wide layers
+    columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); deep layers
+    (K >= 8192) at 2..8 rows also a load ahead (session 17); wide layers
     (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
     split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
     block_k = step_rows(k, group_size)
@@ -136,7 +137,10 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     if m > 8:  # 9..16 rows: 64 columns on 2 warps, two steps per load
         return MmaConfig(64, block_k, 8 if k >= 8192 else 4, 2, load_steps=2,
                          vector_columns=False, params_ahead=True)
-    return MmaConfig(128, block_k, 8, 8, vector_columns=False)
+    # 2..8 rows: x, scales and zero points a load ahead on deep layers (session 17, 14336 x
+    # 4096: 19.1-20.0 against 20.3-21.3 us at 2, 4 and 8 rows, in two calls; 0.1-3.7 us
+    # slower on 4096 x 4096 and 4096 x 6144).
+    return MmaConfig(128, block_k, 8, 8, vector_columns=False, params_ahead=k >= 8192)
 
 
 def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: int) -> int:

@@ -84,7 +84,9 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
             # steps in pairs: an even and an odd number of steps a split, and tails
             MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True),
             MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True),
-            MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True)]
+            MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True),
+            # 2..8 rows on deep layers: a load ahead on 8 warps
+            MmaConfig(128, 128, 8, 8, vector_columns=False, params_ahead=True)]
 
 
 @pytest.mark.gpu
