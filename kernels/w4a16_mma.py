@@ -29,7 +29,8 @@ Per word, one inline-PTX block (``tamis.kernels.w4a16_fragments._UNPACK``)::
     v_j = fma(v_j, 1, -(128 + z))                      # (q_j - z, q_{j+4} - z), exact
 
 (integer zero points: ``q - z`` is an integer of at most 5 bits, exact in bf16). The MMA
-multiplies that tile by x^T (rows of x past M are zeros) in fp32, and the group scale
+multiplies that tile by x^T in fp32 (the tile's rows of x past M repeat row M - 1: their
+output columns are never stored), and the group scale
 multiplies each step's product per output column in fp32: every step lies inside one
 group. K is split over programs; the last program of a tile reduces the splits
 (``tamis.kernels.splitk``). Knobs (``MmaConfig``): words of 1, 2 or 4 steps load together
