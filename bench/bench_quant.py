@@ -280,6 +280,19 @@ def weight_copies(tensors: tuple, copies: int) -> list[tuple]:
     return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
 
 
+def start_on_gpu() -> None:
+    """What each GPU sweep does first: seed torch (the same operands every run) and name
+    the device in its log."""
+    torch.manual_seed(0)
+    print(torch.cuda.get_device_name(), flush=True)
+
+
+def bf16_weight(k: int, n: int) -> torch.Tensor:
+    """The bf16 weight [N, K] of a layer as the GEMM benchmarks draw it (normal, std 0.02,
+    from torch's CUDA generator)."""
+    return (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+
+
 def w4a16_operands(k: int, n: int, group: int = 128):
     from tamis.quant.packing import pack_int32
     codes = torch.randint(0, 16, (k, n), device="cuda")
@@ -333,7 +346,7 @@ def run_gemm(args) -> None:
           "timing:", "eager CUDA events" if args.eager else "CUDA graph replay", flush=True)
     rows, pdl_rows = [], []
     for k, n in SHAPES:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         dense_w4 = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)  # [K, N] fp32
         # The words as a bf16 model's layers hold them (``quant.wna16._adopt_mma_layout``).

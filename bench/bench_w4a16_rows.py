@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import (cycling, graph_time, parse_shapes, w4a16_operands,  # noqa: E402
-                         weight_copies)
+from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
+                         start_on_gpu, w4a16_operands, weight_copies)
 
 
 def main() -> None:
@@ -28,11 +28,10 @@ def main() -> None:
     parser.add_argument("--ms", type=int, nargs="+", default=[65, 96, 128, 192, 256])
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     args = parser.parse_args()
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
+    start_on_gpu()
     print("KxN            M    bf16  before     x     now     x  (us; x = bf16 / ours)")
     for k, n in parse_shapes(args.shapes):
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)

@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import w4a16_operands  # noqa: E402
+from bench_quant import bf16_weight, w4a16_operands  # noqa: E402
 
 
 def main() -> None:
@@ -44,7 +44,7 @@ def main() -> None:
     calls = []
     for shape in args.shapes:
         k, n = map(int, shape.split("x"))
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         for m in args.ms:

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import SHAPES, _best, _label, _rel_err, graph_time  # noqa: E402
+from bench_quant import (SHAPES, _best, _label, _rel_err, bf16_weight,  # noqa: E402
+                         graph_time)
 
 LM_HEAD = (4096, 128256)
 
@@ -37,7 +38,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     for k, n in [*SHAPES, LM_HEAD]:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         ones = torch.ones(n, device="cuda")
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
         ref = x.float() @ weight.float().t()

@@ -21,8 +21,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import (_fp8_weight, _label, _rel_err, cycling, graph_time,  # noqa: E402
-                         parse_shapes, weight_copies)
+from bench_quant import (_fp8_weight, _label, _rel_err, bf16_weight, cycling,  # noqa: E402
+                         graph_time, parse_shapes, start_on_gpu, weight_copies)
 
 
 GRIDS = {
@@ -56,11 +56,10 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=5)
     args = parser.parse_args()
     shapes = parse_shapes(args.shapes)
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
+    start_on_gpu()
     table = []
     for k, n in shapes:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         w8, w8_scale = _fp8_weight(weight)
         copies = weight_copies((weight, w8, w8_scale), args.rotate)
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)

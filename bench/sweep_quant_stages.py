@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import (SHAPES, _best, _fp8_weight, _label, _rel_err, graph_time,  # noqa: E402
-                         w4a16_operands)
+from bench_quant import (SHAPES, _best, _fp8_weight, _label, _rel_err,  # noqa: E402
+                         bf16_weight, graph_time, w4a16_operands)
 
 
 def packed_gemv_grid(n: int):
@@ -59,7 +59,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     for k, n in SHAPES[:args.shapes]:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         dense = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
         cells = []

@@ -21,7 +21,8 @@ from dataclasses import replace
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import SHAPES, cycling, graph_time, w4a16_operands  # noqa: E402
+from bench_quant import (SHAPES, bf16_weight, cycling, graph_time,  # noqa: E402
+                         start_on_gpu, w4a16_operands)
 
 
 def kernels_at(m: int, k: int, n: int):
@@ -50,12 +51,11 @@ def main() -> None:
     parser.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32, 64])
     parser.add_argument("--rotate", type=int, default=16)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
+    start_on_gpu()
     print(f"{'KxN':11s} {'M':>3s} {'kernel':10s} {'split':>5s} {'bf16':>6s} "
           f"{'arrival':>8s} {'x':>5s} {'last':>7s} {'x':>5s} {'linear':>7s} {'x':>5s}")
     for k, n in SHAPES:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         w8, s8 = quantize_weight_per_channel(weight)
         one = dict(w=weight, p=mma_pack(qweight, k), s=scales, z=zeros, w8=w8, s8=s8)

@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import SHAPES, _rel_err, graph_time, w4a16_operands  # noqa: E402
+from bench_quant import (SHAPES, _rel_err, bf16_weight, graph_time,  # noqa: E402
+                         w4a16_operands)
 
 
 def grid(m: int):
@@ -49,7 +50,7 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     for k, n in SHAPES:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         dense = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
         for m in args.ms:

@@ -12,8 +12,8 @@ import argparse
 
 import torch
 
-from bench_quant import (cycling, graph_time, parse_shapes, w4a16_operands,
-                         weight_copies)
+from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes, w4a16_operands,
+                         start_on_gpu, weight_copies)
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -43,11 +43,10 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     args = parser.parse_args()
     shapes = parse_shapes(args.shapes)
-    torch.manual_seed(0)
-    print(torch.cuda.get_device_name(), flush=True)
+    start_on_gpu()
     table = []
     for k, n in shapes:
-        weight = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
         ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
