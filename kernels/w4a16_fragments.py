@@ -155,6 +155,19 @@ if gluon is not None:
             warp_bases=[[pi(k), m] for k, m in b_layout.warp_bases], block_bases=[],
             shape=b_layout.shape)
 
+    @gluon.constexpr_function
+    def _x_word_layout(x_layout):
+        """``_x_layout`` of bf16 pairs: the layout of [BLOCK_K / 2, BLOCK_M] int32 whose
+        halves are physical rows 2i and 2i + 1 of ``x_layout`` (its first register basis
+        is row 1)."""
+        assert x_layout.reg_bases[0] == [1, 0]
+        def half(bases):
+            return [[k >> 1, m] for k, m in bases]
+        return gl.DistributedLinearLayout(
+            reg_bases=half(x_layout.reg_bases[1:]), lane_bases=half(x_layout.lane_bases),
+            warp_bases=half(x_layout.warp_bases), block_bases=[],
+            shape=[x_layout.shape[0] // 2, x_layout.shape[1]])
+
     @gluon.jit
     def _logical_x(x, B_LAYOUT: gl.constexpr):
         """x^T [BLOCK_K, BLOCK_M] in physical row order -> logical order, in B_LAYOUT."""

@@ -61,7 +61,8 @@ if gluon is not None:
     from tamis.kernels.w4a16_fragments import (_column_order, _logical_x, _min,
                                                _logical_columns, _physical_columns,
                                                _store_out_t,
-                                               _unpack_tile, _word_layout, _x_layout)
+                                               _unpack_tile, _word_layout, _x_layout,
+                                               _x_word_layout)
 
 MMA_MAX_M = 64
 
@@ -253,6 +254,9 @@ if gluon is not None:
                    ORDER: gl.constexpr):
         """acc + the product of one step whose group parameters (``_group_params``) are
         loaded."""
+        if x.dtype == gl.int32:  # x^T as bf16 pairs (``_load_x_words``)
+            x = _x_from_words(x, _x_layout(gl.to_linear_layout(B_LAYOUT, [2 * x.shape[0],
+                                                                          x.shape[1]])))
         xb = _logical_x(x, B_LAYOUT)
         w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
         return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
@@ -299,7 +303,7 @@ if gluon is not None:
         words = _load_words(w_ptrs, (k >> 3) * stride_qk, (k >> 3) + offs_wr, mask_wn, K, EVEN)
         nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn, offs_cn,
                                GROUP_SIZE, ORDER)
-        return words, nzz, s, _load_x(x_ptrs, k, offs_xk, K, EVEN)
+        return words, nzz, s, _load_x_words(x_ptrs, k, offs_xk, K, EVEN)
 
     @gluon.jit
     def _halves(t, DIM: gl.constexpr, LAYOUT: gl.constexpr):
@@ -379,7 +383,14 @@ if gluon is not None:
                                                      GROUP_SIZE, ORDER)
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
-        if AHEAD and not X_SHARED:
+        if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
+            XW: gl.constexpr = _x_word_layout(XL)
+            offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
+            offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
+            x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+                      + _x_rows(offs_xm, M)[None, :] * (stride_xm // 2) + offs_xk[:, None])
+            x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
+        elif AHEAD and not X_SHARED:
             x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
         if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
             XG: gl.constexpr = gl.BlockedLayout(
@@ -488,6 +499,24 @@ if gluon is not None:
         return gl.minimum(offs_m, M - 1)
 
     @gluon.jit
+    def _load_x_words(x_ptrs, k0, offs_kw, K, EVEN: gl.constexpr):
+        """``_load_x`` as bf16 pairs: ``x_ptrs`` int32 pointers over [STEP_K / 2, BLOCK_M]
+        (``_x_word_layout``), word i of a column rows 2i and 2i + 1."""
+        if EVEN:
+            return gl.load(x_ptrs + (k0 >> 1))
+        return gl.load(x_ptrs + (k0 >> 1), mask=(k0 + 2 * offs_kw < K)[:, None], other=0)
+
+    @gluon.jit
+    def _x_from_words(w, XL: gl.constexpr):
+        """bf16 pairs [STEP_K / 2, BLOCK_M] -> the x^T tile [STEP_K, BLOCK_M] in XL (no
+        data moves: each pair's halves stay in its register)."""
+        lo = w.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        hi = (w >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True)
+        t = gl.permute(gl.join(lo, hi), [0, 2, 1])
+        t = gl.reshape(t, [2 * w.shape[0], w.shape[1]])
+        return gl.convert_layout(t, XL, assert_trivial=True)
+
+    @gluon.jit
     def _load_x(x_ptrs, k0, offs_k, K, EVEN: gl.constexpr):
         """The x^T tile of rows k0.. (physical order); rows past K read as 0. The
         pointers of rows of x past M repeat row M - 1 (``_x_rows``): those columns of
@@ -546,6 +575,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"MMA path takes bf16 x with M <= {MMA_MAX_M}, K % 32 == 0 and "
                          f"32-row groups; got M={m}, K={k}, group {group_size}, {x.dtype}")
     x = x.contiguous()
+    if x.data_ptr() % 4:  # the one-row loop reads x as bf16 pairs (``_load_x_words``)
+        x = x.clone()
     config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")

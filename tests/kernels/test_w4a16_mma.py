@@ -161,3 +161,18 @@ def test_fp32_scales_and_zero_points_match_the_reference(m):
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+def test_x_at_an_odd_element_offset_matches_the_reference():
+    """The one-row loop reads x as bf16 pairs: x starting 2 bytes into its storage is
+    copied first, not read misaligned."""
+    k, n, group_size = 1024, 520, 128
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=5)
+    storage = torch.randn(k + 1, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x = storage.cuda()[1:].view(1, k)
+    assert x.data_ptr() % 4 == 2
+    got = w4a16_gemm_mma(x, mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size)
+    assert_matches_reference(got, x.cpu(), qweight, scales, zeros, group_size)
