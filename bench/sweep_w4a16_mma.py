@@ -5,7 +5,7 @@ against the fp32 product with the dequantized weight before it is timed by CUDA-
 replay, as decode runs).
 
     python bench/sweep_w4a16_mma.py [--ms 1 16 32 64] [--quick] [--verbose]
-        [--family one_row]
+        [--family one_row | x_sums]
 """
 from __future__ import annotations
 
@@ -30,12 +30,16 @@ def candidates(m: int, n: int, k: int, quick: bool):
     yield "", replace(default, params_ahead=not default.params_ahead)
     if default.params_ahead and default.load_steps == 1:
         yield "", replace(default, paired_steps=not default.paired_steps)
-    if quick == "one_row":  # the one-row loop (words, x and parameters a load ahead, steps
-        # in pairs) over tile widths, warps and K splits; 16 splits and more summed by the last
+    if quick in ("one_row", "x_sums"):  # the one-row loop (words, x and parameters a load
+        # ahead, steps in pairs) over tile widths, warps and K splits; 16 splits and more
+        # summed by the last; "x_sums": zero points by sums of x, and the default without
+        by_sums = quick == "x_sums"
+        if by_sums:
+            yield "", replace(default, zeros_by_x_sums=not default.zeros_by_x_sums)
         for (bn, warps), split in itertools.product(
                 ((64, 2), (128, 4), (128, 8), (256, 8)), (8, 16, 32)):
             yield "", MmaConfig(bn, 128, split, warps, params_ahead=True, paired_steps=True,
-                                last_split_reduces=split >= 16)
+                                last_split_reduces=split >= 16, zeros_by_x_sums=by_sums)
         return
     if quick:
         return

@@ -10,6 +10,8 @@ names below instead of the release's own.
   raise).
 - ``tma_load``: a TMA copy of a tensor descriptor's box into shared memory, signalling an
   mbarrier (3.6 ``tma.async_copy_global_to_shared``, 3.9 ``tma.async_load``).
+- ``rows_view``: a shared buffer [R, C] stored whole (2-D layout) seen as R rows to
+  ``.index`` (a 1-D layout), through 3.6's ``_reinterpret`` or 3.9's ``reinterpret``.
 - ``gdc_wait`` / ``gdc_launch_dependents``: programmatic dependent launch, Triton's
   own builtins, which Gluon kernels call as they are (``tamis.kernels.pdl``).
 
@@ -31,3 +33,15 @@ if gluon is not None:
     thread_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
     async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+    _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))
+
+    @gluon.jit
+    def rows_view(buffer):
+        """An unswizzled [R, C] shared buffer as R rows of C (``buffer.index(r)``)."""
+        ROWS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+        if _NEW_REINTERPRET:
+            view = buffer.reinterpret(buffer.dtype, buffer.shape, ROWS)
+        else:
+            view = buffer._reinterpret(buffer.dtype, buffer.shape, ROWS)
+        return view

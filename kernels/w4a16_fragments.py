@@ -55,6 +55,19 @@ if gluon is not None:
         + " mov.b32 {$0, $1}, v0;")
     _UNPACK = gl.constexpr(_UNPACK_TEMPLATE)
     _UNPACK_SCALED = gl.constexpr(_UNPACK_SCALED_TEMPLATE)
+    # Per word: $4 the word; $0..$3 v_0..v_3 = (128 + q_j, 128 + q_{j+4}) as bf16x2, the
+    # codes offset by 128 and no zero point (``_unpack_tile_offset``). 32-bit outputs: as
+    # 16-bit halves ptxas would move each into the MMA's register quad.
+    _UNPACK_OFFSET = gl.constexpr("""{
+ .reg .b32 t1, t2, t3;
+ shr.u32 t1, $4, 4;
+ shr.u32 t2, $4, 8;
+ shr.u32 t3, $4, 12;
+ lop3.b32 $0, $4, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 $1, t1, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 $2, t2, 0x000F000F, 0x43004300, 0xEA;
+ lop3.b32 $3, t3, 0x000F000F, 0x43004300, 0xEA;
+}""")
 
     @gluon.jit
     def _bf16x2(v):
@@ -195,6 +208,26 @@ if gluon is not None:
             _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
             dtype=(gl.bfloat16,) * 8, is_pure=True, pack=1)
         return _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT, ORDER)
+
+    @gluon.jit
+    def _unpack_tile_offset(words, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> 128 + q [BLOCK_N, BLOCK_K]
+        (bf16, exact; logical columns) in A_LAYOUT: ``_unpack_tile`` without the zero
+        point, which the caller subtracts after the MMA as (128 + z) times the sum of x."""
+        v0, v1, v2, v3 = gl.inline_asm_elementwise(
+            _UNPACK_OFFSET, "=r,=r,=r,=r,r", [words], dtype=(gl.int32,) * 4,
+            is_pure=True, pack=1)
+        o0, o1 = _bf16_halves(v0)
+        o2, o3 = _bf16_halves(v1)
+        o4, o5 = _bf16_halves(v2)
+        o6, o7 = _bf16_halves(v3)
+        return _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT, ORDER)
+
+    @gluon.jit
+    def _bf16_halves(v):
+        """The (low, high) bf16 halves of int32 v (no data moves)."""
+        return (v.to(gl.int16).to(gl.bfloat16, bitcast=True),
+                (v >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
 
     @gluon.jit
     def _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT: gl.constexpr,

@@ -102,8 +102,18 @@ def _compile(module: str, name: str, signature: dict[str, str], constexprs: dict
                                   options={"num_warps": num_warps, "enable_fp_fusion": True,
                                            **options})
     except Exception as exc:  # noqa: BLE001  (sent back as text)
-        raise _ChildError(f"{type(exc).__name__}: {exc}") from None
+        raise _ChildError(_error_chain(exc)) from None
     return _read_cubin(compiled.asm["cubin"])
+
+
+def _error_chain(exc: BaseException) -> str:
+    """An error and its causes (Triton's CompilationError names only the call site of a
+    nested jitted function; the error inside it is its cause)."""
+    parts = []
+    while exc is not None:
+        parts.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(parts)
 
 
 def _read_cubin(cubin: bytes) -> Build:
@@ -151,6 +161,39 @@ def _written_registers(ins: Instruction) -> set[int]:
     width = 4 if ("128" in mods or (base == "LDSM" and mods[-1:] == ["4"])) else (
         2 if ("64" in mods or "WIDE" in mods or (base == "LDSM" and mods[-1:] == ["2"])) else 1)
     return set(range(first, first + width))
+
+
+def _read_registers(ins: Instruction) -> set[int]:
+    """The general registers an instruction's source operands name (64-bit addresses
+    ``R4.64`` as two)."""
+    sources = ins.operands if not _written_registers(ins) else ins.operands[1:]
+    regs: set[int] = set()
+    for operand in sources:
+        for match in re.finditer(r"\bR(\d+)(\.64)?", operand):
+            first = int(match.group(1))
+            regs |= {first, first + 1} if match.group(2) else {first}
+    return regs
+
+
+def load_leads(loop: list[Instruction], load: str = "LDG", counted: str = "HMMA") -> list[int]:
+    """For each ``load`` of a loop body (instructions of one pass, the last the backward
+    branch): how many ``counted`` instructions issue between it and the first
+    instruction that reads a register it wrote (following the back edge): how far ahead
+    of its use the load was issued."""
+    leads = []
+    for i, ins in enumerate(loop):
+        if not ins.opcode.startswith(load):
+            continue
+        pending, seen = _written_registers(ins), 0
+        for later in loop[i + 1:] + loop[:i + 1]:
+            if _read_registers(later) & pending:
+                break
+            seen += later.opcode.startswith(counted)
+            pending -= _written_registers(later)
+            if not pending:
+                break
+        leads.append(seen)
+    return leads
 
 
 def _a_registers(ins: Instruction) -> set[int]:

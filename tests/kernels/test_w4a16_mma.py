@@ -3,6 +3,7 @@ reference (GPU; Gluon has no interpreter)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,39 @@ def test_x_at_an_odd_element_offset_matches_the_reference():
     got = w4a16_gemm_mma(x, mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size)
     assert_matches_reference(got, x.cpu(), qweight, scales, zeros, group_size)
+
+
+_BY_SUMS = [MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True,
+                      zeros_by_x_sums=True),
+            MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True,
+                      zeros_by_x_sums=True),
+            MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True,
+                      zeros_by_x_sums=True),
+            MmaConfig(256, 128, 16, 8, params_ahead=True, paired_steps=True,
+                      last_split_reduces=True, zeros_by_x_sums=True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("m", [1, 3, 16, 33])
+@pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
+@pytest.mark.parametrize("config", range(len(_BY_SUMS)))
+def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
+    """Codes unpacked as 128 + q and (128 + z) times each step's sum of x taken off the
+    product: the result of the zero point applied per word, within bf16 rounding (rows
+    of x summed per program, up to 16 rows in a program, splits of 1-7 steps, odd and
+    even, groups of 32 rows to all of K)."""
+    cfg = _BY_SUMS[config]
+    if group_size < k and group_size % cfg.block_k:
+        cfg = replace(cfg, block_k=32)
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=3 * m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
+    got = w4a16_gemm_mma(*args, cfg)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+    per_word = w4a16_gemm_mma(*args, replace(cfg, zeros_by_x_sums=False))
+    # Both round the same sums (up to fp32 rounding) to bf16: one bf16 step apart at
+    # most, or a thousandth of the largest output near 0.
+    floor = per_word.float().abs().max() * 1e-3
+    step = (per_word.float().abs() * 2.0 ** -7).clamp_min(floor)
+    assert ((got.float() - per_word.float()).abs() <= step).all()

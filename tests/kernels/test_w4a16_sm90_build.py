@@ -12,9 +12,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sm90_build import compile_sm90, inflight_clobbers, parse_sass  # noqa: E402
+from sm90_build import compile_sm90, inflight_clobbers, load_leads, parse_sass  # noqa: E402
 
 from tamis.kernels import w4a16_mma, w4a16_wgmma, w4a16_wgmma_tma  # noqa: E402
+from tamis.kernels.splitk import even_split  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(w4a16_mma.gluon is None, reason="triton without Gluon")
 
@@ -69,12 +70,15 @@ def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, l
                         launch_pdl=pdl)
 
 
-def _mma_build(block_m, config, pdl_trigger=None):
+def _mma_build(block_m, config, pdl_trigger=None, k=4096, m=1):
+    """The MMA kernel as ``w4a16_gemm_mma`` launches it for a K of k (even splits)."""
     pdl = pdl_trigger is not None
-    constexprs = w4a16_mma.mma_constexprs(config, block_m, 128, config.split_k, True,
-                                          pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
+    splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
+    constexprs = w4a16_mma.mma_constexprs(config, block_m, 128, splits, True,
+                                          pdl_wait=pdl, pdl_trigger=pdl_trigger or 0,
+                                          k_split=k_split, m=m)
     return compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps,
-                        launch_pdl=pdl)
+                        launch_pdl=pdl, **w4a16_mma.mma_compile_options(constexprs))
 
 
 def _before_the_wait(build) -> list[str]:
@@ -140,7 +144,7 @@ def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
     summed by their last split count their partners in with a RED (no wait for it)."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128)
     assert config.split_k > 1
-    build = _mma_build(8, config)
+    build = _mma_build(8, config, k=k)
     assert build.registers <= 128, f"{build.registers} registers: fewer programs resident"
     assert build.stack_bytes == 0
     if config.last_split_reduces:
@@ -166,15 +170,41 @@ def test_one_row_loop_spends_its_instructions_on_the_words(k, n):
     most 150 instructions of the loop (of 2 steps, 32 words a thread) are not the 11 of
     each word's unpack or its MMA."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128)
-    loop = _main_loop(_mma_build(8, config))
+    loop = _main_loop(_mma_build(8, config, k=k))
     opcodes = [x.opcode for x in loop]
     assert not [op for op in opcodes if op.startswith("LDG.E.U16")]
-    assert not [op for op in opcodes if op.startswith(("F2F", "F2FP", "FADD"))]
+    if not config.zeros_by_x_sums:  # else 128 + z is an fp32 sum on purpose
+        assert not [op for op in opcodes if op.startswith(("F2F", "F2FP", "FADD"))]
     assert opcodes.count("CS2R") <= 4
     words = opcodes.count("HMMA.16816.F32.BF16")
     assert words > 0
-    overhead = len(opcodes) - 12 * words
+    overhead = len(opcodes) - _words_own(config) * words
     assert overhead <= 150, f"{overhead} instructions besides the words' own"
+
+
+def _words_own(config) -> int:
+    """A word's instructions at one row: 3 shifts, 4 ``lop3``, (4 bf16x2 FMAs applying the
+    zero point, unless it comes off by sums of x) and one MMA."""
+    return 8 if config.zeros_by_x_sums else 12
+
+
+@needs_gluon
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (4096, 28672), (14336, 4096)])
+def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahead(k, n):
+    """With zero points by sums of x a word costs 8 instructions, not 12, and (built
+    with ``mma_compile_options``' register cap) every load of the loop still issues at
+    least 6 MMAs before its first use, as in the per-word loop: without the cap ptxas
+    put some right before their use (0 MMAs), a memory round trip exposed per pair of
+    steps (session 18: 9.3 against 7.1 us on 4096 x 6144)."""
+    config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
+                                 zeros_by_x_sums=True)
+    build = _mma_build(8, config, k=k)
+    assert build.registers <= 128 and build.stack_bytes == 0
+    loop = _main_loop(build)
+    words = sum(x.opcode.startswith("HMMA") for x in loop)
+    assert len(loop) - 8 * words <= 150
+    assert sum(x.opcode.startswith("HADD2") for x in loop) <= words, "zero point FMAs left"
+    assert min(load_leads(loop)) >= 6
 
 
 _WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")

@@ -1,0 +1,57 @@
+"""A/B of the one-row W4A16 kernel (``tamis.kernels.w4a16_mma``): the default tile
+against the same tile with one ``MmaConfig`` field changed, at the Llama-3.1-8B layer
+shapes, alternating A and B for a few rounds in one process (the call-to-call spread of
+the H200 is larger than the differences looked for), bf16 ``F.linear`` in each round;
+16 weight copies cycled, CUDA-graph replay (``bench_quant.py``'s method). Each output is
+checked against the fp32 product first.
+
+    python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_quant import (SHAPES, bf16_weight, cycling, graph_time, start_on_gpu,  # noqa: E402
+                         w4a16_operands, weight_copies)
+from tile_sweep import relative_error  # noqa: E402
+
+
+def main() -> None:
+    from tamis.kernels import w4a16
+    from tamis.kernels.w4a16_mma import mma_pack, pick_mma_config, w4a16_gemm_mma
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--field", required=True, help="a boolean MmaConfig field to flip")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    start_on_gpu()
+    for k, n in SHAPES:
+        weight = bf16_weight(k, n)
+        qweight, scales, zeros = w4a16_operands(k, n)
+        packed = mma_pack(qweight, k)
+        copies = weight_copies((weight, packed, scales, zeros), 16)
+        x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
+        ref = x.float() @ w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
+        a = pick_mma_config(1, n, k, 128)
+        b = replace(a, **{args.field: not getattr(a, args.field)})
+        errors = [relative_error(w4a16_gemm_mma(x, packed, scales, zeros, 128, c), ref)
+                  for c in (a, b)]
+        line = f"{k}x{n} {args.field}={getattr(a, args.field)}|{getattr(b, args.field)}"
+        print(f"{line} err {errors[0]:.3g} | {errors[1]:.3g}", flush=True)
+        for _ in range(args.rounds):
+            t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
+            t = [graph_time(cycling([lambda c=c, cfg=cfg: w4a16_gemm_mma(x, c[1], c[2], c[3],
+                                                                         128, cfg)
+                                     for c in copies])) for cfg in (a, b)]
+            print(f"{line} bf16 {t_bf16 * 1e3:.2f} A {t[0] * 1e3:.2f} ({t_bf16 / t[0]:.2f}x)"
+                  f" B {t[1] * 1e3:.2f} ({t_bf16 / t[1]:.2f}x) us", flush=True)
+
+
+if __name__ == "__main__":
+    main()
