@@ -7,7 +7,8 @@ word layout, unpack and K permutation serve both (Gluon, explicit layouts).
 The contract (``tamis.kernels.w4a16_mma``'s docstring has the derivation):
 - words [BLOCK_N, BLOCK_K / 8] load in ``_word_layout(A layout, order)``: each thread's
   words hold exactly the codes of its fragments; ``_unpack_tile`` (or
-  ``_unpack_tile_scaled``) turns them into the A operand with no data movement;
+  ``_unpack_tile_scaled``, or ``_unpack_tile_offset`` for codes left as 128 + q) turns
+  them into the A operand with no data movement;
 - inside each 32-row block of K, logical row k' is physical row ``pi(k')`` (k' bits 0, 3,
   4 -> bits 0, 1, 2; k' bits 1, 2 -> bits 3, 4): x^T must be read in that order
   (``_x_layout`` / ``_logical_x`` in registers, ``_physical_rows`` for a gather);

@@ -28,7 +28,10 @@ Per word, one inline-PTX block (``tamis.kernels.w4a16_fragments._UNPACK``)::
     v_j = lop3(word >> 4j, 0x000F000F, 0x43004300)   # bf16x2 (128 + q_j, 128 + q_{j+4})
     v_j = fma(v_j, 1, -(128 + z))                      # (q_j - z, q_{j+4} - z), exact
 
-(integer zero points: ``q - z`` is an integer of at most 5 bits, exact in bf16). The MMA
+(integer zero points: ``q - z`` is an integer of at most 5 bits, exact in bf16). On deep
+layers at one row (``MmaConfig.zeros_by_x_sums``) the FMA goes: the MMA takes 128 + q
+as it is and (128 + z) times the step's sum of x comes off its fp32 product
+(``_step_by_sums``; sums of x once per program, ``_x_step_sums``). The MMA
 multiplies that tile by x^T in fp32 (the tile's rows of x past M repeat row M - 1: their
 output columns are never stored), and the group scale
 multiplies each step's product per output column in fp32: every step lies inside one
