@@ -6,6 +6,10 @@ the H200 is larger than the differences looked for), bf16 ``F.linear`` in each r
 checked against the fp32 product first.
 
     python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
+    python bench/ab_w4a16_one_row.py --field split_k=4 split_k=16   (B, C, ...)
+
+``--field NAME`` flips a boolean field; ``NAME=VALUE`` sets an integer one (one variant
+each, timed after A in every round).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ def main() -> None:
     from tamis.kernels import w4a16
     from tamis.kernels.w4a16_mma import mma_pack, pick_mma_config, w4a16_gemm_mma
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--field", required=True, help="a boolean MmaConfig field to flip")
+    parser.add_argument("--field", required=True, nargs="+",
+                        help="NAME (a boolean MmaConfig field to flip) or NAME=VALUE (an int)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     start_on_gpu()
@@ -38,19 +43,25 @@ def main() -> None:
         copies = weight_copies((weight, packed, scales, zeros), 16)
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
         ref = x.float() @ w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        a = pick_mma_config(1, n, k, 128)
-        b = replace(a, **{args.field: not getattr(a, args.field)})
+        default = pick_mma_config(1, n, k, 128)
+        configs = [default] + [_variant(default, field) for field in args.field]
         errors = [relative_error(w4a16_gemm_mma(x, packed, scales, zeros, 128, c), ref)
-                  for c in (a, b)]
-        line = f"{k}x{n} {args.field}={getattr(a, args.field)}|{getattr(b, args.field)}"
-        print(f"{line} err {errors[0]:.3g} | {errors[1]:.3g}", flush=True)
+                  for c in configs]
+        print(f"{k}x{n} A = default, then {' '.join(args.field)}; err "
+              + " | ".join(f"{e:.3g}" for e in errors), flush=True)
         for _ in range(args.rounds):
             t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
-            t = [graph_time(cycling([lambda c=c, cfg=cfg: w4a16_gemm_mma(x, c[1], c[2], c[3],
-                                                                         128, cfg)
-                                     for c in copies])) for cfg in (a, b)]
-            print(f"{line} bf16 {t_bf16 * 1e3:.2f} A {t[0] * 1e3:.2f} ({t_bf16 / t[0]:.2f}x)"
-                  f" B {t[1] * 1e3:.2f} ({t_bf16 / t[1]:.2f}x) us", flush=True)
+            times = [graph_time(cycling([lambda c=c, cfg=cfg: w4a16_gemm_mma(
+                x, c[1], c[2], c[3], 128, cfg) for c in copies])) for cfg in configs]
+            print(f"{k}x{n} bf16 {t_bf16 * 1e3:.2f} " + " ".join(
+                f"{'ABCDEFGH'[i]} {t * 1e3:.2f} ({t_bf16 / t:.2f}x)" for i, t in enumerate(times))
+                + " us", flush=True)
+
+
+def _variant(config, field: str):
+    """config with ``NAME`` flipped or ``NAME=VALUE`` set."""
+    name, _, value = field.partition("=")
+    return replace(config, **{name: int(value) if value else not getattr(config, name)})
 
 
 if __name__ == "__main__":
