@@ -125,12 +125,12 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     4 warps; K split as far as one wave of programs allows (``one_wave_split``; session
     14: 4096 x 4096 16 ways, 4096 x 28672 2 ways, 21.6-22.2 against 23.0-23.3 us at 4),
     16 splits summed by the last split (5.6-5.9 against 6.3-6.4 us on 4096 x 4096; with
-    2 or 8 splits it was a wash); deep layers zero points by sums of x (session 18: 10.6-10.7
-    against 11.3 us on 14336 x 4096; on the narrow layers 0.0-0.15 us slower). 2..8 rows (session 7, identity
-    column order): 128 columns on 8 warps split 8 ways; 9..16 rows (session 8): 64
-    columns on 2 warps, two steps per load, split 4 ways (8 when K >= 8192); deep layers
-    (K >= 8192) at 2..8 rows also a load ahead (session 17); wide layers
-    (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
+    2 or 8 splits it was a wash); on deep layers zero points by sums of x (session 18:
+    10.4-10.7 against 11.0-11.3 us on 14336 x 4096; 0.0-0.16 us slower on the narrow
+    layers). 2..8 rows (session 7, identity column order): 128 columns on 8 warps split 8
+    ways; 9..16 rows (session 8): 64 columns on 2 warps, two steps per load, split 4 ways
+    (8 when K >= 8192); deep layers (K >= 8192) at 2..8 rows also a load ahead (session
+    17); wide layers (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
     split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
     block_k = step_rows(k, group_size)
     if m == 1:
@@ -271,12 +271,18 @@ if gluon is not None:
                    ORDER: gl.constexpr):
         """acc + the product of one step whose group parameters (``_group_params``) are
         loaded."""
-        if x.dtype == gl.int32:  # x^T as bf16 pairs (``_load_x_words``)
+        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
+        return acc + mma_v2(w, _x_operand(x, B_LAYOUT),
+                            gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
+
+    @gluon.jit
+    def _x_operand(x, B_LAYOUT: gl.constexpr):
+        """The MMA's B operand from a loaded x^T tile (physical row order), bf16 or
+        bf16 pairs (``_load_x_words``)."""
+        if x.dtype == gl.int32:
             x = _x_from_words(x, _x_layout(gl.to_linear_layout(B_LAYOUT, [2 * x.shape[0],
                                                                           x.shape[1]])))
-        xb = _logical_x(x, B_LAYOUT)
-        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
-        return acc + mma_v2(w, xb, gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
+        return _logical_x(x, B_LAYOUT)
 
     @gluon.jit
     def _step_by_sums(acc, words, x, zc, s, x_sum, A_LAYOUT: gl.constexpr,
@@ -285,13 +291,10 @@ if gluon is not None:
         is sum((q - z) x) + (128 + z) sum(x), so (128 + z) times ``x_sum`` (the step's
         sum of x per row of x) comes off it in fp32 before the scale. Exact products,
         fp32 sums: the same result within fp32 rounding of terms ~30x larger than the
-        sum kept.""" 
-        if x.dtype == gl.int32:  # x^T as bf16 pairs (``_load_x_words``)
-            x = _x_from_words(x, _x_layout(gl.to_linear_layout(B_LAYOUT, [2 * x.shape[0],
-                                                                          x.shape[1]])))
-        xb = _logical_x(x, B_LAYOUT)
+        sum kept."""
         w = _unpack_tile_offset(words, A_LAYOUT, ORDER)
-        product = mma_v2(w, xb, gl.zeros_like(acc)) - zc[:, None] * x_sum[None, :]
+        product = (mma_v2(w, _x_operand(x, B_LAYOUT), gl.zeros_like(acc))
+                   - zc[:, None] * x_sum[None, :])
         return acc + product * s.to(gl.float32)[:, None]
 
     @gluon.jit
@@ -626,6 +629,9 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     programs along K of ``k_split`` rows each, on x of m rows (shared with the sm_90
     build tests, so that they build what runs)."""
     by_sums = _paired(config) and config.zeros_by_x_sums
+    if by_sums and k_split <= 0:
+        raise ValueError("zeros_by_x_sums sizes its sums by the rows a split takes: "
+                         f"give k_split > 0, got {k_split}")
     steps = -(-k_split // config.block_k) if by_sums else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 X_ROWS=min(m, block_m) if by_sums else 1,

@@ -213,3 +213,13 @@ def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
     floor = per_word.float().abs().max() * 1e-3
     step = (per_word.float().abs() * 2.0 ** -7).clamp_min(floor)
     assert ((got.float() - per_word.float()).abs() <= step).all()
+
+
+def test_sums_of_x_need_the_rows_a_split_takes():
+    """The by-sums build sizes its shared sums by the split's steps: built without the
+    split's rows it refuses rather than build too few."""
+    config = MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True,
+                       zeros_by_x_sums=True)
+    with pytest.raises(ValueError, match="k_split"):
+        w4a16_mma.mma_constexprs(config, 8, 128, 8, True)
+    assert w4a16_mma.mma_constexprs(config, 8, 128, 8, True, k_split=896)["SUM_STEPS"] == 8
