@@ -62,10 +62,9 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, rows_view,
                                       thread_barrier)
-    from tamis.kernels.w4a16_fragments import (_column_order, _logical_x, _min,
-                                               _logical_columns, _physical_columns,
-                                               _store_out_t,
-                                               _bf16_halves, _unpack_tile,
+    from tamis.kernels.w4a16_fragments import (_bf16_halves, _column_order, _logical_columns,
+                                               _logical_x, _min, _physical_columns,
+                                               _store_out_t, _unpack_tile,
                                                _unpack_tile_offset, _word_layout, _x_layout,
                                                _x_word_layout)
 
@@ -231,18 +230,18 @@ if gluon is not None:
         z = gl.load(z_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0)
         s = gl.load(s_ptr + g * stride_sg + offs_wn, mask=mask_wn, other=0.0)
         if BY_SUMS:
-            zp = _scales_by_logical_column(z, ORDER, offs_cn).to(gl.float32) + 128.0
+            zp = _by_logical_column(z, ORDER, offs_cn).to(gl.float32) + 128.0
         else:
             zp = _negated_offset_zero(z)
-        return zp, _scales_by_logical_column(s, ORDER, offs_cn)
+        return zp, _by_logical_column(s, ORDER, offs_cn)
 
     @gluon.jit
-    def _scales_by_logical_column(s, ORDER: gl.constexpr, like):
-        """Scales loaded by physical column (in the word layout, as one vector a thread)
-        -> by logical column in ``like``'s layout (the accumulator's columns): the same
-        thread holds both, so no data moves."""
-        BN: gl.constexpr = s.shape[0]
-        t = gl.reshape(_logical_columns(gl.reshape(s, [BN, 1]), ORDER), [BN])
+    def _by_logical_column(v, ORDER: gl.constexpr, like):
+        """Per-column values (scales, zero points) loaded by physical column (in the word
+        layout, as one vector a thread) -> by logical column in ``like``'s layout (the
+        accumulator's columns): the same thread holds both, so no data moves."""
+        BN: gl.constexpr = v.shape[0]
+        t = gl.reshape(_logical_columns(gl.reshape(v, [BN, 1]), ORDER), [BN])
         return gl.convert_layout(t, like.type.layout, assert_trivial=True)
 
     @gluon.jit

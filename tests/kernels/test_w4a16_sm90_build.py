@@ -202,7 +202,7 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     assert build.registers <= 128 and build.stack_bytes == 0
     loop = _main_loop(build)
     words = sum(x.opcode.startswith("HMMA") for x in loop)
-    assert len(loop) - 8 * words <= 150
+    assert len(loop) - _words_own(config) * words <= 150
     assert sum(x.opcode.startswith("HADD2") for x in loop) <= words, "zero point FMAs left"
     assert min(load_leads(loop)) >= 6
 
