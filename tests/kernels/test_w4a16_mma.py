@@ -98,7 +98,7 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
 def test_kernel_matches_reference(m, k, n, group_size, config):
     cfg = _CONFIGS[config]
     if cfg is not None and group_size < k and group_size % cfg.block_k:
-        cfg = MmaConfig(cfg.block_n, 32, *list(cfg.__dict__.values())[2:])
+        cfg = replace(cfg, block_k=32)
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + k + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
@@ -179,14 +179,11 @@ def test_x_at_an_odd_element_offset_matches_the_reference():
     assert_matches_reference(got, x.cpu(), qweight, scales, zeros, group_size)
 
 
-_BY_SUMS = [MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True,
-                      zeros_by_x_sums=True),
-            MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True,
-                      zeros_by_x_sums=True),
-            MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True,
-                      zeros_by_x_sums=True),
-            MmaConfig(256, 128, 16, 8, params_ahead=True, paired_steps=True,
-                      last_split_reduces=True, zeros_by_x_sums=True)]
+# The paired tiles of _CONFIGS and the deep layers' default, by sums of x.
+_BY_SUMS = [replace(c, zeros_by_x_sums=True)
+            for c in _CONFIGS + [MmaConfig(256, 128, 16, 8, params_ahead=True,
+                                           paired_steps=True, last_split_reduces=True)]
+            if c is not None and c.paired_steps]
 
 
 @pytest.mark.gpu
