@@ -7,9 +7,10 @@ checked against the fp32 product first.
 
     python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
     python bench/ab_w4a16_one_row.py --field split_k=4 split_k=16   (B, C, ...)
+    python bench/ab_w4a16_one_row.py --field last_split_reduces=1+polled_partials=1
 
 ``--field NAME`` flips a boolean field; ``NAME=VALUE`` sets an integer one (one variant
-each, timed after A in every round).
+each, timed after A in every round; ``A+B`` changes both in one variant).
 """
 from __future__ import annotations
 
@@ -58,10 +59,12 @@ def main() -> None:
                 + " us", flush=True)
 
 
-def _variant(config, field: str):
-    """config with ``NAME`` flipped or ``NAME=VALUE`` set."""
-    name, _, value = field.partition("=")
-    return replace(config, **{name: int(value) if value else not getattr(config, name)})
+def _variant(config, fields: str):
+    """config with each ``NAME`` flipped or ``NAME=VALUE`` set (several joined by +)."""
+    for field in fields.split("+"):
+        name, _, value = field.partition("=")
+        config = replace(config, **{name: int(value) if value else not getattr(config, name)})
+    return config
 
 
 if __name__ == "__main__":

@@ -457,10 +457,25 @@ if gluon is not None:
         offs_cn = n0 + _physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
+        own_rows = (offs_cm >= pid_m * BLOCK_M) & (offs_cm < M)  # not the block before's
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
-                     (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                     own_rows[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
                      LINEAR_PARTIALS, NUM_WARPS)
+
+    @gluon.jit
+    def _first_x_row(pid_m, M, BLOCK_M: gl.constexpr):
+        """The row of x where row block pid_m's tile starts: pid_m * BLOCK_M, except that
+        the last block of several starts BLOCK_M rows before M, overlapping the block
+        before (whose rows it then does not store), so that its x boxes read at most the
+        15 rows past x that ``launched_rows`` adds (zeros from the TMA), not up to 63.
+        Boxes mostly past x made every step slower on the H200 (session 19, launched
+        rows, against the last block at pid_m * BLOCK_M: 14336 x 4096 at 65 rows 38.2
+        against 51.2 us, at 72 38.3 against 48.2; 4096 x 4096 at 72 15.9 against 20.7)."""
+        first = pid_m * BLOCK_M
+        if M > BLOCK_M:
+            first = gl.minimum(first, M - BLOCK_M)
+        return first
 
     @gluon.jit
     def _w4_wgmma_tma_kernel(
@@ -489,7 +504,7 @@ if gluon is not None:
         k_lo = pid_k * K_SPLIT
         nsteps = (gl.minimum(k_lo + K_SPLIT, K) - k_lo + BLOCK_K - 1) // BLOCK_K
         n0 = pid_n * BLOCK_N
-        m0 = pid_m * BLOCK_M
+        m0 = _first_x_row(pid_m, M, BLOCK_M)
 
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES * HALVES, _BOX_K // 8, BLOCK_N],
                                            w_desc.layout)
@@ -626,20 +641,32 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     splits, k_split = even_split(k, config.block_k, config.split_k)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    rows = launched_rows(m)
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     constexprs = tma_constexprs(config, block_m, min(group_size, k), splits,
                                 pdl_wait=pdl.launch(x.device),
                                 pdl_trigger=pdl.trigger(x.device, m))
     partials, counters = split_buffers(
         out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
-                                   config.block_n * block_m, m, n), blocks * m_blocks)
+                                   config.block_n * block_m, rows, n), blocks * m_blocks)
     x_desc, w_desc = descriptors(x, packed, config, block_m)
     _w4_wgmma_tma_kernel[(blocks, splits, m_blocks)](
         x_desc, w_desc, scales, zeros, out, partials, counters,
-        m, n, k, k_split, splits, scales.stride(0), out.stride(0), **constexprs,
+        rows, n, k, k_split, splits, scales.stride(0), out.stride(0), **constexprs,
         launch_pdl=pdl.launch(x.device), **compile_options(config),
     )
-    return out
+    return out[:m]
+
+
+def launched_rows(m: int) -> int:
+    """The M a launch on m rows of x states: m rounded up to a multiple of 16. The rows
+    past m read as zeros (x's descriptor has its true rows) and land in output rows that
+    are cut off (``w4a16_gemm_wgmma_tma`` returns the first m). Triton specialises M on
+    whether 16 divides it, and the other build of the 64-row tile needs 144 registers
+    instead of 113: 3 programs a multiprocessor instead of 4, so a split launch of 512
+    programs takes two waves (session 19, H200: 14336 x 4096 at 72 rows 56.7 us, at 80
+    38.5; with launched rows 38.3 at 72)."""
+    return -(-m // 16) * 16
 
 
 def compile_options(config: TmaConfig) -> dict:

@@ -298,6 +298,18 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
     assert inflight_clobbers(build.instructions()) == []
 
 
+@needs_gluon
+def test_tma_tile_of_several_row_blocks_fits_four_programs():
+    """65..128 rows on the narrow and deep layers: 4 K splits of 64-column blocks over
+    two row blocks, 512 programs, one wave if 4 fit a multiprocessor (128 registers).
+    Launches state M rounded up to 16 (``launched_rows``), as this build assumes: Triton
+    builds the tile for an M that 16 does not divide at 144 registers."""
+    config = w4a16_wgmma_tma.pick_tma_config(72, 4096, 14336, 128)
+    assert (config.split_k, config.producer_warp) == (4, False)
+    build = _tma_build(64, config)
+    assert build.registers <= 128 and build.stack_bytes == 0
+
+
 _PRODUCER_CONFIGS = [
     (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True,
                                    linear_partials=True, producer_warp=True)),

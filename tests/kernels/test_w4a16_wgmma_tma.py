@@ -15,7 +15,7 @@ from w4a16_cases import (KERNEL_SHAPES, assert_matches_reference,  # noqa: E402
 
 from tamis.kernels import w4a16_wgmma_tma  # noqa: E402
 from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
-from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig,  # noqa: E402
+from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, launched_rows,  # noqa: E402
                                            pick_tma_config, shared_bytes, tma_block_m,
                                            tma_dispatch, tma_supported,
                                            w4a16_gemm_wgmma_tma)
@@ -79,6 +79,11 @@ def test_unpack_overlaps_the_wgmmas_only_on_wide_layers_above_32_rows(m, n, over
     assert pick_tma_config(m, n, 4096, 128).overlap == overlap
 
 
+def test_launches_state_m_as_a_multiple_of_16():
+    assert [launched_rows(m) for m in (1, 16, 17, 33, 64, 65, 72, 80, 100, 256)] == \
+        [16, 16, 32, 48, 64, 80, 80, 80, 112, 256]
+
+
 def test_block_m_rounds_rows_up():
     assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 256)] == \
         [8, 8, 16, 16, 32, 32, 64, 64, 64, 64]
@@ -118,7 +123,7 @@ _CONFIGS = [None, TmaConfig(64, 128, 1, 4, 4), TmaConfig(128, 128, 2, 8, 3),
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
-@pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 65, 130])
+@pytest.mark.parametrize("m", [1, 9, 17, 33, 64, 65, 100, 130])
 @pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
 @pytest.mark.parametrize("config", range(len(_CONFIGS)))
 def test_kernel_matches_reference(m, k, n, group_size, config):
@@ -132,6 +137,28 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
     got = w4a16_gemm_wgmma_tma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(),
                                zeros.cuda(), group_size, cfg)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m", [65, 72, 100, 130])
+@pytest.mark.parametrize("config", [TmaConfig(64, 128, 4, 4, 2, overlap=False,
+                                              last_split_reduces=True, linear_partials=True),
+                                    TmaConfig(64, 128, 1, 4, 2, overlap=False),
+                                    TmaConfig(64, 128, 2, 4, 2, overlap=False)])
+def test_last_row_block_overlapping_the_one_before_gives_the_same_rows(m, config):
+    """Above 64 rows the last row block reads the last 64 rows of x (its x boxes never
+    leave x) and stores only its own: every row bit-equal to the same row computed in a
+    whole block (x padded to a multiple of 64 rows), and no row written twice wrongly."""
+    k, n, group_size = 1024, 520, 128
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m)
+    padded = -(-m // 64) * 64
+    x = torch.randn(padded, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    args = (mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size, config)
+    got = w4a16_gemm_wgmma_tma(x[:m].cuda(), *args)
+    whole = w4a16_gemm_wgmma_tma(x.cuda(), *args)
+    assert torch.equal(got, whole[:m])
+    assert_matches_reference(got, x[:m], qweight, scales, zeros, group_size)
 
 
 @pytest.mark.gpu
