@@ -147,9 +147,9 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
                                     TmaConfig(64, 128, 1, 4, 2, overlap=False),
                                     TmaConfig(64, 128, 2, 4, 2, overlap=False)])
 def test_last_row_block_overlapping_the_one_before_gives_the_same_rows(m, config):
-    """Above 64 rows the last row block reads the last 64 rows of x (its x boxes never
-    leave x) and stores only its own: every row bit-equal to the same row computed in a
-    whole block (x padded to a multiple of 64 rows), and no row written twice wrongly."""
+    """Above 64 rows the last row block reads the 64 rows ending at the stated M (up to
+    15 past x, read as zeros) and stores only its own: every row bit-equal to the same
+    row computed in a whole block (x padded to a multiple of 64 rows), and right."""
     k, n, group_size = 1024, 520, 128
     _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m)
     padded = -(-m // 64) * 64
