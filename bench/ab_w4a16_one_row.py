@@ -8,9 +8,13 @@ checked against the fp32 product first.
     python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
     python bench/ab_w4a16_one_row.py --field split_k=4 split_k=16   (B, C, ...)
     python bench/ab_w4a16_one_row.py --field last_split_reduces=1+polled_partials=1
+    python bench/ab_w4a16_one_row.py --field ptxas:--register-usage-level=0 \
+        ptxas:--register-usage-level=6
 
 ``--field NAME`` flips a boolean field; ``NAME=VALUE`` sets an integer one (one variant
-each, timed after A in every round; ``A+B`` changes both in one variant).
+each, timed after A in every round; ``A+B`` changes both in one variant); ``ptxas:OPTIONS``
+is the default tile built with those ptxas options (e.g. ``ptxas:--register-usage-level=0``:
+ptxas places the loop's loads by it, session 19).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from tile_sweep import relative_error  # noqa: E402
 
 def main() -> None:
     from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack, pick_mma_config, w4a16_gemm_mma
+    from tamis.kernels.w4a16_mma import mma_pack, pick_mma_config
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--field", required=True, nargs="+",
                         help="NAME (a boolean MmaConfig field to flip) or NAME=VALUE (an int)")
@@ -45,26 +49,43 @@ def main() -> None:
         x = torch.randn(1, k, device="cuda").to(torch.bfloat16)
         ref = x.float() @ w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
         default = pick_mma_config(1, n, k, 128)
-        configs = [default] + [_variant(default, field) for field in args.field]
-        errors = [relative_error(w4a16_gemm_mma(x, packed, scales, zeros, 128, c), ref)
-                  for c in configs]
+        configs = [(default, "")] + [_variant(default, field) for field in args.field]
+        errors = [relative_error(_gemm(x, packed, scales, zeros, c), ref) for c in configs]
         print(f"{k}x{n} A = default, then {' '.join(args.field)}; err "
               + " | ".join(f"{e:.3g}" for e in errors), flush=True)
         for _ in range(args.rounds):
             t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
-            times = [graph_time(cycling([lambda c=c, cfg=cfg: w4a16_gemm_mma(
-                x, c[1], c[2], c[3], 128, cfg) for c in copies])) for cfg in configs]
+            times = [graph_time(cycling([lambda c=c, cfg=cfg: _gemm(x, c[1], c[2], c[3], cfg)
+                                         for c in copies])) for cfg in configs]
             print(f"{k}x{n} bf16 {t_bf16 * 1e3:.2f} " + " ".join(
                 f"{'ABCDEFGH'[i]} {t * 1e3:.2f} ({t_bf16 / t:.2f}x)" for i, t in enumerate(times))
                 + " us", flush=True)
 
 
-def _variant(config, fields: str):
-    """config with each ``NAME`` flipped or ``NAME=VALUE`` set (several joined by +)."""
+def _variant(config, fields: str) -> tuple:
+    """(config, ptxas options): ``ptxas:OPTIONS`` keeps the config; otherwise each ``NAME``
+    flipped or ``NAME=VALUE`` set (several joined by +), no options."""
+    if fields.startswith("ptxas:"):
+        return config, fields.removeprefix("ptxas:")
     for field in fields.split("+"):
         name, _, value = field.partition("=")
         config = replace(config, **{name: int(value) if value else not getattr(config, name)})
-    return config
+    return config, ""
+
+
+def _gemm(x, packed, scales, zeros, variant):
+    """w4a16_gemm_mma with variant's config, built with its ptxas options (if any) through
+    the kernel's compile options; kernels built with other options are cached apart."""
+    from tamis.kernels import w4a16_mma
+    config, ptxas = variant
+    if not ptxas:
+        return w4a16_mma.w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
+    built = w4a16_mma.mma_compile_options
+    w4a16_mma.mma_compile_options = lambda c: {**built(c), "ptx_options": ptxas}
+    try:
+        return w4a16_mma.w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
+    finally:
+        w4a16_mma.mma_compile_options = built
 
 
 if __name__ == "__main__":
