@@ -4,8 +4,8 @@ Llama-3.1-8B layer shapes on a Hopper GPU, against bf16 ``F.linear`` and the cur
 (``tile_sweep.py``: every candidate checked against the fp32 product before it is timed
 by CUDA-graph replay).
 
-    python bench/sweep_w4a16_tma.py [--ms 32 64] [--quick | --family blocks|last|linear|producer] [--rotate 16]
-        [--verbose]
+    python bench/sweep_w4a16_tma.py [--ms 32 64] [--rotate 16] [--verbose]
+        [--quick | --family blocks|last|linear|producer|rows128]
 """
 from __future__ import annotations
 
@@ -29,7 +29,10 @@ def candidates(m: int, n: int, k: int, quick: bool):
     over 2 or 3 slots or 64-row steps over 4, overlapped or not, scales 1 or 2 steps
     ahead. Family "linear": the same tiles and 128 columns on one warpgroup, the
     partials in thread order (session 15's ``linear_partials``, the default above 16
-    rows since; not yet swept)."""
+    rows since; not yet swept). Family "rows128": 128-row blocks of x (the wgmma's N =
+    128, each word unpacked once for twice the rows): 64 columns on one warpgroup, K
+    split 1-8 ways (summed in thread order), 2 or 3 slots, overlapped or not, registers
+    capped at 168 (three programs a multiprocessor) or not; 128 columns on two."""
     from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, _sums_at_last_split,
                                                pick_tma_config, shared_bytes, tma_block_m)
     default = pick_tma_config(m, n, k, 128)
@@ -48,6 +51,18 @@ def candidates(m: int, n: int, k: int, quick: bool):
                 if (k // split >= 4 * 128 and cfg != default
                         and shared_bytes(cfg, tma_block_m(m)) <= SHARED_BYTES):
                     yield "", cfg
+        return
+    if quick == "rows128":  # above 64 rows: 128-row blocks of x against 64
+        tiles = [(64, 4, split, stages, overlap, cap) for split in (1, 2, 4, 8)
+                 for stages, overlap in ((2, False), (3, False), (2, True))
+                 for cap in ((0, 168) if split > 1 else (0,))]
+        tiles += [(128, 8, split, 2, False, 0) for split in (1, 2, 4)]
+        for bn, warps, split, stages, overlap, cap in tiles:
+            cfg = TmaConfig(bn, 128, split, warps, stages, overlap=overlap, block_m=128,
+                            last_split_reduces=split > 1, linear_partials=split > 1,
+                            maxnreg=cap)
+            if k // split >= 4 * 128 and shared_bytes(cfg, 128) <= SHARED_BYTES:
+                yield "", cfg
         return
     if quick == "blocks":  # narrow layers above 32 rows: 32-row blocks of x against 64
         for split in (1, 2, 4):

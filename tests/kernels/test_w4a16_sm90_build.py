@@ -256,10 +256,11 @@ def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
     assert build.stack_bytes == 0
 
 
-def _tma_build(block_m, config, pdl_trigger=None):
-    """The TMA wgmma kernel as launched for ``config`` at ``block_m`` rows (K split)."""
+def _tma_build(block_m, config, pdl_trigger=None, rows=None):
+    """The TMA wgmma kernel as launched for ``config`` on x of ``rows`` rows (default
+    ``block_m``) in blocks of ``block_m`` (K split)."""
     from triton.runtime.jit import mangle_type
-    x = torch.zeros(block_m, 4096, dtype=torch.bfloat16)
+    x = torch.zeros(rows or block_m, 4096, dtype=torch.bfloat16)
     packed = torch.zeros(512, 4096, dtype=torch.int32)
     x_desc, w_desc = w4a16_wgmma_tma.descriptors(x, packed, config, block_m)
     signature = {**_SIGNATURE, "x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc)}
@@ -299,15 +300,35 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
 
 
 @needs_gluon
-def test_tma_tile_of_several_row_blocks_fits_four_programs():
-    """65..128 rows on the narrow and deep layers: 4 K splits of 64-column blocks over
-    two row blocks, 512 programs, one wave if 4 fit a multiprocessor (128 registers).
-    Launches state M rounded up to 16 (``launched_rows``), as this build assumes: Triton
-    builds the tile for an M that 16 does not divide at 144 registers."""
-    config = w4a16_wgmma_tma.pick_tma_config(72, 4096, 14336, 128)
-    assert (config.split_k, config.producer_warp) == (4, False)
-    build = _tma_build(64, config)
-    assert build.registers <= 128 and build.stack_bytes == 0
+@pytest.mark.parametrize("m,k,n", [(128, 4096, 4096), (72, 4096, 6144), (200, 14336, 4096),
+                                   (100, 4096, 28672), (200, 4096, 28672)])
+def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
+    """Above 64 rows, 128-row blocks of x: the narrow layers' tiles fit the 168
+    registers by which ``_tile_of_128_rows`` counts three programs a multiprocessor
+    (at 4 K splits capped there: ptxas then spills a few registers in the loop, which
+    the H200 timed faster than two programs a multiprocessor), the wide layers' 8-warp
+    tile two; no wgmma operand overwritten in flight."""
+    config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
+    assert config.block_m == 128
+    build = _tma_build(128, config)
+    assert build.registers <= 168
+    if config.num_warps == 8:
+        assert build.registers <= 128 and build.stack_bytes == 0
+    assert inflight_clobbers(build.instructions()) == []
+
+
+@needs_gluon
+@pytest.mark.parametrize("rows,block_m", [(72, 128), (40, 64)])
+def test_a_block_less_than_half_full_copies_x_in_two_half_boxes(rows, block_m):
+    """Where the launched rows fill less than half of the one row block, x comes in two
+    half boxes a tile (``x_box_rows``): twice the x copies, the same wgmmas."""
+    config = w4a16_wgmma_tma.pick_tma_config(rows, 4096, 4096, 128)
+    assert w4a16_wgmma_tma.x_box_rows(rows, block_m) == block_m // 2
+    halves = _tma_build(block_m, config, rows=rows)
+    whole = _tma_build(block_m, config)
+    assert halves.count("HGMMA") == whole.count("HGMMA")
+    assert halves.count("UTMALDG") > whole.count("UTMALDG")
+    assert inflight_clobbers(halves.instructions()) == []
 
 
 _PRODUCER_CONFIGS = [

@@ -18,12 +18,12 @@ from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
 from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, launched_rows,  # noqa: E402
                                            pick_tma_config, shared_bytes, tma_block_m,
                                            tma_dispatch, tma_supported,
-                                           w4a16_gemm_wgmma_tma)
+                                           w4a16_gemm_wgmma_tma, x_box_rows)
 
 _SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
 
 
-@pytest.mark.parametrize("m", [17, 32, 33, 64])
+@pytest.mark.parametrize("m", [17, 32, 33, 64, 65, 128, 129, 256])
 @pytest.mark.parametrize("k,n", _SHAPES)
 def test_default_tiles_fit_in_shared_memory(m, k, n):
     config = pick_tma_config(m, n, k, 128)
@@ -64,8 +64,8 @@ def test_how_split_k_is_summed(m, k, n, split, last, linear):
     (32, 4096, 4096, 4, False),     # not up to 32 rows
     (64, 4096, 28672, 1, False),    # nor on wide layers
     (64, 4096, 1024, 4, False),     # 64 programs
-    (128, 14336, 4096, 4, False),   # 2 blocks of x: 512 programs, not halved (lost)
-    (256, 4096, 4096, 2, False),    # 4 blocks of x split 2
+    (128, 14336, 4096, 4, False),   # 128-row blocks: no producer warp
+    (256, 4096, 4096, 2, False),
 ])
 def test_producer_warp_where_two_programs_a_multiprocessor_fill_the_gpu(m, k, n, split,
                                                                         producer):
@@ -85,8 +85,38 @@ def test_launches_state_m_as_a_multiple_of_16():
 
 
 def test_block_m_rounds_rows_up():
-    assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 256)] == \
-        [8, 8, 16, 16, 32, 32, 64, 64, 64, 64]
+    assert [tma_block_m(m) for m in (1, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256)] == \
+        [8, 8, 16, 16, 32, 32, 64, 64, 128, 128, 128, 128]
+
+
+def test_a_block_less_than_half_full_reads_two_half_boxes():
+    """Boxes reach at most 15 rows past x: one box per block where the launched rows
+    fill more than half of it, else two half boxes."""
+    assert [x_box_rows(m, tma_block_m(m)) for m in
+            (1, 9, 17, 33, 48, 49, 64, 65, 100, 112, 113, 128, 129, 256)] == \
+        [8, 16, 32, 32, 32, 64, 64, 64, 64, 64, 128, 128, 128, 128]
+
+
+@pytest.mark.parametrize("m,k,n,config", [
+    (128, 4096, 4096, TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128,
+                                last_split_reduces=True, linear_partials=True, maxnreg=168)),
+    (72, 4096, 6144, TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128,
+                               last_split_reduces=True, linear_partials=True, maxnreg=168)),
+    (200, 4096, 6144, TmaConfig(64, 128, 2, 4, 2, overlap=False, block_m=128,
+                                last_split_reduces=True, linear_partials=True)),
+    (128, 14336, 4096, TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128,
+                                 last_split_reduces=True, linear_partials=True, maxnreg=168)),
+    (256, 14336, 4096, TmaConfig(64, 128, 2, 4, 2, overlap=False, block_m=128,
+                                 last_split_reduces=True, linear_partials=True)),
+    (100, 4096, 28672, TmaConfig(128, 128, 1, 8, 2, overlap=False, block_m=128)),
+    (200, 4096, 28672, TmaConfig(64, 128, 1, 4, 2, overlap=False, block_m=128)),
+    (96, 4096, 4096, TmaConfig(64, 64, 4, 4, 2, overlap=False, block_m=128,
+                               last_split_reduces=True, linear_partials=True, maxnreg=168)),
+])
+def test_above_64_rows_blocks_of_128_rows_fill_three_programs_a_multiprocessor(m, k, n,
+                                                                               config):
+    group_size = 64 if config.block_k == 64 else 128
+    assert pick_tma_config(m, n, k, group_size, num_sms=132) == config
 
 
 def test_supported_shapes():
@@ -141,18 +171,24 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
-@pytest.mark.parametrize("m", [65, 72, 100, 130])
+@pytest.mark.parametrize("m", [33, 40, 65, 72, 100, 130, 200])
 @pytest.mark.parametrize("config", [TmaConfig(64, 128, 4, 4, 2, overlap=False,
                                               last_split_reduces=True, linear_partials=True),
                                     TmaConfig(64, 128, 1, 4, 2, overlap=False),
-                                    TmaConfig(64, 128, 2, 4, 2, overlap=False)])
-def test_last_row_block_overlapping_the_one_before_gives_the_same_rows(m, config):
-    """Above 64 rows the last row block reads the 64 rows ending at the stated M (up to
-    15 past x, read as zeros) and stores only its own: every row bit-equal to the same
-    row computed in a whole block (x padded to a multiple of 64 rows), and right."""
+                                    TmaConfig(64, 128, 2, 4, 2, overlap=False),
+                                    TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128,
+                                              last_split_reduces=True, linear_partials=True,
+                                              maxnreg=168)])
+def test_overlapping_boxes_and_blocks_give_the_same_rows(m, config):
+    """Above one row block the last reads the block's rows ending at the stated M (up
+    to 15 past x, read as zeros) and stores only its own; one block less than half
+    full reads two half boxes, the second ending at the stated M (``x_box_rows``):
+    every row bit-equal to the same row computed in a whole block (x padded to a
+    multiple of the block, one box), and right."""
     k, n, group_size = 1024, 520, 128
     _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m)
-    padded = -(-m // 64) * 64
+    block_m = config.block_m or 64
+    padded = -(-m // block_m) * block_m
     x = torch.randn(padded, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     args = (mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size, config)
     got = w4a16_gemm_wgmma_tma(x[:m].cuda(), *args)
@@ -174,6 +210,36 @@ def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(m, split, k, n, gro
                             TmaConfig(64, 128, split, 4, 2, overlap=m > 32))
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
+
+
+_ROWS128_CONFIGS = [
+    TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128, last_split_reduces=True,
+              linear_partials=True, maxnreg=168),
+    TmaConfig(64, 128, 2, 4, 3, overlap=True, block_m=128, last_split_reduces=True,
+              linear_partials=True),
+    TmaConfig(64, 128, 1, 4, 2, overlap=True, block_m=128),
+    TmaConfig(128, 128, 2, 8, 2, overlap=False, block_m=128, last_split_reduces=True,
+              linear_partials=True),
+    TmaConfig(64, 64, 3, 4, 3, overlap=False, block_m=128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hopper(), reason="wgmma needs a Hopper GPU")
+@pytest.mark.parametrize("m", [65, 100, 128, 130, 256])
+@pytest.mark.parametrize("k,n,group_size", [s for s in KERNEL_SHAPES if s[2] % 64 == 0])
+@pytest.mark.parametrize("config", range(len(_ROWS128_CONFIGS)))
+def test_128_row_blocks_match_reference(m, k, n, group_size, config):
+    """x in blocks of 128 rows (the wgmma's N = 128), one block or two (the last
+    overlapping), K split or not, registers capped or not."""
+    cfg = _ROWS128_CONFIGS[config]
+    if group_size < k and group_size % cfg.block_k:
+        cfg = dataclasses.replace(cfg, block_k=64)
+    _, qweight, scales, zeros = wna16_operands(k, n, group_size, seed=m + k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    got = w4a16_gemm_wgmma_tma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(),
+                               zeros.cuda(), group_size, cfg)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
 _PRODUCER_CONFIGS = [
