@@ -651,7 +651,7 @@ def descriptors(x: torch.Tensor, packed: torch.Tensor, config: TmaConfig, block_
     wgmma's B operand as it lands) and of the word boxes [8, block_n] (no swizzle), one
     of each per 64 rows of K."""
     x_layout, w_layout = _box_layouts()
-    box_rows = x_box_rows(x.shape[0], block_m)
+    box_rows = x_box_rows(x.shape[0], block_m, config.num_warps)
     return (TensorDescriptor.from_tensor(x, [box_rows, X_BOX_K], x_layout),
             TensorDescriptor.from_tensor(packed, [X_BOX_K // 8, config.block_n], w_layout))
 
@@ -728,17 +728,24 @@ def launched_rows(m: int) -> int:
     return -(-m // 16) * 16
 
 
-def x_box_rows(m: int, block_m: int) -> int:
-    """Rows of x per TMA box: the row block's, except where a single block holds every
-    row and the launched rows (``launched_rows``) fill more than half of it but not all:
-    then half, two boxes a tile, the second ending at the launched rows (overlapping
-    the first; ``_tile_rows``). So no box reaches more than 15 rows past x. Why: rows
-    of a box past the end of x, which the TMA fills with zeros, cost as much as rows
-    read or more (H200, session 19: 33 rows in one 64-row box 13.7 us against 10.7 at
-    64 rows on 4096 x 4096; session 20: 72 rows in one 128-row box 17.4 against 14.9
-    at 128 rows)."""
+def x_box_rows(m: int, block_m: int, num_warps: int = 4) -> int:
+    """Rows of x per TMA box: the row block's, except where a single block of a
+    one-warpgroup tile holds every row, the launched rows (``launched_rows``) fill more
+    than half of it and a whole box would reach more than 16 rows past x: then half,
+    two boxes a tile, the second ending at the launched rows (overlapping the first;
+    ``_tile_rows``), so no box reaches more than 15 rows past x. Why: rows of a box
+    past the end of x, which the TMA fills with zeros, cost as much as rows read or
+    more. H200, session 21 call 3 (``bench/probe_w4a16_box_rows.py``), halves against
+    a whole box: 33 / 40 / 48 rows on 4096 x 4096 11.3 / 11.0 / 11.0 against 14.0 /
+    12.0 / 11.0 us (48 rows, 16 past x: 0.0-0.5 us slower in halves on every shape),
+    72 / 96 / 104 rows 15.2 / 14.7 / 15.5 against 20.6 / 17.0 / 15.6. The two-warpgroup
+    tile of the wide layers (4096 x 28672, 65..128 rows) lost in halves at every row
+    count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96 / 104 rows (not
+    understood), so it takes a whole box."""
     rows = launched_rows(m)
-    return block_m // 2 if block_m // 2 < rows < block_m else block_m
+    if num_warps == 4 and block_m // 2 < rows < block_m and block_m - m > 16:
+        return block_m // 2
+    return block_m
 
 
 def compile_options(config: TmaConfig) -> dict:

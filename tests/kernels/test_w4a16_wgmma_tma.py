@@ -90,11 +90,14 @@ def test_block_m_rounds_rows_up():
 
 
 def test_a_block_less_than_half_full_reads_two_half_boxes():
-    """Boxes reach at most 15 rows past x: one box per block where the launched rows
-    fill more than half of it, else two half boxes."""
-    assert [x_box_rows(m, tma_block_m(m)) for m in
-            (1, 9, 17, 33, 48, 49, 64, 65, 100, 112, 113, 128, 129, 256)] == \
-        [8, 16, 32, 32, 32, 64, 64, 64, 64, 64, 128, 128, 128, 128]
+    """Boxes of a one-warpgroup tile reach at most 16 rows past x: one box per block
+    where the launched rows fill more than half of it and x's rows leave at most 16
+    empty, else two half boxes; the two-warpgroup tile always reads whole boxes."""
+    ms = (1, 9, 17, 33, 40, 48, 49, 64, 65, 100, 104, 112, 113, 128, 129, 256)
+    assert [x_box_rows(m, tma_block_m(m)) for m in ms] == \
+        [8, 16, 32, 32, 32, 64, 64, 64, 64, 64, 64, 128, 128, 128, 128, 128]
+    assert [x_box_rows(m, tma_block_m(m), num_warps=8) for m in ms] == \
+        [tma_block_m(m) for m in ms]
 
 
 @pytest.mark.parametrize("m,k,n,config", [
@@ -181,8 +184,8 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
                                               maxnreg=168)])
 def test_overlapping_boxes_and_blocks_give_the_same_rows(m, config):
     """Above one row block the last reads the block's rows ending at the stated M (up
-    to 15 past x, read as zeros) and stores only its own; one block less than half
-    full reads two half boxes, the second ending at the stated M (``x_box_rows``):
+    to 15 past x, read as zeros) and stores only its own; one block with more than 16
+    rows past x reads two half boxes, the second ending at the stated M (``x_box_rows``):
     every row bit-equal to the same row computed in a whole block (x padded to a
     multiple of the block, one box), and right."""
     k, n, group_size = 1024, 520, 128
