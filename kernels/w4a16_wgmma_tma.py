@@ -175,11 +175,12 @@ def _tile_of_128_rows(m: int, n: int, k: int, block_k: int, num_sms: int) -> Tma
     (the tile's shared memory, and its registers capped at 168 from 4 splits, whose sum
     otherwise takes 174) and each split keeps 8 steps. Wide layers (N >= 8192), K
     unsplit: 128 columns on two warpgroups in one block of rows, 64 columns on one in
-    two. H200, session 20 (``sweep_w4a16_tma.py --family rows128``), against 64-row
-    blocks: 128 rows 4096 x 4096 14.9 against 15.7 us, 4096 x 6144 18.5 against 20.9,
-    14336 x 4096 33.8 (split 4 uncapped; 34.3 capped) against 38.7, 4096 x 28672 59.0
-    against 84.5; 200 rows 21.0 / 26.5 / 55.9 / 114.9 against 24.1 / 35.6 / 71.4 /
-    161.1 us."""
+    two. Swept on the H200 in session 20 (``sweep_w4a16_tma.py --family rows128``; at 72
+    rows the default was again the fastest of the family in session 21). Against
+    64-row blocks (session 21, ``bench/bench_w4a16_rows.py``): 128 rows 4096 x 4096 15.0
+    against 15.8 us, 4096 x 6144 18.5 against 20.7, 14336 x 4096 34.4 against 38.9,
+    4096 x 28672 58.9 against 84.6; 200 rows 20.6 / 26.9 / 55.8 / 114.1 against 24.3 /
+    35.7 / 71.5 / 161.0 us."""
     if n >= 8192:
         if m <= 128:
             return TmaConfig(128, block_k, 1, 8, 2, overlap=False, block_m=128)
