@@ -293,6 +293,19 @@ def bf16_weight(k: int, n: int) -> torch.Tensor:
     return (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
 
 
+def interleaved_layer(k: int, n: int, copies: int) -> tuple[torch.Tensor, list[tuple]]:
+    """A layer as the W4A16 row and tile benchmarks draw it: (its dequantized weight
+    [K, N] fp32, ``copies`` copies of (bf16 weight, ``mma_pack``'d words, scales, zero
+    points)), drawn in one fixed order so that every script sees the same operands."""
+    from tamis.kernels import w4a16
+    from tamis.kernels.w4a16_mma import mma_pack
+    weight = bf16_weight(k, n)
+    qweight, scales, zeros = w4a16_operands(k, n)
+    packed = mma_pack(qweight, k)
+    ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
+    return ref_weight, weight_copies((weight, packed, scales, zeros), copies)
+
+
 def w4a16_operands(k: int, n: int, group: int = 128):
     from tamis.quant.packing import pack_int32
     codes = torch.randint(0, 16, (k, n), device="cuda")

@@ -17,13 +17,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
-                         start_on_gpu, w4a16_operands, weight_copies)
+from bench_quant import (cycling, graph_time, interleaved_layer, parse_shapes,  # noqa: E402
+                         start_on_gpu)
 
 
 def main() -> None:
     from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ms", type=int, nargs="+", default=[65, 96, 128, 192, 256])
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
@@ -31,11 +30,8 @@ def main() -> None:
     start_on_gpu()
     print("KxN            M    bf16  before     x     now     x  (us; x = bf16 / ours)")
     for k, n in parse_shapes(args.shapes):
-        weight = bf16_weight(k, n)
-        qweight, scales, zeros = w4a16_operands(k, n)
-        packed = mma_pack(qweight, k)
-        ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        copies = weight_copies((weight, packed, scales, zeros), 16)
+        ref_weight, copies = interleaved_layer(k, n, 16)
+        _, packed, scales, zeros = copies[0]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             before = (w4a16.w4a16_gemm_dequant if m >= w4a16.DEQUANT_MIN_M

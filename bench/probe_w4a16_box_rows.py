@@ -18,14 +18,13 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
-                         start_on_gpu, w4a16_operands, weight_copies)
+from bench_quant import (cycling, graph_time, interleaved_layer, parse_shapes,  # noqa: E402
+                         start_on_gpu)
 from tile_sweep import relative_error  # noqa: E402
 
 
 def main() -> None:
-    from tamis.kernels import w4a16, w4a16_wgmma_tma
-    from tamis.kernels.w4a16_mma import mma_pack
+    from tamis.kernels import w4a16_wgmma_tma
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ms", type=int, nargs="+", default=[33, 40, 48, 72, 96, 104])
     parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
@@ -45,11 +44,8 @@ def main() -> None:
 
     print("KxN            M  boxes    bf16 default   whole  (us; boxes: rows of a box at 4 warps)")
     for k, n in parse_shapes(args.shapes):
-        weight = bf16_weight(k, n)
-        qweight, scales, zeros = w4a16_operands(k, n)
-        packed = mma_pack(qweight, k)
-        ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        copies = weight_copies((weight, packed, scales, zeros), 16)
+        ref_weight, copies = interleaved_layer(k, n, 16)
+        _, packed, scales, zeros = copies[0]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ ref_weight

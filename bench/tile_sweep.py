@@ -12,8 +12,7 @@ import argparse
 
 import torch
 
-from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes, w4a16_operands,
-                         start_on_gpu, weight_copies)
+from bench_quant import cycling, graph_time, interleaved_layer, parse_shapes, start_on_gpu
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -31,7 +30,6 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     import torch.nn.functional as F
 
     from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--ms", type=int, nargs="+", default=default_ms)
     parser.add_argument("--quick", action="store_true", help="defaults only")
@@ -46,11 +44,8 @@ def run_tile_sweep(description: str, kernel, candidates, default_ms: list[int]) 
     start_on_gpu()
     table = []
     for k, n in shapes:
-        weight = bf16_weight(k, n)
-        qweight, scales, zeros = w4a16_operands(k, n)
-        packed = mma_pack(qweight, k)
-        ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-        copies = weight_copies((weight, packed, scales, zeros), args.rotate)
+        ref_weight, copies = interleaved_layer(k, n, args.rotate)
+        _, packed, scales, zeros = copies[0]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ ref_weight
