@@ -21,16 +21,17 @@ block's four words of its column, shifts each right by 4c, and one lop3 gives th
 same work; what goes is the gather). The four lanes of a quad read the same words from
 shared memory (a broadcast, no bank conflict).
 
-Per program (``BLOCK_N`` output columns, 64 per warpgroup, and up to 128 rows of x):
-a ring of ``stages`` slots, each holding per 64 rows of K one word box [8, BLOCK_N] (no
+Per program (``BLOCK_N`` output columns, 64 per warpgroup, and up to 128 rows of x): a
+ring of ``stages`` slots, each holding per 64 rows of K one word box [8, BLOCK_N] (no
 swizzle) and one x tile [BLOCK_M, 64] (128-byte swizzle: the wgmma's B operand as it
 lands; one box, or two half boxes where ``x_box_rows`` says), all signalling the slot's
 mbarrier. Each step waits for its slot, unpacks and issues one wgmma per 64 rows of K
 (the second unpack runs while the first wgmma does), and after a barrier of the
-program's threads (every warp has read the slot) refills the slot ``stages`` steps on. With ``overlap`` (the default on wide layers above 32 rows) the
-next step's unpack also runs while this step's wgmmas do: the tiles of a wgmma in flight
-stay live until the wait that retires them, which the sm_90 build tests check on the
-SASS (``tests/kernels/sm90_build.py``). K is split over programs as in the other W4A16
+program's threads (every warp has read the slot) refills the slot ``stages`` steps on.
+With ``overlap`` (the default on wide layers above 32 rows) the next step's unpack also
+runs while this step's wgmmas do: the tiles of a wgmma in flight stay live until the
+wait that retires them, which the sm_90 build tests check on the SASS
+(``tests/kernels/sm90_build.py``). K is split over programs as in the other W4A16
 kernels (``tamis.kernels.splitk``). With programmatic dependent launch the ring's word
 boxes, scales and zero points load before the wait for the kernel before; x after.
 
