@@ -319,7 +319,7 @@ def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
 
 @needs_gluon
 @pytest.mark.parametrize("rows,block_m", [(72, 128), (40, 64)])
-def test_a_block_less_than_half_full_copies_x_in_two_half_boxes(rows, block_m):
+def test_a_block_with_more_than_16_empty_rows_copies_x_in_two_half_boxes(rows, block_m):
     """Where x's rows leave more than 16 rows of the one row block empty (and fill more
     than half of it), x comes in two half boxes a tile (``x_box_rows``): twice the x
     copies, the same wgmmas."""

@@ -89,7 +89,7 @@ def test_block_m_rounds_rows_up():
         [8, 8, 16, 16, 32, 32, 64, 64, 128, 128, 128, 128]
 
 
-def test_a_block_less_than_half_full_reads_two_half_boxes():
+def test_a_block_with_more_than_16_empty_rows_reads_two_half_boxes():
     """Boxes of a one-warpgroup tile reach at most 16 rows past x: one box per block
     where the launched rows fill more than half of it and x's rows leave at most 16
     empty, else two half boxes; the two-warpgroup tile always reads whole boxes."""
