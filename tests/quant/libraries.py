@@ -7,8 +7,11 @@ installed on top (its own site-packages come first on sys.path).
 
 ``library_python()`` returns that venv's python: ``$TAMIS_QUANT_LIBS_PYTHON`` if set,
 else ``<tamis cache>/venvs/quant-libs-<tag>`` (created on first use, with pip from PyPI;
-about a minute). ``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there,
-caching each (kind, model) result under the same cache for the session.
+about a minute). The cache outlives the environment that made it (a clone deleted, a
+checkout moved), so every call rewrites the .pth to name the running environment's
+packages: a .pth naming a gone environment hid torch from the scripts (CI, session 22).
+``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there, caching each
+(kind, model) result under the same cache for the session.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from pathlib import Path
 PINS = ("llmcompressor==0.14.0.1", "autoawq==0.2.9", "zstandard")
 TAG = "llmc0.14.0.1-awq0.2.9"
 SCRIPT = Path(__file__).with_name("library_quantize.py")
+PARENT_PTH = "_tamis_parent_env.pth"
 
 
 class LibraryUnavailable(RuntimeError):
@@ -38,10 +42,21 @@ def library_python() -> Path:
         return Path(override)
     venv = _venv_dir()
     python = venv / "bin" / "python"
-    if (venv / ".complete").exists():
-        return python
-    _create(venv)
+    if not ((venv / ".complete").exists() and python.exists()):
+        _create(venv)
+    _see_parent_env(venv)
     return python
+
+
+def _venv_site_packages(venv: Path) -> Path:
+    return Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+
+
+def _see_parent_env(venv: Path) -> None:
+    """Points the venv's .pth at this environment's packages (pure and platform ones: on
+    some systems torch lives in the second); the venv's own packages still come first."""
+    paths = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    _venv_site_packages(venv).joinpath(PARENT_PTH).write_text("".join(p + "\n" for p in paths))
 
 
 def _create(venv: Path) -> None:
@@ -50,9 +65,7 @@ def _create(venv: Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True,
                        capture_output=True, text=True, timeout=300)
         python = venv / "bin" / "python"
-        site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
-        Path(site, "_tamis_parent_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+        _see_parent_env(venv)
         # AutoAWQ builds from an sdist without build isolation (its setup.py imports torch),
         # so the venv needs a setuptools that has bdist_wheel: the one a Python 3.11 venv
         # starts with (65.x) lacks it unless `wheel` is installed.
