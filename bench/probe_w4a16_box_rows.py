@@ -6,11 +6,18 @@ against one whole box (rows past x read as zeros), alternating in one process, b
 (``bench_quant.py``'s method), each output checked against the fp32 product first. At
 33..48 rows the one-box variant is the kernel as it was before ``x_box_rows``.
 
+Where the tile is the wide layers' two-warpgroup one, a third column: half boxes on it
+with the registers capped at 128 (``maxnreg``). Uncapped, half boxes take that tile from
+128 to 136 registers under the H200's Triton 3.6 (sm_90 build on the CPU, session 22),
+so one program fits a multiprocessor instead of two; capped, it builds at 128 with 24
+bytes of stack (two 8-byte and two 2-byte local loads, two local stores a step).
+
     python bench/probe_w4a16_box_rows.py [--ms 33 40 48 72 96 104] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -33,23 +40,34 @@ def main() -> None:
     start_on_gpu()
     halves = w4a16_wgmma_tma.x_box_rows
 
-    def gemm(whole_box: bool):
+    def gemm(boxes, config=None):
         def run(x, packed, scales, zeros):
-            w4a16_wgmma_tma.x_box_rows = (lambda m, block_m, num_warps=4: block_m) if whole_box else halves
+            w4a16_wgmma_tma.x_box_rows = boxes
             try:
-                return w4a16_wgmma_tma.w4a16_gemm_wgmma_tma(x, packed, scales, zeros, 128)
+                return w4a16_wgmma_tma.w4a16_gemm_wgmma_tma(x, packed, scales, zeros, 128,
+                                                            config)
             finally:
                 w4a16_wgmma_tma.x_box_rows = halves
         return run
 
-    print("KxN            M  boxes    bf16 default   whole  (us; boxes: rows of a box at 4 warps)")
+    def whole(m, block_m, num_warps=4):
+        return block_m
+
+    def halves_on_any_tile(m, block_m, num_warps=4):
+        return halves(m, block_m)
+
+    print("KxN            M  boxes    bf16 default   whole  capped  (us; boxes: rows of a box "
+          "at 4 warps; capped: halves at 8 warps, 128 registers)")
     for k, n in parse_shapes(args.shapes):
         ref_weight, copies = interleaved_layer(k, n, 16)
         _, packed, scales, zeros = copies[0]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             ref = x.float() @ ref_weight
-            variants = [gemm(False), gemm(True)]
+            variants = [gemm(halves), gemm(whole)]
+            config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
+            if config.num_warps == 8:
+                variants.append(gemm(halves_on_any_tile, dataclasses.replace(config, maxnreg=128)))
             for variant in variants:
                 err = relative_error(variant(x, packed, scales, zeros), ref)
                 assert err < 2e-2, f"{k}x{n} M={m}: rel err {err:.3g}"
@@ -58,9 +76,10 @@ def main() -> None:
                 t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
                 times = [graph_time(cycling([lambda c=c, v=v: v(x, *c[1:]) for c in copies]))
                          for v in variants]
+                capped = f"{times[2] * 1e3:7.1f}" if len(times) > 2 else "      -"
                 print(f"{k}x{n:<6} {m:4d} {halves(m, block_m):3d}/{block_m:<3d} "
-                      f"{t_bf16 * 1e3:7.1f} {times[0] * 1e3:7.1f} {times[1] * 1e3:7.1f}",
-                      flush=True)
+                      f"{t_bf16 * 1e3:7.1f} {times[0] * 1e3:7.1f} {times[1] * 1e3:7.1f} "
+                      f"{capped}", flush=True)
 
 
 if __name__ == "__main__":

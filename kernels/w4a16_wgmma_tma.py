@@ -741,8 +741,12 @@ def x_box_rows(m: int, block_m: int, num_warps: int = 4) -> int:
     12.0 / 11.0 us (48 rows, 16 past x: 0.0-0.5 us slower in halves on every shape),
     72 / 96 / 104 rows 15.2 / 14.7 / 15.5 against 20.6 / 17.0 / 15.6. The two-warpgroup
     tile of the wide layers (4096 x 28672, 65..128 rows) lost in halves at every row
-    count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96 / 104 rows (not
-    understood), so it takes a whole box."""
+    count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96 / 104 rows, so it
+    takes a whole box. The likely cause, read off sm_90 builds on the CPU (session 22,
+    96 rows): under the H200's Triton 3.6 half boxes take that tile from 128 registers
+    to 136, so one program fits a multiprocessor instead of two (Triton 3.9: 125 -> 128).
+    Capped at 128 (``maxnreg``) it builds with 24 bytes of stack; that variant is the
+    third column of ``bench/probe_w4a16_box_rows.py``, not yet timed."""
     rows = launched_rows(m)
     if num_warps == 4 and block_m // 2 < rows < block_m and block_m - m > 16:
         return block_m // 2
