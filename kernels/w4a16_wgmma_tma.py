@@ -180,7 +180,13 @@ def _tile_of_128_rows(m: int, n: int, k: int, block_k: int, num_sms: int) -> Tma
     64-row blocks (session 21, ``bench/bench_w4a16_rows.py``): 128 rows 4096 x 4096 15.0
     against 15.8 us, 4096 x 6144 18.5 against 20.7, 14336 x 4096 34.4 against 38.9,
     4096 x 28672 58.9 against 84.6; 200 rows 20.6 / 26.9 / 55.8 / 114.1 against 24.3 /
-    35.7 / 71.5 / 161.0 us."""
+    35.7 / 71.5 / 161.0 us. The register counts are Triton 3.9's (CI); the H200's 3.6
+    builds the 2-split tile (129..256 rows) at 189 registers, two programs a
+    multiprocessor, which on 4096 x 6144 makes 384 programs 1.45 waves, and spills the
+    capped 4-split one to 304 bytes of stack against 3.9's 72
+    (``bench/occupancy_w4a16_tma.py``, session 22). Capping the 2-split tile at 168
+    (104 bytes of stack under 3.6) is in the rows128 sweep; not yet timed at 129..256
+    rows."""
     if n >= 8192:
         if m <= 128:
             return TmaConfig(128, block_k, 1, 8, 2, overlap=False, block_m=128)

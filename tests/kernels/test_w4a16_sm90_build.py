@@ -9,20 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sm90_build import compile_sm90, inflight_clobbers, load_leads, parse_sass  # noqa: E402
+from sm90_build import inflight_clobbers, load_leads, parse_sass  # noqa: E402
+from w4a16_sm90_builds import mma_build, tma_build, wgmma_build  # noqa: E402
 
-from tamis.kernels import w4a16_mma, w4a16_wgmma, w4a16_wgmma_tma  # noqa: E402
-from tamis.kernels.splitk import even_split  # noqa: E402
+from tamis.kernels import w4a16_mma, w4a16_wgmma_tma  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(w4a16_mma.gluon is None, reason="triton without Gluon")
-
-_SIGNATURE = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp16",
-              "out_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32",
-              "N": "i32", "K": "i32", "K_SPLIT": "i32", "SPLIT": "i32", "stride_xm": "i32",
-              "stride_qk": "i32", "stride_sg": "i32", "stride_om": "i32"}
 
 
 def _listing(*lines: str) -> str:
@@ -59,28 +53,6 @@ def test_checker_passes_writes_after_the_wait_and_to_other_registers():
     assert inflight_clobbers(parse_sass(sass)) == []
 
 
-def _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False,
-                 params_ahead=2, pdl_trigger=None):
-    config = w4a16_wgmma.WgmmaConfig(block_n, block_k, 2 if split else 1, warps, stages,
-                                     pairs, late, params_ahead)
-    pdl = pdl_trigger is not None
-    constexprs = w4a16_wgmma.wgmma_constexprs(config, block_m, 128, config.split_k, even,
-                                              pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
-    return compile_sm90(w4a16_wgmma._w4_wgmma_kernel, _SIGNATURE, constexprs, warps,
-                        launch_pdl=pdl)
-
-
-def _mma_build(block_m, config, pdl_trigger=None, k=4096, m=1):
-    """The MMA kernel as ``w4a16_gemm_mma`` launches it for a K of k (even splits)."""
-    pdl = pdl_trigger is not None
-    splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
-    constexprs = w4a16_mma.mma_constexprs(config, block_m, 128, splits, True,
-                                          pdl_wait=pdl, pdl_trigger=pdl_trigger or 0,
-                                          k_split=k_split, m=m)
-    return compile_sm90(w4a16_mma._w4_mma_kernel, _SIGNATURE, constexprs, config.num_warps,
-                        launch_pdl=pdl, **w4a16_mma.mma_compile_options(constexprs))
-
-
 def _before_the_wait(build) -> list[str]:
     """Opcodes up to the PDL wait (``ACQBULK``, griddepcontrol.wait); fails without one."""
     opcodes = [i.opcode for i in build.instructions()]
@@ -105,7 +77,7 @@ def _before_the_wait(build) -> list[str]:
 ])
 def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k, warps,
                                                       stages, split, even, pairs, late):
-    build = _wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late)
+    build = wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late)
     assert build.count("HGMMA") > 0, "no wgmma in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert inflight_clobbers(build.instructions()) == []
@@ -114,7 +86,7 @@ def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k,
 @needs_gluon
 @pytest.mark.parametrize("pairs", [False, True])
 def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
-    build = _wgmma_build(64, 64, 128, 4, 3, True, True, pairs, params_ahead=1)
+    build = wgmma_build(64, 64, 128, 4, 3, True, True, pairs, params_ahead=1)
     assert build.count("HGMMA") > 0, "no wgmma in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert inflight_clobbers(build.instructions()) == []
@@ -131,7 +103,7 @@ def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
     (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
-    build = _mma_build(block_m, config)
+    build = mma_build(block_m, config)
     assert build.count("HMMA") > 0, "no mma.sync in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
 
@@ -144,7 +116,7 @@ def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
     summed by their last split count their partners in with a RED (no wait for it)."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128)
     assert config.split_k > 1
-    build = _mma_build(8, config, k=k)
+    build = mma_build(8, config, k=k)
     assert build.registers <= 128, f"{build.registers} registers: fewer programs resident"
     assert build.stack_bytes == 0
     if config.last_split_reduces:
@@ -170,7 +142,7 @@ def test_one_row_loop_spends_its_instructions_on_the_words(k, n):
     most 150 instructions of the loop (of 2 steps, 32 words a thread) are not the 11 of
     each word's unpack or its MMA."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128)
-    loop = _main_loop(_mma_build(8, config, k=k))
+    loop = _main_loop(mma_build(8, config, k=k))
     opcodes = [x.opcode for x in loop]
     assert not [op for op in opcodes if op.startswith("LDG.E.U16")]
     if not config.zeros_by_x_sums:  # else 128 + z is an fp32 sum on purpose
@@ -198,7 +170,7 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     steps (session 18: 9.3 against 7.1 us on 4096 x 6144)."""
     config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
                                  zeros_by_x_sums=True)
-    build = _mma_build(8, config, k=k)
+    build = mma_build(8, config, k=k)
     assert build.registers <= 128 and build.stack_bytes == 0
     loop = _main_loop(build)
     words = sum(x.opcode.startswith("HMMA") for x in loop)
@@ -222,7 +194,7 @@ def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, tri
     """Launched with PDL the kernel may run beside the one before it: no global or
     shared store, no atomic, before griddepcontrol.wait, and a trigger (PREEXIT) where
     asked (1: before the wait, 2: after it)."""
-    build = _mma_build(block_m, config, pdl_trigger=trigger)
+    build = mma_build(block_m, config, pdl_trigger=trigger)
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
     assert any(op.startswith("LDG") for op in before), "no weight load ahead of the wait"
@@ -245,7 +217,7 @@ def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
     """Before the wait: the ring's first word tiles (cp.async) and the scales, no store
     and no x^T copy: the cp.async copies before it are the words' (4 bytes each, one
     tile of BLOCK_N x 16 words a step over the program's threads)."""
-    build = _wgmma_build(block_m, block_n, 128, warps, stages, split, even, pairs,
+    build = wgmma_build(block_m, block_n, 128, warps, stages, split, even, pairs,
                          pdl_trigger=trigger)
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
@@ -254,22 +226,6 @@ def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
     assert sum(op.startswith("LDGSTS") for op in before) == word_copies
     assert inflight_clobbers(build.instructions()) == []
     assert build.stack_bytes == 0
-
-
-def _tma_build(block_m, config, pdl_trigger=None, rows=None):
-    """The TMA wgmma kernel as launched for ``config`` on x of ``rows`` rows (default
-    ``block_m``) in blocks of ``block_m`` (K split)."""
-    from triton.runtime.jit import mangle_type
-    x = torch.zeros(rows or block_m, 4096, dtype=torch.bfloat16)
-    packed = torch.zeros(512, 4096, dtype=torch.int32)
-    x_desc, w_desc = w4a16_wgmma_tma.descriptors(x, packed, config, block_m)
-    signature = {**_SIGNATURE, "x_desc": mangle_type(x_desc), "w_desc": mangle_type(w_desc)}
-    pdl = pdl_trigger is not None
-    constexprs = w4a16_wgmma_tma.tma_constexprs(config, block_m, 128, config.split_k,
-                                                pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)
-    options = w4a16_wgmma_tma.compile_options(config)
-    return compile_sm90(w4a16_wgmma_tma._w4_wgmma_tma_kernel, signature, constexprs,
-                        options.pop("num_warps"), launch_pdl=pdl, **options)
 
 
 _TMA_CONFIGS = [
@@ -291,7 +247,7 @@ _TMA_CONFIGS = [
 @needs_gluon
 @pytest.mark.parametrize("block_m,config", _TMA_CONFIGS)
 def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
-    build = _tma_build(block_m, config)
+    build = tma_build(block_m, config)
     assert build.count("HGMMA") > 0, "no wgmma in the SASS"
     assert build.count("UTMALDG") > 0, "no TMA load in the SASS"
     assert build.count("LDGSTS") == 0, "tiles copied by the threads, not the TMA"
@@ -307,10 +263,12 @@ def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
     registers by which ``_tile_of_128_rows`` counts three programs a multiprocessor
     (at 4 K splits capped there: ptxas then spills a few registers in the loop, which
     the H200 timed faster than two programs a multiprocessor), the wide layers' 8-warp
-    tile two; no wgmma operand overwritten in flight."""
+    tile two; no wgmma operand overwritten in flight. With the installed Triton: under
+    the H200's 3.6 the 2-split tile (200 rows) takes 189 registers and fails here
+    (``_tile_of_128_rows`` says what that costs)."""
     config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
     assert config.block_m == 128
-    build = _tma_build(128, config)
+    build = tma_build(128, config)
     assert build.registers <= 168
     if config.num_warps == 8:
         assert build.registers <= 128 and build.stack_bytes == 0
@@ -325,8 +283,8 @@ def test_a_block_with_more_than_16_empty_rows_copies_x_in_two_half_boxes(rows, b
     copies, the same wgmmas."""
     config = w4a16_wgmma_tma.pick_tma_config(rows, 4096, 4096, 128)
     assert w4a16_wgmma_tma.x_box_rows(rows, block_m) == block_m // 2
-    halves = _tma_build(block_m, config, rows=rows)
-    whole = _tma_build(block_m, config)
+    halves = tma_build(block_m, config, rows=rows)
+    whole = tma_build(block_m, config)
     assert halves.count("HGMMA") == whole.count("HGMMA")
     assert halves.count("UTMALDG") > whole.count("UTMALDG")
     assert inflight_clobbers(halves.instructions()) == []
@@ -348,7 +306,7 @@ def test_tma_kernel_with_a_producer_warp_issues_its_copies_without_barriers(bloc
     computing warps' loop keeps two (the slot's release and the loop's head; three with
     the overlap) where it had one more per TMA copy, and the registers stay at the cap
     that lets two programs share a multiprocessor."""
-    build = _tma_build(block_m, config)
+    build = tma_build(block_m, config)
     assert inflight_clobbers(build.instructions()) == []
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert build.registers <= w4a16_wgmma_tma.PRODUCER_WARP_MAXNREG
@@ -360,7 +318,7 @@ def test_tma_kernel_with_a_producer_warp_issues_its_copies_without_barriers(bloc
     assert between == [], "a barrier between the producer's TMA copies"
     in_loop = _main_loop_barriers(build)
     assert in_loop <= 2 + config.overlap
-    plain = _tma_build(block_m, dataclasses.replace(config, producer_warp=False))
+    plain = tma_build(block_m, dataclasses.replace(config, producer_warp=False))
     assert _main_loop_barriers(plain) >= in_loop + 2 * config.block_k // 64
 
 
@@ -389,7 +347,7 @@ def test_tma_kernel_sums_through_vector_partials_in_one_wave(m, n, k, splits):
     config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
     assert config.linear_partials and config.split_k == splits
     assert not config.producer_warp
-    build = _tma_build(64, config)
+    build = tma_build(64, config)
     assert build.registers <= 128, f"{build.registers} registers: under 4 programs an SM"
     assert build.stack_bytes == 0
     opcodes = [i.opcode for i in build.instructions()]
@@ -403,7 +361,7 @@ def test_tma_kernel_sums_through_vector_partials_in_one_wave(m, n, k, splits):
 def test_tma_kernel_with_pdl_loads_only_words_before_the_wait(block_m, config, trigger):
     """Before the wait: the ring's word boxes (one TMA load per 64 rows of K a slot)
     and the scales, no store and none of x's boxes."""
-    build = _tma_build(block_m, config, pdl_trigger=trigger)
+    build = tma_build(block_m, config, pdl_trigger=trigger)
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
     halves = config.block_k // 64
