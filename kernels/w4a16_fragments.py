@@ -273,7 +273,13 @@ if gluon is not None:
             tile = pid_m * gl.num_programs(0) + pid_n
             if LINEAR_PARTIALS:
                 size: gl.constexpr = acc.shape[0] * acc.shape[1]
-                _reduce_linear_at_last_split(acc, out_ptr, out_ptrs, offs_cm, offs_cn, stride_om,
+                if acc.shape[1] > 64:
+                    # Rows of x in the next wgmma size (128): pointers formed after the
+                    # sum; held across it, [BN, BM] 64-bit pointers took the tile from
+                    # 174 to 216 registers (sm_90 builds). Narrower tiles keep the
+                    # placement their H200 timings were taken with.
+                    out_ptrs = out_ptr
+                _reduce_linear_at_last_split(acc, out_ptrs, offs_cm, offs_cn, stride_om,
                                              part_ptr + tile * (LAST_SPLIT_REDUCES * size),
                                              count_ptr + tile, out_mask, pid_k,
                                              LAST_SPLIT_REDUCES, NUM_WARPS)
@@ -377,16 +383,15 @@ if gluon is not None:
         return (i0[:, None, None] * T + i1[None, :, None]) * 4 + i2[None, None, :]
 
     @gluon.jit
-    def _reduce_linear_at_last_split(acc, out_ptr, out_ptrs, offs_cm, offs_cn, stride_om,
-                                     tile_parts, counter, out_mask, pid_k, SPLIT: gl.constexpr,
+    def _reduce_linear_at_last_split(acc, out_ptrs, offs_cm, offs_cn, stride_om, tile_parts,
+                                     counter, out_mask, pid_k, SPLIT: gl.constexpr,
                                      NUM_WARPS: gl.constexpr):
         """``_reduce_at_last_split`` with the partials in thread order: a tile's SPLIT
         partials at ``tile_parts`` (SPLIT x BN x BM fp32), each thread's registers stored
         and loaded as 16-byte vectors, every warp access contiguous (against scalar
         accesses 4 rows of out^T apart). Same additions, same order: bit-equal.
-        out_ptrs: the output's pointers [BN, BM], formed before the sum; above 64 rows of
-        x they are formed again from out_ptr at the store instead (the unused ones are
-        dropped by the compiler)."""
+        out_ptrs: the output's pointers [BN, BM], or above 64 rows of x its base, the
+        pointers then formed at the store."""
         view = _thread_linear(acc, NUM_WARPS)
         offs = _linear_offsets(view)
         size: gl.constexpr = acc.shape[0] * acc.shape[1]
@@ -399,14 +404,10 @@ if gluon is not None:
             for sk in gl.static_range(SPLIT - 1):
                 total += gl.load(tile_parts + sk * size + offs, cache_modifier=".cg")
             total = _from_thread_linear(total + view, acc, NUM_WARPS)
+            ptrs = out_ptrs
             if acc.shape[1] > 64:
-                # Rows of x in the next wgmma size (128): held across the sum, [BN, BM]
-                # 64-bit pointers took the tile from 174 to 216 registers (sm_90 builds).
-                # Narrower tiles keep the placement their H200 timings were taken with
-                # (formed here, they build to other registers: 80 -> 89 at 17..32 rows
-                # on 14336 x 4096).
-                out_ptrs = out_ptr + offs_cm[None, :] * stride_om + offs_cn[:, None]
-            gl.store(out_ptrs, total.to(gl.bfloat16), mask=out_mask)
+                ptrs = out_ptrs + offs_cm[None, :] * stride_om + offs_cn[:, None]
+            gl.store(ptrs, total.to(gl.bfloat16), mask=out_mask)
 
     @gluon.constexpr_function
     def _min(a, b):

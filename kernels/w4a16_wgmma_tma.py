@@ -180,16 +180,17 @@ def _tile_of_128_rows(m: int, n: int, k: int, block_k: int, num_sms: int) -> Tma
     64-row blocks (session 21, ``bench/bench_w4a16_rows.py``): 128 rows 4096 x 4096 15.0
     against 15.8 us, 4096 x 6144 18.5 against 20.7, 14336 x 4096 34.4 against 38.9,
     4096 x 28672 58.9 against 84.6; 200 rows 20.6 / 26.9 / 55.8 / 114.1 against 24.3 /
-    35.7 / 71.5 / 161.0 us. The register counts are Triton 3.9's (CI); the H200's 3.6
-    builds the 2-split tile (129..256 rows) at 189 registers, two programs a
-    multiprocessor, which on 4096 x 6144 makes 384 programs 1.45 waves, and spills the
-    capped 4-split one to 304 bytes of stack against 3.9's 72
-    (``bench/occupancy_w4a16_tma.py``, session 22). Capping the 2-split tile at 168
-    (104 bytes of stack under 3.6) is in the rows128 sweep; not yet timed at 129..256
-    rows."""
+    35.7 / 71.5 / 161.0 us. The wide layers' two-warpgroup tile is capped at 128
+    registers, two programs a multiprocessor whatever its boxes (``x_box_rows``): whole
+    boxes build to 128 uncapped, half boxes to 136 under the H200's Triton 3.6, and capped
+    to 128 with 24 bytes of stack (session 22). Builds under the H200's Triton (3.6)
+    differ from CI's (3.9): a refactor that left 3.9's machine code byte-identical took
+    3.6's 2-split tile from 148 registers to 189 (one program a multiprocessor fewer)
+    and 4096 x 6144 at 200 rows from 26.9 to 34.9 us; it was reverted (session 23), and
+    ``bench/occupancy_w4a16_tma.py`` reads the builds under either."""
     if n >= 8192:
         if m <= 128:
-            return TmaConfig(128, block_k, 1, 8, 2, overlap=False, block_m=128)
+            return TmaConfig(128, block_k, 1, 8, 2, overlap=False, block_m=128, maxnreg=128)
         return TmaConfig(64, block_k, 1, 4, 2, overlap=False, block_m=128)
     blocks = -(-n // 64) * -(-m // 128)
     split = 1
@@ -724,6 +725,11 @@ def w4a16_gemm_wgmma_tma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Te
     return out[:m]
 
 
+# Rows past x a whole box of a single row block may reach (``x_box_rows``), by the
+# tile's warps: one warpgroup, two.
+MOST_ROWS_PAST_X = {4: 16, 8: 40}
+
+
 def launched_rows(m: int) -> int:
     """The M a launch on m rows of x states: m rounded up to a multiple of 16. The rows
     past m read as zeros (x's descriptor has its true rows) and land in output rows that
@@ -736,25 +742,25 @@ def launched_rows(m: int) -> int:
 
 
 def x_box_rows(m: int, block_m: int, num_warps: int = 4) -> int:
-    """Rows of x per TMA box: the row block's, except where a single block of a
-    one-warpgroup tile holds every row, the launched rows (``launched_rows``) fill more
-    than half of it and a whole box would reach more than 16 rows past x: then half,
-    two boxes a tile, the second ending at the launched rows (overlapping the first;
-    ``_tile_rows``), so no box reaches more than 15 rows past x. Why: rows of a box
-    past the end of x, which the TMA fills with zeros, cost as much as rows read or
-    more. H200, session 21 call 3 (``bench/probe_w4a16_box_rows.py``), halves against
-    a whole box: 33 / 40 / 48 rows on 4096 x 4096 11.3 / 11.0 / 11.0 against 14.0 /
-    12.0 / 11.0 us (48 rows, 16 past x: 0.0-0.5 us slower in halves on every shape),
-    72 / 96 / 104 rows 15.2 / 14.7 / 15.5 against 20.6 / 17.0 / 15.6. The two-warpgroup
-    tile of the wide layers (4096 x 28672, 65..128 rows) lost in halves at every row
-    count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96 / 104 rows, so it
-    takes a whole box. The likely cause, read off sm_90 builds on the CPU (session 22,
-    96 rows): under the H200's Triton 3.6 half boxes take that tile from 128 registers
-    to 136, so one program fits a multiprocessor instead of two (Triton 3.9: 125 -> 128).
-    Capped at 128 (``maxnreg``) it builds with 24 bytes of stack; that variant is the
-    third column of ``bench/probe_w4a16_box_rows.py``, not yet timed."""
+    """Rows of x per TMA box: the row block's, except where a single block holds every
+    row, the launched rows (``launched_rows``) fill more than half of it and a whole box
+    would reach more than ``MOST_ROWS_PAST_X[num_warps]`` rows past x: then half, two
+    boxes a tile, the second ending at the launched rows (overlapping the first;
+    ``_tile_rows``). Why: rows of a box past the end of x, which the TMA fills with
+    zeros, cost as much as rows read or more, and a second box costs a copy. H200,
+    halves against a whole box (``bench/probe_w4a16_box_rows.py``). One warpgroup
+    (session 21 call 3): 33 / 40 / 48 rows on 4096 x 4096 11.3 / 11.0 / 11.0 against
+    14.0 / 12.0 / 11.0 us (48 rows, 16 past x: 0.0-0.5 us slower in halves on every
+    shape), 72 / 96 / 104 rows 15.2 / 14.7 / 15.5 against 20.6 / 17.0 / 15.6. Two
+    warpgroups (4096 x 28672, 65..128 rows; halves with the tile's 128-register cap of
+    ``_tile_of_128_rows``, session 23): 65 / 72 / 80 rows 60.1-60.7 / 59.3-60.5 /
+    60.3-60.6 against 73.1-73.3 / 68.8-69.3 / 65.4-65.9 us, 88 / 96 / 104 rows
+    60.8-61.1 / 60.1-60.6 / 60.7-60.9 against 58.3-58.4 / 57.3-58.0 / 57.9-58.1;
+    uncapped (136 registers under Triton 3.6, one program a multiprocessor) halves had
+    lost at every row count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96
+    / 104 rows (session 21)."""
     rows = launched_rows(m)
-    if num_warps == 4 and block_m // 2 < rows < block_m and block_m - m > 16:
+    if block_m // 2 < rows < block_m and block_m - m > MOST_ROWS_PAST_X[num_warps]:
         return block_m // 2
     return block_m
 

@@ -257,21 +257,22 @@ def test_tma_kernel_builds_for_sm90_without_hazards(block_m, config):
 
 @needs_gluon
 @pytest.mark.parametrize("m,k,n", [(128, 4096, 4096), (72, 4096, 6144), (200, 14336, 4096),
-                                   (100, 4096, 28672), (200, 4096, 28672)])
+                                   (72, 4096, 28672), (100, 4096, 28672), (200, 4096, 28672)])
 def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
     """Above 64 rows, 128-row blocks of x: the narrow layers' tiles fit the 168
     registers by which ``_tile_of_128_rows`` counts three programs a multiprocessor
     (at 4 K splits capped there: ptxas then spills a few registers in the loop, which
     the H200 timed faster than two programs a multiprocessor), the wide layers' 8-warp
-    tile two; no wgmma operand overwritten in flight. With the installed Triton: under
-    the H200's 3.6 the 2-split tile (200 rows) takes 189 registers and fails here
-    (``_tile_of_128_rows`` says what that costs)."""
+    tile two, in whole boxes (100 rows) or half boxes (72), with at most 32 bytes of
+    stack; no wgmma operand overwritten in flight. With the installed Triton: run it
+    under the H200's too (3.6; ``bench/occupancy_w4a16_tma.py`` says how), whose builds
+    differ (``_tile_of_128_rows``)."""
     config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
     assert config.block_m == 128
-    build = tma_build(128, config)
+    build = tma_build(128, config, rows=m)
     assert build.registers <= 168
     if config.num_warps == 8:
-        assert build.registers <= 128 and build.stack_bytes == 0
+        assert build.registers <= 128 and build.stack_bytes <= 32
     assert inflight_clobbers(build.instructions()) == []
 
 

@@ -89,15 +89,15 @@ def test_block_m_rounds_rows_up():
         [8, 8, 16, 16, 32, 32, 64, 64, 128, 128, 128, 128]
 
 
-def test_a_block_with_more_than_16_empty_rows_reads_two_half_boxes():
-    """Boxes of a one-warpgroup tile reach at most 16 rows past x: one box per block
-    where the launched rows fill more than half of it and x's rows leave at most 16
-    empty, else two half boxes; the two-warpgroup tile always reads whole boxes."""
-    ms = (1, 9, 17, 33, 40, 48, 49, 64, 65, 100, 104, 112, 113, 128, 129, 256)
+def test_a_block_with_many_empty_rows_reads_two_half_boxes():
+    """One box per block, except where a single block holds every row, the launched
+    rows fill more than half of it and x's rows leave more than 16 of it empty (one
+    warpgroup) or more than 40 (two): then two half boxes."""
+    ms = (1, 9, 17, 33, 40, 48, 49, 64, 65, 72, 80, 88, 100, 104, 112, 113, 128, 129, 256)
     assert [x_box_rows(m, tma_block_m(m)) for m in ms] == \
-        [8, 16, 32, 32, 32, 64, 64, 64, 64, 64, 64, 128, 128, 128, 128, 128]
+        [8, 16, 32, 32, 32, 64, 64, 64, 64, 64, 64, 64, 64, 64, 128, 128, 128, 128, 128]
     assert [x_box_rows(m, tma_block_m(m), num_warps=8) for m in ms] == \
-        [tma_block_m(m) for m in ms]
+        [8, 16, 32, 64, 64, 64, 64, 64, 64, 64, 64, 128, 128, 128, 128, 128, 128, 128, 128]
 
 
 @pytest.mark.parametrize("m,k,n,config", [
@@ -111,7 +111,8 @@ def test_a_block_with_more_than_16_empty_rows_reads_two_half_boxes():
                                  last_split_reduces=True, linear_partials=True, maxnreg=168)),
     (256, 14336, 4096, TmaConfig(64, 128, 2, 4, 2, overlap=False, block_m=128,
                                  last_split_reduces=True, linear_partials=True)),
-    (100, 4096, 28672, TmaConfig(128, 128, 1, 8, 2, overlap=False, block_m=128)),
+    (100, 4096, 28672, TmaConfig(128, 128, 1, 8, 2, overlap=False, block_m=128, maxnreg=128)),
+    (72, 4096, 28672, TmaConfig(128, 128, 1, 8, 2, overlap=False, block_m=128, maxnreg=128)),
     (200, 4096, 28672, TmaConfig(64, 128, 1, 4, 2, overlap=False, block_m=128)),
     (96, 4096, 4096, TmaConfig(64, 64, 4, 4, 2, overlap=False, block_m=128,
                                last_split_reduces=True, linear_partials=True, maxnreg=168)),
@@ -181,11 +182,14 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
                                     TmaConfig(64, 128, 2, 4, 2, overlap=False),
                                     TmaConfig(64, 128, 4, 4, 2, overlap=False, block_m=128,
                                               last_split_reduces=True, linear_partials=True,
-                                              maxnreg=168)])
+                                              maxnreg=168),
+                                    TmaConfig(128, 128, 1, 8, 2, overlap=False, block_m=128,
+                                              maxnreg=128)])
 def test_overlapping_boxes_and_blocks_give_the_same_rows(m, config):
     """Above one row block the last reads the block's rows ending at the stated M (up
-    to 15 past x, read as zeros) and stores only its own; one block with more than 16
-    rows past x reads two half boxes, the second ending at the stated M (``x_box_rows``):
+    to 15 past x, read as zeros) and stores only its own; one block with more rows past
+    x than its tile's warps allow reads two half boxes, the second ending at the stated
+    M (``x_box_rows``):
     every row bit-equal to the same row computed in a whole block (x padded to a
     multiple of the block, one box), and right."""
     k, n, group_size = 1024, 520, 128
