@@ -2,6 +2,7 @@
 
     python bench/bench_quant_decode.py [--methods bf16 awq gptq-act-order fp8 ...]
                                        [--batch-sizes 1 32] [--output-len 256]
+                                       [--engines tamis vllm]
 
 Each method runs in its own process (fresh GPU memory): a Llama-3.1-8B config with that
 method's ``quantization_config`` is written to a temporary folder and loaded by tamis
@@ -10,12 +11,18 @@ consistent), so no checkpoint is needed. For each batch size, ``repeats`` genera
 on fresh random prompts (a repeated prompt would hit the prefix cache), ``ignore_eos``;
 the figure is output tokens per second of the median call (prefill included, CUDA
 graphs as the engine uses them). The table comes last: method, batch, tok/s, ms per
-step, speed-up over bf16.
+step, speed-up over the same engine's bf16.
+
+``--engines tamis vllm`` adds vLLM as the peer (carried to the device as wheels:
+``bench/device/carried.sh``): the same config folders, workload and timing, vLLM's
+defaults otherwise (it picks its own kernels for each ``quantization_config``: Marlin
+for AWQ on Hopper), one process per engine and method.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -43,12 +50,23 @@ METHODS = {  # name -> (config.json quantization_config, LLM(quantization=...))
 }
 
 
-def run_method(args) -> dict:
-    """In the child: load ``args.method`` and time generate at each batch size."""
-    import torch
-
+def engine_classes(engine: str):
+    """(LLM, SamplingParams) of ``engine``: tamis's, or vLLM's (imported only here)."""
+    if engine == "vllm":
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+        from vllm import LLM, SamplingParams
+        return LLM, SamplingParams
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
+    return LLM, SamplingParams
+
+
+def run_method(args) -> dict:
+    """In the child: load ``args.method`` in ``args.engine`` and time generate at each
+    batch size."""
+    import torch
+
+    LLM, SamplingParams = engine_classes(args.engine)
     quant_config, quantization = METHODS[args.method]
     extra = {"quantization_config": quant_config} if quant_config else {}
     model_dir = write_llama8b_config(tempfile.mkdtemp(), **extra)
@@ -78,28 +96,44 @@ def run_method(args) -> dict:
         seconds = statistics.median(generate(batch) for _ in range(args.repeats))
         rows.append(dict(batch=batch, seconds=seconds,
                          output_tok_s=batch * args.output_len / seconds))
-    return dict(method=args.method, startup_s=startup, rows=rows)
+    return dict(engine=args.engine, method=args.method, startup_s=startup, rows=rows)
+
+
+def child_name(engine: str, method: str) -> str:
+    return method if engine == "tamis" else f"{engine}-{method}"
+
+
+def parse_child_name(name: str) -> tuple[str, str]:
+    if name.startswith("vllm-"):
+        return "vllm", name[len("vllm-"):]
+    return "tamis", name
 
 
 def parent(args) -> None:
-    results = run_each(__file__, "--child", args.methods, args.out, "decode", "method")
+    names = [child_name(engine, method) for engine in args.engines for method in args.methods]
+    results = run_each(__file__, "--child", names, args.out, "decode", "child")
     print_table(results, args)
 
 
 def print_table(results: list[dict], args) -> None:
-    base = {row["batch"]: row["output_tok_s"] for r in results if r.get("method") == "bf16"
-            for row in r.get("rows", [])}
+    base = {(r.get("engine", "tamis"), row["batch"]): row["output_tok_s"] for r in results
+            if r.get("method") == "bf16" for row in r.get("rows", [])}
     print(f"\ndecode, Llama-3.1-8B shape, dummy weights, prompt {args.prompt_len}, "
-          f"{args.output_len} output tokens, median of {args.repeats}")
-    print("| method | batch | output tok/s | ms / step | x bf16 |\n|---|---|---|---|---|")
+          f"{args.output_len} output tokens, median of {args.repeats}; x bf16: against the "
+          "same engine's bf16")
+    print("| engine | method | batch | output tok/s | ms / step | x bf16 |\n"
+          "|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            print(f"| {r['method']} | | failed: {r['error']} | | |")
+            engine, method = ((r["engine"], r["method"]) if "engine" in r
+                              else parse_child_name(r["child"]))
+            print(f"| {engine} | {method} | | failed: {r['error']} | | |")
             continue
         for row in r["rows"]:
-            ratio = row["output_tok_s"] / base[row["batch"]] if row["batch"] in base else None
-            print(f"| {r['method']} | {row['batch']} | {row['output_tok_s']:.1f} | "
-                  f"{1000 * row['seconds'] / args.output_len:.2f} | "
+            ratio = base.get((r["engine"], row["batch"]))
+            ratio = None if ratio is None else row["output_tok_s"] / ratio
+            print(f"| {r['engine']} | {r['method']} | {row['batch']} | "
+                  f"{row['output_tok_s']:.1f} | {1000 * row['seconds'] / args.output_len:.2f} | "
                   f"{'' if ratio is None else f'{ratio:.2f}'} |")
 
 
@@ -107,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--engines", nargs="+", default=["tamis"], choices=["tamis", "vllm"])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
@@ -122,13 +157,14 @@ def main() -> None:
     if args.child is None:
         parent(args)
         return
-    args.method = args.child
+    args.engine, args.method = parse_child_name(args.child)
     try:
         result = run_method(args)
     except Exception as exc:   # a failed method is a row that says why, not a lost table
         import traceback
         traceback.print_exc()
-        result = dict(method=args.method, error=f"{type(exc).__name__}: {exc}")
+        result = dict(engine=args.engine, method=args.method,
+                      error=f"{type(exc).__name__}: {exc}")
     Path(args.json).write_text(json.dumps(result, indent=1))
 
 

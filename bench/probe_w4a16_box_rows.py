@@ -10,7 +10,8 @@ Where the tile is the wide layers' two-warpgroup one, a third column: half boxes
 with the registers capped at 128 (``maxnreg``). Uncapped, half boxes take that tile from
 128 to 136 registers under the H200's Triton 3.6 (sm_90 build on the CPU, session 22),
 so one program fits a multiprocessor instead of two; capped, it builds at 128 with 24
-bytes of stack (two 8-byte and two 2-byte local loads, two local stores a step).
+bytes of stack. Capped halves won at 65..80 rows in session 23 and are the default
+there since (``x_box_rows``), so at those rows the default column is the third's kernel.
 
     python bench/probe_w4a16_box_rows.py [--ms 33 40 48 72 96 104] [--rounds 2]
 """
