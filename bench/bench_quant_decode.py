@@ -15,8 +15,8 @@ step, speed-up over the same engine's bf16.
 
 ``--engines tamis vllm`` adds vLLM as the peer (carried to the device as wheels:
 ``bench/device/carried.sh``): the same config folders, workload and timing, vLLM's
-defaults otherwise (it picks its own kernels for each ``quantization_config``: Marlin
-for AWQ on Hopper), one process per engine and method.
+defaults otherwise (it picks its own kernels for each ``quantization_config``: on Hopper
+vLLM 0.26 runs AWQ through Machete), one process per engine and method.
 """
 from __future__ import annotations
 

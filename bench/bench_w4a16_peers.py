@@ -1,8 +1,9 @@
 """W4A16 GEMMs at Llama-3.1-8B layer shapes against vLLM's own W4A16 kernels on one Hopper
 GPU, in one process: bf16 ``F.linear``, tamis's ``w4a16_gemm``, Marlin with integer zero
-points (the kernel vLLM runs for AWQ checkpoints), Marlin symmetric (GPTQ ``sym: true``,
-codes offset by 8, no zero points: Marlin's lightest path) and Machete with zero points
-(vLLM's first choice for GPTQ and compressed-tensors W4A16 on Hopper). One random 4-bit
+points (vLLM's AWQ kernel before Hopper and its fallback), Marlin symmetric (GPTQ ``sym:
+true``, codes offset by 8, no zero points: Marlin's lightest path) and Machete with zero
+points (vLLM 0.26's first choice on Hopper for AWQ, GPTQ and compressed-tensors W4A16: its
+log says "Using MacheteLinearKernel for AutoAWQMarlinLinearMethod"). One random 4-bit
 group-128 layer per shape, 16 copies of each kernel's operands cycled, CUDA-graph replay
 (``bench_quant.graph_time``); every kernel's output checked against the fp32 product of its
 own dequantized weight before it is timed.

@@ -9,7 +9,7 @@ It downloads ``vllm==0.26.0`` for the device's Python 3.12, drops FA2's 123 MB l
 downloads every wheel vLLM and tamis's server need that the device image lacks (the
 closure of ``Requires-Dist`` without extras, minus the image's packages listed in the
 device tool's KINDS.md). With SmolLM2's tokenizer files (for W3's detokenizing server),
-they go into one tar, split into parts of 62 MiB (one device call carries one, with the
+they go into one tar, split into parts of 56 MiB (one device call carries one, with the
 working tree): ``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads
 and the compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 
 VLLM = "vllm==0.26.0"
 FA2_LIBRARY = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
-PART_BYTES = 62 * 1024 * 1024   # the working tree travels in the same 64 MiB
+PART_BYTES = 56 * 1024 * 1024   # the working tree (2 MB in session 23) travels in the same 64 MiB
 # On the device image (KINDS.md, "Python packages already there"): not carried.
 IMAGE_PACKAGES = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
