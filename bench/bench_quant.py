@@ -274,10 +274,11 @@ def cycling(calls):
 
 
 def weight_copies(tensors: tuple, copies: int) -> list[tuple]:
-    """``copies`` copies of a layer's tensors, the first the tensors themselves: the timed
-    calls cycle through them (``cycling``), so that with 16 each reads its weight from
-    DRAM, as in decode, not from the L2 cache."""
-    return [tensors] + [tuple(t.clone() for t in tensors) for _ in range(copies - 1)]
+    """``copies`` copies of a layer's tensors (None stays None), the first the tensors
+    themselves: the timed calls cycle through them (``cycling``), so that with 16 each
+    reads its weight from DRAM, as in decode, not from the L2 cache."""
+    return [tensors] + [tuple(None if t is None else t.clone() for t in tensors)
+                        for _ in range(copies - 1)]
 
 
 def start_on_gpu() -> None:

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
-                         start_on_gpu, w4a16_operands)
+                         start_on_gpu, w4a16_operands, weight_copies)
+from tile_sweep import relative_error  # noqa: E402
 
 GROUP = 128
 COPIES = 16
@@ -58,20 +59,20 @@ def marlin_zero_points(zeros: torch.Tensor) -> torch.Tensor:
 
 
 class Layer:
-    """One random 4-bit group-128 layer [K, N]: codes, fp16 scales, integer zero points, and
-    the bf16 weight bf16 ``F.linear`` reads (drawn as ``bench_quant.interleaved_layer`` draws
-    them, so the operands are the other W4A16 scripts')."""
+    """One random 4-bit group-128 layer [K, N]: words packed along K, fp16 scales, integer
+    zero points, and the bf16 weight bf16 ``F.linear`` reads (drawn as
+    ``bench_quant.interleaved_layer`` draws them, so the operands are the other W4A16
+    scripts')."""
 
     def __init__(self, k: int, n: int):
-        from tamis.quant.packing import unpack_int32
         self.k, self.n = k, n
         self.weight = bf16_weight(k, n)
         self.qweight, self.scales, self.zeros = w4a16_operands(k, n, GROUP)
-        self.codes = unpack_int32(self.qweight, 4, dim=0, length=k)
 
     def dequantized(self, zero_points: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        group = torch.arange(self.k, device=self.codes.device) // GROUP
-        return (self.codes.float() - zero_points[group].float()) * scales[group].float()
+        """The fp32 weight [K, N] of the layer's codes with these zero points and scales."""
+        from tamis.kernels.w4a16 import dequantize_wna16
+        return dequantize_wna16(self.qweight, scales, zero_points, GROUP, 4, self.k)
 
 
 def tamis_kernel(layer: Layer):
@@ -86,7 +87,7 @@ def tamis_kernel(layer: Layer):
 def marlin_kernel(layer: Layer, ops, scalar_types, symmetric: bool):
     """Marlin on the layer's codes, bf16 scales (Marlin takes x's dtype); symmetric: zero
     point 8 everywhere (GPTQ ``sym: true``), else the layer's zero points."""
-    k, n, device = layer.k, layer.n, layer.codes.device
+    k, n, device = layer.k, layer.n, layer.qweight.device
     words = ops.gptq_marlin_repack(layer.qweight, torch.empty(0, dtype=torch.int32,
                                                               device=device), k, n, 4, False)
     scales = layer.scales.to(torch.bfloat16)
@@ -103,8 +104,8 @@ def marlin_kernel(layer: Layer, ops, scalar_types, symmetric: bool):
 
     def run(x, words, scales, zero_points):
         return ops.marlin_gemm(x, None, words, None, scales, None, None, zero_points,
-                               no_act_order, no_act_order, workspace, kind.id, x.shape[0], n, k, True, False, True,
-                               False)
+                               no_act_order, no_act_order, workspace, kind.id, x.shape[0], n,
+                               k, True, False, True, False)
     return reference, (words, marlin_scales, zero_points), run
 
 
@@ -124,18 +125,6 @@ def machete_kernel(layer: Layer, ops, scalar_types):
     return reference, (words, scales, zeros), run
 
 
-def copies_of(operands: tuple) -> list[tuple]:
-    """``COPIES`` copies of a kernel's operands (None stays None), so that each timed call
-    reads its weight from DRAM, as a model's layers are read, not from the L2 cache."""
-    def clone(t):
-        return None if t is None else t.clone()
-    return [operands] + [tuple(clone(t) for t in operands) for _ in range(COPIES - 1)]
-
-
-def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.float() - ref).abs().max() / ref.abs().max()).item()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-lib", required=True, help="vllm/_C_stable_libtorch.abi3.so")
@@ -153,8 +142,9 @@ def main() -> None:
         kernels = [tamis_kernel(layer), marlin_kernel(layer, ops, scalar_types, False),
                    marlin_kernel(layer, ops, scalar_types, True),
                    machete_kernel(layer, ops, scalar_types)]
-        kernels = [(reference, copies_of(operands), run) for reference, operands, run in kernels]
-        bf16_copies = [layer.weight] + [layer.weight.clone() for _ in range(COPIES - 1)]
+        kernels = [(reference, weight_copies(operands, COPIES), run)
+                   for reference, operands, run in kernels]
+        bf16_copies = [w for (w,) in weight_copies((layer.weight,), COPIES)]
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             t_bf16 = graph_time(cycling([lambda w=w: F.linear(x, w) for w in bf16_copies]))
