@@ -8,6 +8,8 @@ checked against the fp32 product first.
     python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
     python bench/ab_w4a16_one_row.py --field split_k=4 split_k=16   (B, C, ...)
     python bench/ab_w4a16_one_row.py --field last_split_reduces=1+polled_partials=1
+    python bench/ab_w4a16_one_row.py --field words_in_shared+max_registers=80 \
+        words_in_shared+split_k=8+max_registers=80
     python bench/ab_w4a16_one_row.py --field ptxas:--register-usage-level=0 \
         ptxas:--register-usage-level=6
 
@@ -50,16 +52,31 @@ def main() -> None:
         ref = x.float() @ w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
         default = pick_mma_config(1, n, k, 128)
         configs = [(default, "")] + [_variant(default, field) for field in args.field]
-        errors = [relative_error(_gemm(x, packed, scales, zeros, c), ref) for c in configs]
+        errors = [_error(x, packed, scales, zeros, c, ref) for c in configs]
         print(f"{k}x{n} A = default, then {' '.join(args.field)}; err "
-              + " | ".join(f"{e:.3g}" for e in errors), flush=True)
+              + " | ".join(e if isinstance(e, str) else f"{e:.3g}" for e in errors), flush=True)
+        runs = [i for i, e in enumerate(errors) if not isinstance(e, str)]
         for _ in range(args.rounds):
             t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
-            times = [graph_time(cycling([lambda c=c, cfg=cfg: _gemm(x, c[1], c[2], c[3], cfg)
-                                         for c in copies])) for cfg in configs]
+            times = {i: _time(x, copies, configs[i]) for i in runs}
             print(f"{k}x{n} bf16 {t_bf16 * 1e3:.2f} " + " ".join(
-                f"{'ABCDEFGH'[i]} {t * 1e3:.2f} ({t_bf16 / t:.2f}x)" for i, t in enumerate(times))
+                f"{'ABCDEFGH'[i]} {t * 1e3:.2f} ({t_bf16 / t:.2f}x)" for i, t in times.items())
                 + " us", flush=True)
+
+
+def _time(x, copies, variant) -> float:
+    """ms of the variant's GEMM, the weight copies cycled."""
+    return graph_time(cycling([lambda c=c: _gemm(x, c[1], c[2], c[3], variant)
+                               for c in copies]))
+
+
+def _error(x, packed, scales, zeros, variant, ref):
+    """The variant's relative error against ref, or why it refused this layer (a
+    config the kernel does not take here is left out of the timing, not fatal)."""
+    try:
+        return relative_error(_gemm(x, packed, scales, zeros, variant), ref)
+    except ValueError as exc:
+        return f"refused ({exc})"
 
 
 def _variant(config, fields: str) -> tuple:
@@ -81,7 +98,7 @@ def _gemm(x, packed, scales, zeros, variant):
     if not ptxas:
         return w4a16_mma.w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
     built = w4a16_mma.mma_compile_options
-    w4a16_mma.mma_compile_options = lambda c: {**built(c), "ptx_options": ptxas}
+    w4a16_mma.mma_compile_options = lambda *a: {**built(*a), "ptx_options": ptxas}
     try:
         return w4a16_mma.w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
     finally:

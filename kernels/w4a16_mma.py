@@ -58,10 +58,10 @@ from tamis.kernels.w4a16 import code_shifts
 from tamis.kernels._gluon import gluon
 
 if gluon is not None:
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-    from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, rows_view,
-                                      thread_barrier)
+    from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
+                                      rows_view, thread_barrier)
     from tamis.kernels.w4a16_fragments import (_bf16_halves, _column_order, _logical_columns,
                                                _logical_x, _min, _physical_columns,
                                                _store_out_t, _unpack_tile,
@@ -111,6 +111,18 @@ class MmaConfig:
     # word, not 11) and each step's product is corrected in fp32 by (128 + z) times the
     # step's sum of x, summed once per program before the loop (``_x_step_sums``).
     zeros_by_x_sums: bool = False
+    # Every word of the program's split copied into shared memory (cp.async, one group a
+    # step) before the wait for the kernel before, each thread copying the words it
+    # later reads (``_split_from_shared``); the split's steps unrolled, x and the group
+    # parameters of later steps loaded after the wait. No words are held in registers
+    # across the wait, so that with a small enough register cap (``max_registers``) the
+    # next kernel's programs fit beside this one's and read all of their words while it
+    # runs (not just the first step's). One step a load, x from global memory, zero
+    # points unpacked (not by sums of x).
+    words_in_shared: bool = False
+    # ptxas's register cap for the build (maxnreg); 0 leaves it to the compiler (or to
+    # ``mma_compile_options``' own cap).
+    max_registers: int = 0
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -398,6 +410,76 @@ if gluon is not None:
                 gl.convert_layout(b, LAYOUT, assert_trivial=True))
 
     @gluon.jit
+    def _split_from_shared(acc, w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo, K, stride_qk, stride_sg,
+                           offs_wr, mask_wn, offs_zn, mask_zn, offs_cn, offs_xk,
+                           GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
+                           STEPS: gl.constexpr, EVEN: gl.constexpr, PDL: gl.constexpr,
+                           ORDER: gl.constexpr, A_LAYOUT: gl.constexpr,
+                           B_LAYOUT: gl.constexpr, WL: gl.constexpr):
+        """acc + the product of a split of STEPS steps from row k_lo, every word of it
+        copied into shared memory before the wait (``MmaConfig.words_in_shared``): one
+        cp.async group a step, each thread copying the words of ``WL`` it reads back
+        (so its own ``wait_group`` is all the synchronisation there is), stored in thread
+        order (``_thread_order_shared``). Before the wait also the first step's group
+        parameters; after it each step's x, the later steps' parameters and, once its
+        group has landed, its words. Steps past K read zero words and zero x."""
+        BLOCK_N: gl.constexpr = w_ptrs.shape[0]
+        w_smem = gl.allocate_shared_memory(
+            gl.int32, [_pow2_at_least(STEPS) * BLOCK_N, BLOCK_K // 8],
+            _thread_order_shared(WL, _pow2_at_least(STEPS)))
+        for i in gl.static_range(STEPS):
+            _copy_step_words(w_smem.slice(i * BLOCK_N, BLOCK_N), w_ptrs, k_lo + i * BLOCK_K,
+                             stride_qk, offs_wr, mask_wn, K, EVEN)
+            async_copy.commit_group()
+        nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, offs_cn,
+                               GROUP_SIZE, ORDER)
+        if PDL:
+            gdc_wait()  # x and the outputs belong to the kernels before this one
+        for i in gl.static_range(STEPS):
+            k = k_lo + i * BLOCK_K
+            x = _load_x(x_ptrs, k, offs_xk, K, EVEN)
+            if i > 0:
+                nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn,
+                                       offs_cn, GROUP_SIZE, ORDER)
+            async_copy.wait_group(STEPS - 1 - i)  # this thread's copies of step i landed
+            words = w_smem.slice(i * BLOCK_N, BLOCK_N).load(WL)
+            acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+        return acc
+
+    @gluon.jit
+    def _copy_step_words(dst, w_ptrs, k, stride_qk, offs_wr, mask_wn, K, EVEN: gl.constexpr):
+        """Start the cp.async copies of the word tile at row k of K into ``dst``
+        (uncommitted); past K or N (unless EVEN) zeros."""
+        if EVEN:
+            async_load(dst, w_ptrs + (k >> 3) * stride_qk)
+        else:
+            ok = (((k >> 3) + offs_wr) * 8 < K)[None, :] & mask_wn[:, None]
+            async_load(dst, w_ptrs + (k >> 3) * stride_qk, mask=ok)
+
+    @gluon.constexpr_function
+    def _thread_order_shared(word_layout, steps):
+        """The shared layout of ``steps`` (a power of two) word tiles [BLOCK_N, BLOCK_K / 8]
+        stacked along the columns ([steps * BLOCK_N, BLOCK_K / 8], step i's the slice of
+        rows i * BLOCK_N ..), each read and written in ``word_layout``, in thread order:
+        element (r, lane, warp) of a thread's registers at offset 4 (r_hi * threads +
+        thread) + r_lo, r_lo its first two register bits (4 adjacent columns: one
+        16-byte vector). A warp's access of one vector is then 512 contiguous bytes, in
+        which no two lanes of a quarter-warp share a bank. (Triton's barrier pass still
+        puts a bar.sync before each step's read, not knowing each thread reads only its
+        own copies.)"""
+        regs = [list(b) for b in word_layout.reg_bases]
+        assert regs[:2] == [[1, 0], [2, 0]], f"no 16-byte vector of columns: {regs}"
+        bases = (regs[:2] + [list(b) for b in word_layout.lane_bases]
+                 + [list(b) for b in word_layout.warp_bases] + regs[2:])
+        block_n = word_layout.shape[0]
+        offsets = bases + [[block_n << j, 0] for j in range(steps.bit_length() - 1)]
+        return gl.SharedLinearLayout(offset_bases=offsets)
+
+    @gluon.constexpr_function
+    def _pow2_at_least(n):
+        return 1 << (n - 1).bit_length()
+
+    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -409,6 +491,7 @@ if gluon is not None:
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = False,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
+        SHARED_STEPS: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -450,121 +533,127 @@ if gluon is not None:
         x_ptrs = x_ptr + _x_rows(offs_xm, M)[None, :] * stride_xm + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
-        AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
-        if PREFETCH:
-            ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
-                                K, EVEN)
-        if AHEAD:
-            nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
-                                               mask_zn, offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
-            if LOAD_STEPS == 2:  # the second step's group
-                nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
-                                                     K, offs_zn, mask_zn, offs_cn,
-                                                     GROUP_SIZE, ORDER)
-        if PDL:
-            gdc_wait()  # x and the outputs belong to the kernels before this one
-        if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
-            XW: gl.constexpr = _x_word_layout(XL)
-            offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
-            offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
-            x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-                      + _x_rows(offs_xm, M)[None, :] * (stride_xm // 2) + offs_xk[:, None])
-            x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
-            x_sums = 0
-            if BY_SUMS:
-                x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, pid_m * BLOCK_M, M, STEP_K,
-                                      SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
-        elif AHEAD and not X_SHARED:
-            x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
-        if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
-            XG: gl.constexpr = gl.BlockedLayout(
-                [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
-                [1, NUM_WARPS], [0, 1])
-            XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
-                [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
-            offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
-            offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
-            xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
-            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
-        if PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
-            steps = (k_hi - k_lo + STEP_K - 1) // STEP_K
-            for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
-                words_b, nzz_b, s_b, x_b = _load_step(
-                    w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
-                    mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K,
-                    GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-                step = (k0 - k_lo) // STEP_K
-                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, step,
-                                   BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
-                k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
-                ahead, nzz_ahead, s_ahead, x_next = _load_step(
-                    w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
-                    offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-                acc = _paired_step(acc, words_b, x_b, nzz_b, s_b, x_sums, step + 1, BY_SUMS,
-                                   A_LAYOUT, B_LAYOUT, ORDER)
-            if steps % 2 == 1:  # an odd step left, in (a)
-                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, steps - 1,
-                                   BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+        if SHARED_STEPS:  # every word of the split in shared memory before the wait
+            acc = _split_from_shared(
+                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo, K, stride_qk, stride_sg, offs_wr,
+                mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, GROUP_SIZE, BLOCK_K,
+                SHARED_STEPS, EVEN, PDL, ORDER, A_LAYOUT, B_LAYOUT, WL)
         else:
-            for k0 in range(k_lo, k_hi, STEP_K):
-                # Past the split's last load a prefetch reloads that load (no bounds check).
-                k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
-                if PREFETCH:
-                    words = ahead
-                    ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
-                                        mask_wn, K, EVEN)
-                    if AHEAD:
-                        nzz, s = nzz_ahead, s_ahead
-                        nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
-                                                           offs_zn, mask_zn, offs_cn,
-                                                           GROUP_SIZE, ORDER)
-                        if LOAD_STEPS == 2:
-                            nzz2, s2 = nzz2_ahead, s2_ahead
-                            nzz2_ahead, s2_ahead = _group_params(
-                                z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
-                                offs_cn, GROUP_SIZE, ORDER)
-                else:
-                    words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr, mask_wn,
-                                        K, EVEN)
-                if X_SHARED:
-                    thread_barrier()  # every warp has read the last step's tile
-                    x_smem.store(x_ahead)
-                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
-                    thread_barrier()
-                    x = x_smem.load(XL)
-                elif AHEAD:
-                    x = x_next
-                    x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
-                else:
-                    x = _load_x(x_ptrs, k0, offs_xk, K, EVEN)
-                if AHEAD and LOAD_STEPS == 1:
-                    acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
-                elif AHEAD:
-                    acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
-                                          ORDER, WL1, XL1)
-                elif LOAD_STEPS == 1:
-                    acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
-                                offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
-                else:
-                    WL2: gl.constexpr = _word_layout(
-                        gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
-                    XL2: gl.constexpr = _x_layout(
-                        gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
-                    if LOAD_STEPS == 4:
-                        words_a, words_b = _halves(words, 1, WL2)
-                        x_a, x_b = _halves(x, 0, XL2)
-                        acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                         B_LAYOUT, ORDER, WL1, XL1)
-                        acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
-                                         stride_sg, offs_zn, mask_zn, offs_cn, K,
-                                         GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
+            last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
+            AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
+            if PREFETCH:
+                ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
+                                    K, EVEN)
+            if AHEAD:
+                nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
+                                                   mask_zn, offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
+                if LOAD_STEPS == 2:  # the second step's group
+                    nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
+                                                         K, offs_zn, mask_zn, offs_cn,
+                                                         GROUP_SIZE, ORDER)
+            if PDL:
+                gdc_wait()  # x and the outputs belong to the kernels before this one
+            if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
+                XW: gl.constexpr = _x_word_layout(XL)
+                offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
+                offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
+                x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+                          + _x_rows(offs_xm, M)[None, :] * (stride_xm // 2) + offs_xk[:, None])
+                x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
+                x_sums = 0
+                if BY_SUMS:
+                    x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, pid_m * BLOCK_M, M, STEP_K,
+                                          SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
+            elif AHEAD and not X_SHARED:
+                x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
+            if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
+                XG: gl.constexpr = gl.BlockedLayout(
+                    [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
+                    [1, NUM_WARPS], [0, 1])
+                XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+                    [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
+                x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
+                offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
+                offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
+                xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
+                x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
+            if PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
+                steps = (k_hi - k_lo + STEP_K - 1) // STEP_K
+                for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
+                    words_b, nzz_b, s_b, x_b = _load_step(
+                        w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
+                        mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K,
+                        GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+                    step = (k0 - k_lo) // STEP_K
+                    acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, step,
+                                       BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+                    k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
+                    ahead, nzz_ahead, s_ahead, x_next = _load_step(
+                        w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
+                        offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+                    acc = _paired_step(acc, words_b, x_b, nzz_b, s_b, x_sums, step + 1, BY_SUMS,
+                                       A_LAYOUT, B_LAYOUT, ORDER)
+                if steps % 2 == 1:  # an odd step left, in (a)
+                    acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, steps - 1,
+                                       BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+            else:
+                for k0 in range(k_lo, k_hi, STEP_K):
+                    # Past the split's last load a prefetch reloads that load (no bounds check).
+                    k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
+                    if PREFETCH:
+                        words = ahead
+                        ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
+                                            mask_wn, K, EVEN)
+                        if AHEAD:
+                            nzz, s = nzz_ahead, s_ahead
+                            nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
+                                                               offs_zn, mask_zn, offs_cn,
+                                                               GROUP_SIZE, ORDER)
+                            if LOAD_STEPS == 2:
+                                nzz2, s2 = nzz2_ahead, s2_ahead
+                                nzz2_ahead, s2_ahead = _group_params(
+                                    z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
+                                    offs_cn, GROUP_SIZE, ORDER)
                     else:
-                        acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                         B_LAYOUT, ORDER, WL1, XL1)
+                        words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr,
+                                            mask_wn, K, EVEN)
+                    if X_SHARED:
+                        thread_barrier()  # every warp has read the last step's tile
+                        x_smem.store(x_ahead)
+                        x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
+                        thread_barrier()
+                        x = x_smem.load(XL)
+                    elif AHEAD:
+                        x = x_next
+                        x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
+                    else:
+                        x = _load_x(x_ptrs, k0, offs_xk, K, EVEN)
+                    if AHEAD and LOAD_STEPS == 1:
+                        acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+                    elif AHEAD:
+                        acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
+                                              ORDER, WL1, XL1)
+                    elif LOAD_STEPS == 1:
+                        acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
+                                    offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                    else:
+                        WL2: gl.constexpr = _word_layout(
+                            gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
+                        XL2: gl.constexpr = _x_layout(
+                            gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
+                        if LOAD_STEPS == 4:
+                            words_a, words_b = _halves(words, 1, WL2)
+                            x_a, x_b = _halves(x, 0, XL2)
+                            acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg,
+                                             offs_zn, mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
+                                             B_LAYOUT, ORDER, WL1, XL1)
+                            acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
+                                             stride_sg, offs_zn, mask_zn, offs_cn, K,
+                                             GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
+                        else:
+                            acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                             mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
+                                             B_LAYOUT, ORDER, WL1, XL1)
 
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
@@ -627,12 +716,14 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     """The compile-time arguments of ``_w4_mma_kernel`` for a launch of ``splits``
     programs along K of ``k_split`` rows each, on x of m rows (shared with the sm_90
     build tests, so that they build what runs)."""
-    by_sums = _paired(config) and config.zeros_by_x_sums
-    if by_sums and k_split <= 0:
-        raise ValueError("zeros_by_x_sums sizes its sums by the rows a split takes: "
+    by_sums = _paired(config) and config.zeros_by_x_sums and not config.words_in_shared
+    if (by_sums or config.words_in_shared) and k_split <= 0:
+        field = "zeros_by_x_sums" if by_sums else "words_in_shared"
+        raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
     steps = -(-k_split // config.block_k) if by_sums else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
+                SHARED_STEPS=-(-k_split // config.block_k) if config.words_in_shared else 0,
                 X_ROWS=min(m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
@@ -644,14 +735,27 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 LINEAR_PARTIALS=_linear_partials(config, splits))
 
 
-def mma_compile_options(constexprs: dict) -> dict:
-    """Compiler options of a launch with these constexprs (``mma_constexprs``). With
-    zero points by sums of x a register cap of 128: left to itself ptxas builds that loop
-    to 80-98 registers by moving each load to just before its first use (0-12 MMAs
-    ahead instead of 10-22), and each pair of steps then waits out a memory round trip
-    (H200, session 18: 9.3 against 7.1 us on 4096 x 6144). At 128 the loads stay a step
-    ahead, and ``one_wave_split`` counts on 128 anyway."""
+def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
+    """Compiler options of a launch with these constexprs (``mma_constexprs``): a
+    config's own register cap (``MmaConfig.max_registers``) where it sets one, else with
+    zero points by sums of x a cap of 128: left to itself ptxas builds that loop to
+    80-98 registers by moving each load to just before its first use (0-12 MMAs ahead
+    instead of 10-22), and each pair of steps then waits out a memory round trip (H200,
+    session 18: 9.3 against 7.1 us on 4096 x 6144). At 128 the loads stay a step ahead,
+    and ``one_wave_split`` counts on 128 anyway."""
+    if max_registers:
+        return {"maxnreg": max_registers}
     return {"maxnreg": 128} if constexprs["BY_SUMS"] else {}
+
+
+def shared_words_bytes(config: MmaConfig, k_split: int) -> int:
+    """Shared memory a program of ``words_in_shared`` takes for a split of k_split rows:
+    its steps (rounded up to a power of two) of BLOCK_N x BLOCK_K / 8 words."""
+    steps = -(-k_split // config.block_k)
+    return (1 << (steps - 1).bit_length()) * config.block_n * config.block_k // 2
+
+
+_SHARED_BYTES_PER_PROGRAM = 227 * 1024  # the most a Hopper program may take
 
 
 def _linear_partials(config: MmaConfig, splits: int) -> bool:
@@ -696,6 +800,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
                          f"got warps_m={config.warps_m}")
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
+    if config.words_in_shared:
+        _check_words_in_shared(config, k_split)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -710,6 +816,28 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         SPLIT=splits, **constexprs, num_warps=config.num_warps,
-        launch_pdl=pdl.launch(x.device), **mma_compile_options(constexprs),
+        launch_pdl=pdl.launch(x.device),
+        **mma_compile_options(constexprs, config.max_registers),
     )
     return out
+
+
+def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:
+    """Refuse a ``words_in_shared`` config the shared path does not implement, or whose
+    split's words do not fit a program's shared memory."""
+    unsupported = {"load_steps": config.load_steps != 1, "x_shared": config.x_shared,
+                   "zeros_by_x_sums": config.zeros_by_x_sums,
+                   "warps_m": config.warps_m != 1,
+                   "vector_columns": not config.vector_columns,
+                   # 4 adjacent columns a thread (one 16-byte copy): 32 a warp
+                   "block_n": config.block_n < 32 * config.num_warps}
+    named = [name for name, clash in unsupported.items() if clash]
+    if named:
+        raise ValueError("words_in_shared takes load_steps 1, warps_m 1, vector_columns and "
+                         "block_n >= 32 columns a warp, without x_shared or zeros_by_x_sums; "
+                         f"these clash: {named}")
+    size = shared_words_bytes(config, k_split)
+    if size > _SHARED_BYTES_PER_PROGRAM:
+        raise ValueError(f"words_in_shared: a split of {k_split} rows needs {size} bytes of "
+                         f"shared memory, more than a program's {_SHARED_BYTES_PER_PROGRAM}; "
+                         "split K further")

@@ -60,7 +60,11 @@ def test_layout_needs_integer_zero_points_in_range():
 @pytest.mark.parametrize("config,match", [
     (MmaConfig(load_steps=3), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
     (MmaConfig(prefetch=2), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
-    (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1")])
+    (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1"),
+    (MmaConfig(128, 128, 8, 4, words_in_shared=True, load_steps=2), r"clash: \['load_steps'\]"),
+    (MmaConfig(128, 128, 8, 8, words_in_shared=True), r"clash: \['block_n'\]"),
+    (MmaConfig(128, 128, 8, 4, words_in_shared=True, zeros_by_x_sums=True, x_shared=True),
+     r"clash: \['x_shared', 'zeros_by_x_sums'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -69,6 +73,29 @@ def test_unsupported_config_is_refused_before_launch(config, match):
     scales, zeros = torch.ones(1, 16), torch.zeros(1, 16)
     with pytest.raises(ValueError, match=match):
         w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
+
+
+def test_words_in_shared_refuses_a_split_beyond_shared_memory():
+    """A split whose words would not fit a program's shared memory is refused before
+    launch, naming the fix."""
+    if w4a16_mma.gluon is None:
+        pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
+    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
+    packed = torch.zeros(512, 256, dtype=torch.int32)
+    scales, zeros = torch.ones(32, 256), torch.zeros(32, 256)
+    config = MmaConfig(256, 128, 1, 8, words_in_shared=True)   # 32 steps: 512 KiB
+    with pytest.raises(ValueError, match="split K further"):
+        w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
+    assert w4a16_mma.shared_words_bytes(replace(config, split_k=8), 512) == 64 * 1024
+
+
+def test_words_in_shared_needs_the_rows_a_split_takes():
+    config = MmaConfig(128, 128, 8, 4, words_in_shared=True)
+    with pytest.raises(ValueError, match="k_split"):
+        w4a16_mma.mma_constexprs(config, 8, 128, 8, True)
+    constexprs = w4a16_mma.mma_constexprs(config, 8, 128, 8, True, k_split=640)
+    assert constexprs["SHARED_STEPS"] == 5 and not constexprs["BY_SUMS"]
+    assert w4a16_mma.mma_constexprs(MmaConfig(), 8, 128, 8, True)["SHARED_STEPS"] == 0
 
 
 _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
@@ -87,7 +114,16 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
             MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True),
             MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True),
             # 2..8 rows on deep layers: a load ahead on 8 warps
-            MmaConfig(128, 128, 8, 8, vector_columns=False, params_ahead=True)]
+            MmaConfig(128, 128, 8, 8, vector_columns=False, params_ahead=True),
+            # every word of a split in shared memory before the wait: splits of 1-11
+            # steps (odd ones in a power-of-two buffer), summed by arrival, by the last
+            # split and through partials in thread order, paired flags overridden
+            MmaConfig(128, 128, 8, 4, words_in_shared=True),
+            MmaConfig(64, 128, 3, 2, words_in_shared=True, max_registers=80),
+            MmaConfig(256, 128, 16, 8, words_in_shared=True, last_split_reduces=True,
+                      linear_partials=True),
+            MmaConfig(128, 128, 16, 4, params_ahead=True, paired_steps=True,
+                      last_split_reduces=True, words_in_shared=True, max_registers=64)]
 
 
 @pytest.mark.gpu

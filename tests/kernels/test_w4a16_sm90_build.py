@@ -206,6 +206,31 @@ def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, tri
 
 
 @needs_gluon
+@pytest.mark.parametrize("k,n,split", [(4096, 4096, 16), (4096, 4096, 8), (4096, 6144, 8),
+                                       (4096, 6144, 16)])
+def test_words_in_shared_copies_every_word_before_the_wait(k, n, split):
+    """``words_in_shared`` at one row: every word of the split is copied into shared
+    memory (16-byte cp.async) before griddepcontrol.wait, nothing is written before it,
+    each step reads its words back as 16-byte vectors, and under an 80-register cap the
+    tile builds without spills (6 programs of 4 warps a multiprocessor: two launches'
+    worth at 384 programs, as its design needs)."""
+    config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
+                                 words_in_shared=True, split_k=split, max_registers=80)
+    build = mma_build(8, config, pdl_trigger=1, k=k)
+    assert build.registers <= 80 and build.stack_bytes == 0
+    before = _before_the_wait(build)
+    assert not [op for op in before if op.split(".")[0] in _WRITES]
+    steps = k // split // config.block_k
+    vectors = config.block_n * config.block_k // 8 // (4 * 32 * config.num_warps)
+    opcodes = [i.opcode for i in build.instructions()]
+    copies = [op for op in opcodes if op.startswith("LDGSTS")]
+    assert copies == ["LDGSTS.E.BYPASS.128"] * (steps * vectors)
+    assert before.count("LDGSTS.E.BYPASS.128") == len(copies)
+    assert opcodes.count("LDS.128") >= steps * vectors
+    assert opcodes.count("HMMA.16816.F32.BF16") > 0
+
+
+@needs_gluon
 @pytest.mark.parametrize("trigger", [0, 1, 2])
 @pytest.mark.parametrize("block_m,block_n,warps,stages,split,even,pairs", [
     (64, 64, 4, 3, True, True, False),      # the narrow default at 33..64 rows

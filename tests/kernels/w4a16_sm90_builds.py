@@ -41,7 +41,8 @@ def mma_build(block_m, config, pdl_trigger=None, k=4096, m=1) -> Build:
                                           pdl_wait=pdl, pdl_trigger=pdl_trigger or 0,
                                           k_split=k_split, m=m)
     return compile_sm90(w4a16_mma._w4_mma_kernel, SIGNATURE, constexprs, config.num_warps,
-                        launch_pdl=pdl, **w4a16_mma.mma_compile_options(constexprs))
+                        launch_pdl=pdl, **w4a16_mma.mma_compile_options(constexprs,
+                                                                        config.max_registers))
 
 
 def tma_build(block_m, config, pdl_trigger=None, rows=None) -> Build:
