@@ -117,8 +117,8 @@ class MmaConfig:
     # parameters of later steps loaded after the wait. No words are held in registers
     # across the wait, so that with a small enough register cap (``max_registers``) the
     # next kernel's programs fit beside this one's and read all of their words while it
-    # runs (not just the first step's). One step a load, x from global memory, zero
-    # points unpacked (not by sums of x).
+    # runs (not just the first step's). One step a load, x from global memory; zero
+    # points unpacked or (zeros_by_x_sums) by sums of x.
     words_in_shared: bool = False
     # ptxas's register cap for the build (maxnreg); 0 leaves it to the compiler (or to
     # ``mma_compile_options``' own cap).
@@ -410,20 +410,25 @@ if gluon is not None:
                 gl.convert_layout(b, LAYOUT, assert_trivial=True))
 
     @gluon.jit
-    def _split_from_shared(acc, w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo, K, stride_qk, stride_sg,
-                           offs_wr, mask_wn, offs_zn, mask_zn, offs_cn, offs_xk,
-                           GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
-                           STEPS: gl.constexpr, EVEN: gl.constexpr, PDL: gl.constexpr,
-                           ORDER: gl.constexpr, A_LAYOUT: gl.constexpr,
-                           B_LAYOUT: gl.constexpr, WL: gl.constexpr):
+    def _split_from_shared(acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, M, row0,
+                           stride_xm, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
+                           mask_zn, offs_cn, offs_xk, GROUP_SIZE: gl.constexpr,
+                           BLOCK_K: gl.constexpr, STEPS: gl.constexpr, EVEN: gl.constexpr,
+                           PDL: gl.constexpr, BY_SUMS: gl.constexpr, X_ROWS: gl.constexpr,
+                           NUM_WARPS: gl.constexpr, ORDER: gl.constexpr,
+                           A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, WL: gl.constexpr):
         """acc + the product of a split of STEPS steps from row k_lo, every word of it
         copied into shared memory before the wait (``MmaConfig.words_in_shared``): one
         cp.async group a step, each thread copying the words of ``WL`` it reads back
         (so its own ``wait_group`` is all the synchronisation there is), stored in thread
         order (``_thread_order_shared``). Before the wait also the first step's group
         parameters; after it each step's x, the later steps' parameters and, once its
-        group has landed, its words. Steps past K read zero words and zero x."""
+        group has landed, its words. Steps past K read zero words and zero x. With
+        BY_SUMS the zero points come off by sums of x (``_step_by_sums``: 8 instructions
+        a word, not 12, where every word is unpacked after the wait), the sums taken
+        after it (``_x_step_sums``)."""
         BLOCK_N: gl.constexpr = w_ptrs.shape[0]
+        BLOCK_M: gl.constexpr = x_ptrs.shape[1]
         w_smem = gl.allocate_shared_memory(
             gl.int32, [_pow2_at_least(STEPS) * BLOCK_N, BLOCK_K // 8],
             _thread_order_shared(WL, _pow2_at_least(STEPS)))
@@ -431,19 +436,24 @@ if gluon is not None:
             _copy_step_words(w_smem.slice(i * BLOCK_N, BLOCK_N), w_ptrs, k_lo + i * BLOCK_K,
                              stride_qk, offs_wr, mask_wn, K, EVEN)
             async_copy.commit_group()
-        nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, offs_cn,
-                               GROUP_SIZE, ORDER)
+        zp, s = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, offs_cn,
+                              GROUP_SIZE, ORDER, BY_SUMS)
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
+        x_sums = 0
+        if BY_SUMS:
+            x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, row0, M, BLOCK_K,
+                                  _pow2_at_least(STEPS), BLOCK_M, X_ROWS, NUM_WARPS)
         for i in gl.static_range(STEPS):
             k = k_lo + i * BLOCK_K
             x = _load_x(x_ptrs, k, offs_xk, K, EVEN)
             if i > 0:
-                nzz, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn,
-                                       offs_cn, GROUP_SIZE, ORDER)
+                zp, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn,
+                                      offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
             async_copy.wait_group(STEPS - 1 - i)  # this thread's copies of step i landed
             words = w_smem.slice(i * BLOCK_N, BLOCK_N).load(WL)
-            acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+            acc = _paired_step(acc, words, x, zp, s, x_sums, i, BY_SUMS, A_LAYOUT, B_LAYOUT,
+                               ORDER)
         return acc
 
     @gluon.jit
@@ -535,9 +545,10 @@ if gluon is not None:
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if SHARED_STEPS:  # every word of the split in shared memory before the wait
             acc = _split_from_shared(
-                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo, K, stride_qk, stride_sg, offs_wr,
-                mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, GROUP_SIZE, BLOCK_K,
-                SHARED_STEPS, EVEN, PDL, ORDER, A_LAYOUT, B_LAYOUT, WL)
+                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, M, pid_m * BLOCK_M,
+                stride_xm, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn, offs_cn,
+                offs_xk, GROUP_SIZE, BLOCK_K, SHARED_STEPS, EVEN, PDL, BY_SUMS, X_ROWS,
+                NUM_WARPS, ORDER, A_LAYOUT, B_LAYOUT, WL)
         else:
             last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
             AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
@@ -716,14 +727,14 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     """The compile-time arguments of ``_w4_mma_kernel`` for a launch of ``splits``
     programs along K of ``k_split`` rows each, on x of m rows (shared with the sm_90
     build tests, so that they build what runs)."""
-    by_sums = _paired(config) and config.zeros_by_x_sums and not config.words_in_shared
+    by_sums = config.zeros_by_x_sums and (_paired(config) or config.words_in_shared)
     if (by_sums or config.words_in_shared) and k_split <= 0:
         field = "zeros_by_x_sums" if by_sums else "words_in_shared"
         raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
-    steps = -(-k_split // config.block_k) if by_sums else 1
+    steps = -(-k_split // config.block_k) if by_sums or config.words_in_shared else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
-                SHARED_STEPS=-(-k_split // config.block_k) if config.words_in_shared else 0,
+                SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
@@ -826,7 +837,6 @@ def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:
     """Refuse a ``words_in_shared`` config the shared path does not implement, or whose
     split's words do not fit a program's shared memory."""
     unsupported = {"load_steps": config.load_steps != 1, "x_shared": config.x_shared,
-                   "zeros_by_x_sums": config.zeros_by_x_sums,
                    "warps_m": config.warps_m != 1,
                    "vector_columns": not config.vector_columns,
                    # 4 adjacent columns a thread (one 16-byte copy): 32 a warp
@@ -834,7 +844,7 @@ def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("words_in_shared takes load_steps 1, warps_m 1, vector_columns and "
-                         "block_n >= 32 columns a warp, without x_shared or zeros_by_x_sums; "
+                         "block_n >= 32 columns a warp, without x_shared; "
                          f"these clash: {named}")
     size = shared_words_bytes(config, k_split)
     if size > _SHARED_BYTES_PER_PROGRAM:

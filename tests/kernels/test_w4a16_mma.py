@@ -63,8 +63,8 @@ def test_layout_needs_integer_zero_points_in_range():
     (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1"),
     (MmaConfig(128, 128, 8, 4, words_in_shared=True, load_steps=2), r"clash: \['load_steps'\]"),
     (MmaConfig(128, 128, 8, 8, words_in_shared=True), r"clash: \['block_n'\]"),
-    (MmaConfig(128, 128, 8, 4, words_in_shared=True, zeros_by_x_sums=True, x_shared=True),
-     r"clash: \['x_shared', 'zeros_by_x_sums'\]")])
+    (MmaConfig(128, 128, 8, 4, words_in_shared=True, x_shared=True, warps_m=2),
+     r"clash: \['x_shared', 'warps_m'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -95,6 +95,9 @@ def test_words_in_shared_needs_the_rows_a_split_takes():
         w4a16_mma.mma_constexprs(config, 8, 128, 8, True)
     constexprs = w4a16_mma.mma_constexprs(config, 8, 128, 8, True, k_split=640)
     assert constexprs["SHARED_STEPS"] == 5 and not constexprs["BY_SUMS"]
+    by_sums = w4a16_mma.mma_constexprs(replace(config, zeros_by_x_sums=True), 8, 128, 8, True,
+                                       k_split=640)
+    assert by_sums["BY_SUMS"] and by_sums["SUM_STEPS"] == 8 and by_sums["SHARED_STEPS"] == 5
     assert w4a16_mma.mma_constexprs(MmaConfig(), 8, 128, 8, True)["SHARED_STEPS"] == 0
 
 
@@ -219,7 +222,7 @@ def test_x_at_an_odd_element_offset_matches_the_reference():
 _BY_SUMS = [replace(c, zeros_by_x_sums=True)
             for c in _CONFIGS + [MmaConfig(256, 128, 16, 8, params_ahead=True,
                                            paired_steps=True, last_split_reduces=True)]
-            if c is not None and c.paired_steps]
+            if c is not None and (c.paired_steps or c.words_in_shared)]
 
 
 @pytest.mark.gpu

@@ -206,18 +206,24 @@ def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, tri
 
 
 @needs_gluon
+@pytest.mark.parametrize("by_sums", [False, True])
 @pytest.mark.parametrize("k,n,split", [(4096, 4096, 16), (4096, 4096, 8), (4096, 6144, 8),
                                        (4096, 6144, 16)])
-def test_words_in_shared_copies_every_word_before_the_wait(k, n, split):
+def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums):
     """``words_in_shared`` at one row: every word of the split is copied into shared
     memory (16-byte cp.async) before griddepcontrol.wait, nothing is written before it,
     each step reads its words back as 16-byte vectors, and under an 80-register cap the
     tile builds without spills (6 programs of 4 warps a multiprocessor: two launches'
-    worth at 384 programs, as its design needs)."""
+    worth at 384 programs, as its design needs). With zero points by sums of x no
+    word's zero point is applied in bf16 (its unpack 8 instructions, not 12); that tile
+    needs more registers (113-115 at 4 steps, spilling under 80 and 88 caps), so it is
+    built under 128."""
+    cap = 128 if by_sums else 80
     config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
-                                 words_in_shared=True, split_k=split, max_registers=80)
+                                 words_in_shared=True, split_k=split, max_registers=cap,
+                                 zeros_by_x_sums=by_sums)
     build = mma_build(8, config, pdl_trigger=1, k=k)
-    assert build.registers <= 80 and build.stack_bytes == 0
+    assert build.registers <= cap and build.stack_bytes == 0
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
     steps = k // split // config.block_k
@@ -227,7 +233,10 @@ def test_words_in_shared_copies_every_word_before_the_wait(k, n, split):
     assert copies == ["LDGSTS.E.BYPASS.128"] * (steps * vectors)
     assert before.count("LDGSTS.E.BYPASS.128") == len(copies)
     assert opcodes.count("LDS.128") >= steps * vectors
-    assert opcodes.count("HMMA.16816.F32.BF16") > 0
+    mmas = opcodes.count("HMMA.16816.F32.BF16")
+    assert mmas > 0
+    zero_points = opcodes.count("HADD2.BF16_V2")  # fma(v, 1, -(128 + z)): 4 a word
+    assert zero_points == (0 if by_sums else 4 * mmas)
 
 
 @needs_gluon
