@@ -12,6 +12,7 @@ checked against the fp32 product first.
         words_in_shared+split_k=8+max_registers=80
     python bench/ab_w4a16_one_row.py --field ptxas:--register-usage-level=0 \
         ptxas:--register-usage-level=6
+    python bench/ab_w4a16_one_row.py --field ... --shapes 4096x4096 4096x6144
 
 ``--field NAME`` flips a boolean field; ``NAME=VALUE`` sets an integer one (one variant
 each, timed after A in every round; ``A+B`` changes both in one variant); ``ptxas:OPTIONS``
@@ -29,8 +30,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_quant import (SHAPES, bf16_weight, cycling, graph_time, start_on_gpu,  # noqa: E402
-                         w4a16_operands, weight_copies)
+from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
+                         start_on_gpu, w4a16_operands, weight_copies)
 from tile_sweep import relative_error  # noqa: E402
 
 
@@ -41,9 +42,10 @@ def main() -> None:
     parser.add_argument("--field", required=True, nargs="+",
                         help="NAME (a boolean MmaConfig field to flip) or NAME=VALUE (an int)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shapes", nargs="+", help="KxN (default: all four)")
     args = parser.parse_args()
     start_on_gpu()
-    for k, n in SHAPES:
+    for k, n in parse_shapes(args.shapes):
         weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         packed = mma_pack(qweight, k)
