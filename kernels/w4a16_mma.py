@@ -63,7 +63,7 @@ if gluon is not None:
     from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
                                       rows_view, thread_barrier)
     from tamis.kernels.w4a16_fragments import (_bf16_halves, _column_order, _logical_columns,
-                                               _logical_x, _min, _physical_columns,
+                                               _logical_x, _min, _physical_columns, _plain,
                                                _store_out_t, _unpack_tile,
                                                _unpack_tile_offset, _word_layout, _x_layout,
                                                _x_word_layout)
@@ -123,6 +123,13 @@ class MmaConfig:
     # ptxas's register cap for the build (maxnreg); 0 leaves it to the compiler (or to
     # ``mma_compile_options``' own cap).
     max_registers: int = 0
+    # At one row (M == 1), 2, 4 or 8: the MMA's 8 columns of x^T (7 of them padding at
+    # one row) carry that many chunks of the split's rows of K instead, and the tile's
+    # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
+    # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
+    # where split K would sum through global partials and a counter. Paired steps only,
+    # one split (split_k 1), no zeros_by_x_sums.
+    k_chunks: int = 0
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -490,6 +497,54 @@ if gluon is not None:
         return 1 << (n - 1).bit_length()
 
     @gluon.jit
+    def _chunked_operands(qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr,
+                          COLS: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_SIZE: gl.constexpr,
+                          WL: gl.constexpr, WL1: gl.constexpr):
+        """With ``MmaConfig.k_chunks``: tile row v (a physical row of the word layouts) is
+        output column pid_n * COLS + v % COLS over chunk v // COLS of the split, k_chunk
+        rows from chunk 0's. Returns (columns, word pointers, group-parameter offsets
+        (column plus the chunk's first group), the word and parameter column masks);
+        a chunk's groups are its rows' groups offset by k_chunk / GROUP_SIZE a chunk
+        (k_chunk a multiple of the group, or one group for all of K)."""
+        v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
+        offs_wn = pid_n * COLS + v % COLS
+        w_ptrs = (qw_ptr + (offs_wr[None, :] + ((v // COLS) * (k_chunk >> 3))[:, None]) * stride_qk
+                  + offs_wn[:, None])
+        vz = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL1))
+        cols_z = pid_n * COLS + vz % COLS
+        offs_zn = cols_z + (vz // COLS) * (k_chunk // GROUP_SIZE) * stride_sg
+        return offs_wn, w_ptrs, offs_zn, offs_wn < N, cols_z < N
+
+    @gluon.jit
+    def _store_chunk_sums(acc, out_ptr, pid_n, N, COLS: gl.constexpr, CHUNKS: gl.constexpr,
+                          ORDER: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """Store out[0, pid_n * COLS ..] of a ``k_chunks`` tile: acc [CHUNKS * COLS, 8]
+        (logical rows) holds at its row of physical tile row v and column j chunk j's
+        product with tile row v's words, so the wanted terms lie where j == v // COLS;
+        they are summed over the chunks of each column (rows put in physical order, then
+        [CHUNKS, COLS]: one cross-warp sum a program) and stored as bf16."""
+        MMA: gl.constexpr = acc.type.layout
+        rows = _physical_columns(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)),
+                                 ORDER)
+        j = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA))
+        own = gl.sum(gl.where(j[None, :] == (rows // COLS)[:, None], acc, 0.0), axis=1)
+        physical = _logical_columns(gl.expand_dims(own, 1), _inverse_order(ORDER))
+        sums = gl.sum(gl.reshape(physical, [CHUNKS, COLS]), axis=0)
+        OUT: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        cols = pid_n * COLS + gl.arange(0, COLS, layout=OUT)
+        gl.store(out_ptr + cols, gl.convert_layout(sums, OUT).to(gl.bfloat16), mask=cols < N)
+
+    @gluon.constexpr_function
+    def _inverse_order(order):
+        """The column order that undoes ``order``: ``_logical_columns`` with it takes rows
+        in logical order to physical order."""
+        order = _plain(order)
+        inverse = [0] * len(order)
+        for j, b in enumerate(order):
+            inverse[b] = j
+        return tuple(inverse)
+
+    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -501,7 +556,7 @@ if gluon is not None:
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = False,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
-        SHARED_STEPS: gl.constexpr = 0,
+        SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -528,6 +583,11 @@ if gluon is not None:
         pid_m = gl.program_id(2)
         k_lo = pid_k * K_SPLIT
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
+        if K_CHUNKS:  # the tile's rows are (chunk, column): the loop walks chunk 0's rows
+            # whole steps of at least 32 rows (``_check_k_chunks``): told so, x's chunks
+            # load as 16-byte vectors
+            k_chunk = gl.multiple_of(K_SPLIT // K_CHUNKS, 32)
+            k_hi = k_lo + k_chunk
         offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, WL))
         offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(0, WL))
         offs_xk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XL))
@@ -540,6 +600,10 @@ if gluon is not None:
         mask_zn = offs_zn < N
         mask_cn = offs_cn < N
         w_ptrs = qw_ptr + offs_wr[None, :] * stride_qk + offs_wn[:, None]
+        if K_CHUNKS:
+            offs_wn, w_ptrs, offs_zn, mask_wn, mask_zn = _chunked_operands(
+                qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr, BLOCK_N // K_CHUNKS,
+                BLOCK_N, GROUP_SIZE, WL, WL1)
         x_ptrs = x_ptr + _x_rows(offs_xm, M)[None, :] * stride_xm + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
@@ -570,6 +634,10 @@ if gluon is not None:
                 offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
                 x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
                           + _x_rows(offs_xm, M)[None, :] * (stride_xm // 2) + offs_xk[:, None])
+                if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1)
+                    x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+                              + (gl.minimum(offs_xm, K_CHUNKS - 1) * (k_chunk // 2))[None, :]
+                              + offs_xk[:, None])
                 x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
                 x_sums = 0
                 if BY_SUMS:
@@ -668,6 +736,10 @@ if gluon is not None:
 
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
+        if K_CHUNKS:
+            _store_chunk_sums(acc, out_ptr, pid_n, N, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
+                              NUM_WARPS)
+            return
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
@@ -736,7 +808,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(m, block_m) if by_sums else 1,
-                GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
+                GROUP_SIZE=group_size, BLOCK_M=block_m,
+                BLOCK_N=config.block_n * max(config.k_chunks, 1), K_CHUNKS=config.k_chunks,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
                 NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
                 X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
@@ -813,6 +886,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     if config.words_in_shared:
         _check_words_in_shared(config, k_split)
+    if config.k_chunks:
+        _check_k_chunks(config, m, splits, k_split, group_size, k)
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -831,6 +906,26 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         **mma_compile_options(constexprs, config.max_registers),
     )
     return out
+
+
+def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_size: int,
+                    k: int) -> None:
+    """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
+    of x, paired steps without sums of x or shared words, one split, and chunks of whole
+    steps lying on group boundaries (or one group for all of K)."""
+    chunk = k_split // max(config.k_chunks, 1)
+    unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
+                   "paired_steps": not _paired(config), "zeros_by_x_sums": config.zeros_by_x_sums,
+                   "words_in_shared": config.words_in_shared, "split_k": splits != 1,
+                   "warps_m": config.warps_m != 1,
+                   "chunk rows": k_split % config.k_chunks or chunk % config.block_k
+                   or (group_size < k and chunk % group_size)}
+    named = [name for name, clash in unsupported.items() if clash]
+    if named:
+        raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole steps (and whole groups) "
+                         "at one row, paired steps, one split, warps_m 1, without "
+                         f"zeros_by_x_sums or words_in_shared; these clash: {named} "
+                         f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
 
 def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:

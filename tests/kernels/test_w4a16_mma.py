@@ -64,7 +64,13 @@ def test_layout_needs_integer_zero_points_in_range():
     (MmaConfig(128, 128, 8, 4, words_in_shared=True, load_steps=2), r"clash: \['load_steps'\]"),
     (MmaConfig(128, 128, 8, 8, words_in_shared=True), r"clash: \['block_n'\]"),
     (MmaConfig(128, 128, 8, 4, words_in_shared=True, x_shared=True, warps_m=2),
-     r"clash: \['x_shared', 'warps_m'\]")])
+     r"clash: \['x_shared', 'warps_m'\]"),
+    # K = 128 in 8 chunks: 16 rows a chunk, not whole steps
+    (MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True, k_chunks=8),
+     r"clash: \['chunk rows'\]"),
+    (MmaConfig(32, 32, 2, 8, k_chunks=2), r"clash: \['paired_steps', 'split_k'\]"),
+    (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=3),
+     r"clash: \['k_chunks', 'chunk rows'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -249,6 +255,35 @@ def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
     floor = per_word.float().abs().max() * 1e-3
     step = (per_word.float().abs() * 2.0 ** -7).clamp_min(floor)
     assert ((got.float() - per_word.float()).abs() <= step).all()
+
+
+_CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                         k_chunks=8)),
+            (4096, 4096, 128, MmaConfig(16, 128, 1, 4, params_ahead=True, paired_steps=True,
+                                        k_chunks=8)),
+            (4096, 4096, 128, MmaConfig(64, 128, 1, 4, params_ahead=True, paired_steps=True,
+                                        k_chunks=2)),
+            # one step a chunk (the paired loop's odd tail), one group for all of K,
+            # columns past N
+            (1024, 520, 1024, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                        k_chunks=8)),
+            # 9 steps of 32-row groups a chunk, the second chunk 9 groups on
+            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
+                                     k_chunks=2))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("case", range(len(_CHUNKED)))
+def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
+    """k_chunks: the one row's chunks of K in the MMA's columns of x, each tile row's
+    words from its chunk, the chunks summed per column in the program."""
+    k, n, group_size, config = _CHUNKED[case]
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + case)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(case)).to(torch.bfloat16)
+    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size, config)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
 def test_sums_of_x_need_the_rows_a_split_takes():
