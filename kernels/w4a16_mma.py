@@ -38,7 +38,9 @@ multiplies each step's product per output column in fp32: every step lies inside
 group. K is split over programs; the last program of a tile reduces the splits
 (``tamis.kernels.splitk``). Knobs (``MmaConfig``): words of 1, 2 or 4 steps load together
 (more bytes in flight per thread), and above 16 rows of x the program can stage each x
-tile in shared memory once instead of every warp loading it.
+tile in shared memory once instead of every warp loading it; at one row the MMA's columns
+of x can carry chunks of K instead of padding rows (``k_chunks``), so that a program sums
+its share of K without split K's global partials.
 
 Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
 points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``,
