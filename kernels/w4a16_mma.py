@@ -129,8 +129,9 @@ class MmaConfig:
     # one row) carry that many chunks of the split's rows of K instead, and the tile's
     # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
-    # where split K would sum through global partials and a counter. Paired steps only,
-    # one split (split_k 1), no zeros_by_x_sums.
+    # where split K would sum through global partials and a counter. Paired steps or
+    # words_in_shared (each chunk's words in shared memory), one split (split_k 1), no
+    # zeros_by_x_sums.
     k_chunks: int = 0
 
 
@@ -607,6 +608,9 @@ if gluon is not None:
                 qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr, BLOCK_N // K_CHUNKS,
                 BLOCK_N, GROUP_SIZE, WL, WL1)
         x_ptrs = x_ptr + _x_rows(offs_xm, M)[None, :] * stride_xm + offs_xk[:, None]
+        if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1)
+            x_ptrs = (x_ptr + (gl.minimum(offs_xm, K_CHUNKS - 1) * k_chunk)[None, :]
+                      + offs_xk[:, None])
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if SHARED_STEPS:  # every word of the split in shared memory before the wait
@@ -806,12 +810,13 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
         field = "zeros_by_x_sums" if by_sums else "words_in_shared"
         raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
-    steps = -(-k_split // config.block_k) if by_sums or config.words_in_shared else 1
+    rows = k_split // max(config.k_chunks, 1)  # a program's rows of K in one chunk
+    steps = -(-rows // config.block_k) if by_sums or config.words_in_shared else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,
-                BLOCK_N=config.block_n * max(config.k_chunks, 1), K_CHUNKS=config.k_chunks,
+                BLOCK_N=tile_rows(config), K_CHUNKS=config.k_chunks,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
                 NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
                 X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
@@ -835,10 +840,17 @@ def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
 
 
 def shared_words_bytes(config: MmaConfig, k_split: int) -> int:
-    """Shared memory a program of ``words_in_shared`` takes for a split of k_split rows:
-    its steps (rounded up to a power of two) of BLOCK_N x BLOCK_K / 8 words."""
+    """Shared memory a program of ``words_in_shared`` takes for a split of k_split rows
+    (with ``k_chunks``, the rows of one chunk): its steps (rounded up to a power of two)
+    of ``tile_rows`` x BLOCK_K / 8 words."""
     steps = -(-k_split // config.block_k)
-    return (1 << (steps - 1).bit_length()) * config.block_n * config.block_k // 2
+    return (1 << (steps - 1).bit_length()) * tile_rows(config) * config.block_k // 2
+
+
+def tile_rows(config: MmaConfig) -> int:
+    """Rows of a program's weight tile (the MMA's A operand): its output columns, times
+    the chunks of K with ``k_chunks``."""
+    return config.block_n * max(config.k_chunks, 1)
 
 
 _SHARED_BYTES_PER_PROGRAM = 227 * 1024  # the most a Hopper program may take
@@ -886,10 +898,10 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
                          f"got warps_m={config.warps_m}")
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
-    if config.words_in_shared:
-        _check_words_in_shared(config, k_split)
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
+    if config.words_in_shared:  # sized by the rows of one chunk
+        _check_words_in_shared(config, k_split // max(config.k_chunks, 1))
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -913,20 +925,20 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_size: int,
                     k: int) -> None:
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
-    of x, paired steps without sums of x or shared words, one split, and chunks of whole
+    of x, paired steps or shared words, no sums of x, one split, and chunks of whole
     steps lying on group boundaries (or one group for all of K)."""
     chunk = k_split // max(config.k_chunks, 1)
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
-                   "paired_steps": not _paired(config), "zeros_by_x_sums": config.zeros_by_x_sums,
-                   "words_in_shared": config.words_in_shared, "split_k": splits != 1,
+                   "paired_steps": not (_paired(config) or config.words_in_shared),
+                   "zeros_by_x_sums": config.zeros_by_x_sums, "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
                    "chunk rows": k_split % config.k_chunks or chunk % config.block_k
                    or (group_size < k and chunk % group_size)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole steps (and whole groups) "
-                         "at one row, paired steps, one split, warps_m 1, without "
-                         f"zeros_by_x_sums or words_in_shared; these clash: {named} "
+                         "at one row, paired steps or words_in_shared, one split, warps_m 1, "
+                         f"without zeros_by_x_sums; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
 
@@ -937,11 +949,11 @@ def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:
                    "warps_m": config.warps_m != 1,
                    "vector_columns": not config.vector_columns,
                    # 4 adjacent columns a thread (one 16-byte copy): 32 a warp
-                   "block_n": config.block_n < 32 * config.num_warps}
+                   "block_n": tile_rows(config) < 32 * config.num_warps}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("words_in_shared takes load_steps 1, warps_m 1, vector_columns and "
-                         "block_n >= 32 columns a warp, without x_shared; "
+                         "block_n (times k_chunks) >= 32 columns a warp, without x_shared; "
                          f"these clash: {named}")
     size = shared_words_bytes(config, k_split)
     if size > _SHARED_BYTES_PER_PROGRAM:

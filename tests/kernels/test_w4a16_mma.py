@@ -269,7 +269,12 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
                                         k_chunks=8)),
             # 9 steps of 32-row groups a chunk, the second chunk 9 groups on
             (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
-                                     k_chunks=2))]
+                                     k_chunks=2)),
+            # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
+            (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
+                                        max_registers=96)),
+            (576, 136, 32, MmaConfig(32, 32, 1, 2, words_in_shared=True, k_chunks=2))]
 
 
 @pytest.mark.gpu
@@ -277,7 +282,8 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
 @pytest.mark.parametrize("case", range(len(_CHUNKED)))
 def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
     """k_chunks: the one row's chunks of K in the MMA's columns of x, each tile row's
-    words from its chunk, the chunks summed per column in the program."""
+    words from its chunk (in registers a step ahead, or all in shared memory), the
+    chunks summed per column in the program."""
     k, n, group_size, config = _CHUNKED[case]
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + case)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(case)).to(torch.bfloat16)

@@ -240,21 +240,27 @@ def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums)
 
 
 @needs_gluon
-@pytest.mark.parametrize("block_n,warps,chunks", [(32, 8, 8), (16, 4, 8), (64, 4, 2)])
-def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks):
+@pytest.mark.parametrize("block_n,warps,chunks,shared", [
+    (32, 8, 8, False), (16, 4, 8, False), (64, 4, 2, False), (32, 8, 8, True)])
+def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared):
     """``k_chunks`` at one row: no split-K partials, counter or atomics (the chunks sum
     through shared memory in the program), words as 16-byte vectors with the first
-    step's before griddepcontrol.wait and nothing written before it, x's chunks as
-    16-byte vectors, no spills."""
-    config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=True,
-                                 paired_steps=True, k_chunks=chunks)
+    step's (with ``words_in_shared`` every step's, as cp.async copies) before
+    griddepcontrol.wait and nothing written before it, x's chunks as 16-byte vectors,
+    no spills."""
+    config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=not shared,
+                                 paired_steps=not shared, k_chunks=chunks,
+                                 words_in_shared=shared)
     build = mma_build(8, config, pdl_trigger=1, k=4096)
     assert build.registers <= 128 and build.stack_bytes == 0
     opcodes = [i.opcode.split(".")[0] for i in build.instructions()]
     assert not [op for op in opcodes if op in ("ATOM", "ATOMG", "RED", "REDG")]
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
-    assert "LDG.E.128" in before, before
+    if shared:  # 4 steps of 4 vectors a thread (256 rows x 16 words, 256 threads)
+        assert before.count("LDGSTS.E.BYPASS.128") == 16
+    else:
+        assert "LDG.E.128" in before, before
     # x's chunks too load as 16-byte vectors (told the chunk is whole steps)
     assert "LDG.E" not in [i.opcode for i in build.instructions()]
     assert opcodes.count("HMMA") > 0 and opcodes.count("STS") > 0
