@@ -607,10 +607,12 @@ if gluon is not None:
             offs_wn, w_ptrs, offs_zn, mask_wn, mask_zn = _chunked_operands(
                 qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr, BLOCK_N // K_CHUNKS,
                 BLOCK_N, GROUP_SIZE, WL, WL1)
-        x_ptrs = x_ptr + _x_rows(offs_xm, M)[None, :] * stride_xm + offs_xk[:, None]
-        if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1)
-            x_ptrs = (x_ptr + (gl.minimum(offs_xm, K_CHUNKS - 1) * k_chunk)[None, :]
-                      + offs_xk[:, None])
+        x_m = M
+        x_stride = stride_xm
+        if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1), as a row of x
+            x_m = K_CHUNKS
+            x_stride = k_chunk
+        x_ptrs = x_ptr + _x_rows(offs_xm, x_m)[None, :] * x_stride + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if SHARED_STEPS:  # every word of the split in shared memory before the wait
@@ -639,11 +641,7 @@ if gluon is not None:
                 offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
                 offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
                 x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-                          + _x_rows(offs_xm, M)[None, :] * (stride_xm // 2) + offs_xk[:, None])
-                if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1)
-                    x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-                              + (gl.minimum(offs_xm, K_CHUNKS - 1) * (k_chunk // 2))[None, :]
-                              + offs_xk[:, None])
+                          + _x_rows(offs_xm, x_m)[None, :] * (x_stride // 2) + offs_xk[:, None])
                 x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
                 x_sums = 0
                 if BY_SUMS:
@@ -810,8 +808,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
         field = "zeros_by_x_sums" if by_sums else "words_in_shared"
         raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
-    rows = k_split // max(config.k_chunks, 1)  # a program's rows of K in one chunk
-    steps = -(-rows // config.block_k) if by_sums or config.words_in_shared else 1
+    steps = -(-chunk_rows(config, k_split) // config.block_k) if by_sums or config.words_in_shared else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(m, block_m) if by_sums else 1,
@@ -845,6 +842,11 @@ def shared_words_bytes(config: MmaConfig, k_split: int) -> int:
     of ``tile_rows`` x BLOCK_K / 8 words."""
     steps = -(-k_split // config.block_k)
     return (1 << (steps - 1).bit_length()) * tile_rows(config) * config.block_k // 2
+
+
+def chunk_rows(config: MmaConfig, k_split: int) -> int:
+    """Rows of K a program's tile walks: its split's, or with ``k_chunks`` one chunk's."""
+    return k_split // max(config.k_chunks, 1)
 
 
 def tile_rows(config: MmaConfig) -> int:
@@ -901,7 +903,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
     if config.words_in_shared:  # sized by the rows of one chunk
-        _check_words_in_shared(config, k_split // max(config.k_chunks, 1))
+        _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -927,7 +929,7 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
     of x, paired steps or shared words, no sums of x, one split, and chunks of whole
     steps lying on group boundaries (or one group for all of K)."""
-    chunk = k_split // max(config.k_chunks, 1)
+    chunk = chunk_rows(config, k_split)
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
                    "paired_steps": not (_paired(config) or config.words_in_shared),
                    "zeros_by_x_sums": config.zeros_by_x_sums, "split_k": splits != 1,

@@ -253,7 +253,8 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared):
                                  words_in_shared=shared)
     build = mma_build(8, config, pdl_trigger=1, k=4096)
     assert build.registers <= 128 and build.stack_bytes == 0
-    opcodes = [i.opcode.split(".")[0] for i in build.instructions()]
+    full = [i.opcode for i in build.instructions()]
+    opcodes = [op.split(".")[0] for op in full]
     assert not [op for op in opcodes if op in ("ATOM", "ATOMG", "RED", "REDG")]
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
@@ -262,7 +263,7 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared):
     else:
         assert "LDG.E.128" in before, before
     # x's chunks too load as 16-byte vectors (told the chunk is whole steps)
-    assert "LDG.E" not in [i.opcode for i in build.instructions()]
+    assert "LDG.E" not in full
     assert opcodes.count("HMMA") > 0 and opcodes.count("STS") > 0
 
 
