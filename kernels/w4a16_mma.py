@@ -141,7 +141,9 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     load ahead at M = 1 and with two steps a load (session 10: 0.3-1.4 us faster there),
     at M = 1 steps in pairs (session 11: 0.2-0.7 us faster on every shape).
 
-    M = 1 (session 8, columns permuted for vector loads): wide layers (N >= 8192) 64
+    M = 1: K summed in each program where its programs fill one wave
+    (``chunked_one_row_config``, session 31), else (``split_one_row_config``; session 8,
+    columns permuted for vector loads) wide layers (N >= 8192) 64
     columns on 2 warps; deep ones (K >= 8192) 256 columns on 8 warps; else 128 columns on
     4 warps; K split as far as one wave of programs allows (``one_wave_split``; session
     14: 4096 x 4096 16 ways, 4096 x 28672 2 ways, 21.6-22.2 against 23.0-23.3 us at 4),
@@ -155,11 +157,8 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
     block_k = step_rows(k, group_size)
     if m == 1:
-        block_n, warps = (64, 2) if n >= 8192 else (256, 8) if k >= 8192 else (128, 4)
-        split = one_wave_split(-(-n // block_n), warps, k, block_k, num_sms)
-        return MmaConfig(block_n, block_k, split, warps, params_ahead=True,
-                         paired_steps=True, last_split_reduces=split >= 16,
-                         zeros_by_x_sums=k >= 8192)
+        return (chunked_one_row_config(n, k, group_size, num_sms)
+                or split_one_row_config(n, k, group_size, num_sms))
     if m > 16:  # 17..32 rows, as two 16-row blocks
         if n >= 8192:
             return MmaConfig(64, block_k, 1, 2, vector_columns=False)
@@ -175,6 +174,44 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     # 4096: 19.1-20.0 against 20.3-21.3 us at 2, 4 and 8 rows, in two calls; 0.1-3.7 us
     # slower on 4096 x 4096 and 4096 x 6144).
     return MmaConfig(128, block_k, 8, 8, vector_columns=False, params_ahead=k >= 8192)
+
+
+def split_one_row_config(n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
+    """The one-row tile that splits K over programs summed through global partials
+    (``pick_mma_config``'s M = 1 tiles where ``chunked_one_row_config`` declines)."""
+    block_k = step_rows(k, group_size)
+    block_n, warps = (64, 2) if n >= 8192 else (256, 8) if k >= 8192 else (128, 4)
+    split = one_wave_split(-(-n // block_n), warps, k, block_k, num_sms)
+    return MmaConfig(block_n, block_k, split, warps, params_ahead=True,
+                     paired_steps=True, last_split_reduces=split >= 16,
+                     zeros_by_x_sums=k >= 8192)
+
+
+_CHUNKED_COLUMNS, _CHUNKS = 32, 8
+
+
+def chunked_one_row_config(n: int, k: int, group_size: int,
+                           num_sms: int = 132) -> MmaConfig | None:
+    """The one-row tile that sums K inside each program (32 columns x 8 chunks of K on
+    8 warps, ``MmaConfig.k_chunks``) where its programs fill every multiprocessor in one
+    wave (more programs than multiprocessors, at most the two a multiprocessor holds at
+    128 registers) on a narrow layer (N, K < 8192) whose eighths of K are whole steps
+    and groups; None elsewhere.
+
+    H100, session 31 (``bench/ab_w4a16_one_row.py``, 12 rounds in 4 calls): 4096 x 6144
+    (192 programs) 6.96-7.23 against the split tile's 7.53-7.94 us; 4096 x 4096 (128
+    programs, 4 multiprocessors idle) 6.06-6.25 against 5.69-5.90; slower on the wide
+    and deep layers (29.3 against 23.7 us on 4096 x 28672, 16.3 against 13.1 on
+    14336 x 4096)."""
+    block_k = step_rows(k, group_size)
+    chunk = k // _CHUNKS
+    programs = -(-n // _CHUNKED_COLUMNS)
+    whole = (k % _CHUNKS == 0 and chunk % block_k == 0
+             and (group_size >= k or chunk % group_size == 0))
+    if n >= 8192 or k >= 8192 or not whole or not num_sms < programs <= 2 * num_sms:
+        return None
+    return MmaConfig(_CHUNKED_COLUMNS, block_k, 1, 8, params_ahead=True, paired_steps=True,
+                     k_chunks=_CHUNKS)
 
 
 def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: int) -> int:

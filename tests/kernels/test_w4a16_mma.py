@@ -15,7 +15,8 @@ from w4a16_cases import wna16_operands as _operands  # noqa: E402
 
 from tamis.kernels import w4a16_mma  # noqa: E402
 from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack,  # noqa: E402
-                                     mma_supported, mma_unpack, one_wave_split, step_rows,
+                                     mma_supported, mma_unpack, one_wave_split,
+                                     pick_mma_config, split_one_row_config, step_rows,
                                      w4a16_gemm_mma)
 
 
@@ -192,6 +193,26 @@ def test_last_split_sum_equals_the_last_arrivals_bit_for_bit(split, k, n, group_
 ])
 def test_one_wave_split(blocks, warps, k, expected):
     assert one_wave_split(blocks, warps, k, 128, 132) == expected
+
+
+@pytest.mark.parametrize("n,k,group_size,num_sms,chunked", [
+    (6144, 4096, 128, 132, True),     # 192 programs: every multiprocessor, one wave
+    (4096, 4096, 128, 132, False),    # 128 programs: 4 multiprocessors idle
+    (4096, 4096, 128, 114, True),     # ... but 114 of them all busy
+    (28672, 4096, 128, 132, False),   # wide
+    (4096, 14336, 128, 132, False),   # deep
+    (4608, 3584, 128, 132, False),    # eighths of K (448 rows) not whole steps
+    (6144, 4096, 1024, 132, False),   # eighths of K inside one group
+    (6144, 4096, 4096, 132, True),    # one group for all of K
+])
+def test_one_row_sums_k_in_the_program_where_its_programs_fill_one_wave(n, k, group_size,
+                                                                          num_sms, chunked):
+    config = pick_mma_config(1, n, k, group_size, num_sms)
+    assert bool(config.k_chunks) == chunked
+    if chunked:
+        assert (config.split_k, config.block_n, config.num_warps) == (1, 32, 8)
+    else:
+        assert config == split_one_row_config(n, k, group_size, num_sms)
 
 
 @pytest.mark.gpu

@@ -114,7 +114,7 @@ def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
     """``one_wave_split`` counts 16 / num_warps resident programs a multiprocessor: the
     one-row tiles must build to at most 128 registers (65536 a multiprocessor); those
     summed by their last split count their partners in with a RED (no wait for it)."""
-    config = w4a16_mma.pick_mma_config(1, n, k, 128)
+    config = w4a16_mma.split_one_row_config(n, k, 128)
     assert config.split_k > 1
     build = mma_build(8, config, k=k)
     assert build.registers <= 128, f"{build.registers} registers: fewer programs resident"
@@ -168,7 +168,7 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     least 6 MMAs before its first use, as in the per-word loop: without the cap ptxas
     put some right before their use (0 MMAs), a memory round trip exposed per pair of
     steps (session 18: 9.3 against 7.1 us on 4096 x 6144)."""
-    config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
+    config = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
                                  zeros_by_x_sums=True)
     build = mma_build(8, config, k=k)
     assert build.registers <= 128 and build.stack_bytes == 0
@@ -219,7 +219,7 @@ def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums)
     needs more registers (113-115 at 4 steps, spilling under 80 and 88 caps), so it is
     built under 128."""
     cap = 128 if by_sums else 80
-    config = dataclasses.replace(w4a16_mma.pick_mma_config(1, n, k, 128),
+    config = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
                                  words_in_shared=True, split_k=split, max_registers=cap,
                                  zeros_by_x_sums=by_sums)
     build = mma_build(8, config, pdl_trigger=1, k=k)
