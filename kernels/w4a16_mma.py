@@ -129,9 +129,9 @@ class MmaConfig:
     # one row) carry that many chunks of the split's rows of K instead, and the tile's
     # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
-    # where split K would sum through global partials and a counter. Paired steps or
-    # words_in_shared (each chunk's words in shared memory), one split (split_k 1), no
-    # zeros_by_x_sums.
+    # where split K would sum through global partials and a counter. Loads a step ahead
+    # (params_ahead; paired steps, or one or two steps a load) or words_in_shared (each
+    # chunk's words in shared memory), one split (split_k 1), no zeros_by_x_sums.
     k_chunks: int = 0
 
 
@@ -902,6 +902,13 @@ def _linear_partials(config: MmaConfig, splits: int) -> bool:
         config.linear_partials, config.last_split_reduces, splits)
 
 
+def _ahead(config: MmaConfig) -> bool:
+    """The loop that loads each step's (or pair of steps') words, x, scales and zero
+    points a load ahead (``params_ahead``): paired or not, one or two steps a load."""
+    return (config.params_ahead and config.prefetch == 1 and config.load_steps in (1, 2)
+            and not config.x_shared)
+
+
 def _paired(config: MmaConfig) -> bool:
     """``paired_steps`` where it applies: x, scales and zero points a load ahead, one step
     a load, x from global memory."""
@@ -964,19 +971,22 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_size: int,
                     k: int) -> None:
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
-    of x, paired steps or shared words, no sums of x, one split, and chunks of whole
-    steps lying on group boundaries (or one group for all of K)."""
+    of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
+    no sums of x, one split, and chunks of whole loads lying on group boundaries (or one
+    group for all of K)."""
     chunk = chunk_rows(config, k_split)
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
-                   "paired_steps": not (_paired(config) or config.words_in_shared),
+                   "params_ahead": not (_ahead(config) or config.words_in_shared),
                    "zeros_by_x_sums": config.zeros_by_x_sums, "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
-                   "chunk rows": k_split % config.k_chunks or chunk % config.block_k
+                   "chunk rows": k_split % config.k_chunks
+                   or chunk % (config.block_k * config.load_steps)
                    or (group_size < k and chunk % group_size)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
-        raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole steps (and whole groups) "
-                         "at one row, paired steps or words_in_shared, one split, warps_m 1, "
+        raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole loads (and whole groups) "
+                         "at one row, loads a step ahead (params_ahead) or words_in_shared, "
+                         "one split, warps_m 1, "
                          f"without zeros_by_x_sums; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 

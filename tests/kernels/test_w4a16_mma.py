@@ -69,7 +69,10 @@ def test_layout_needs_integer_zero_points_in_range():
     # K = 128 in 8 chunks: 16 rows a chunk, not whole steps
     (MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True, k_chunks=8),
      r"clash: \['chunk rows'\]"),
-    (MmaConfig(32, 32, 2, 8, k_chunks=2), r"clash: \['paired_steps', 'split_k'\]"),
+    (MmaConfig(32, 32, 2, 8, k_chunks=2), r"clash: \['params_ahead', 'split_k'\]"),
+    # K = 128 in 2 chunks of one 64-row step: a load of two steps does not fit one
+    (MmaConfig(32, 64, 1, 8, params_ahead=True, load_steps=2, k_chunks=2),
+     r"clash: \['chunk rows'\]"),
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=3),
      r"clash: \['k_chunks', 'chunk rows'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
@@ -291,6 +294,16 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
             # 9 steps of 32-row groups a chunk, the second chunk 9 groups on
             (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
                                      k_chunks=2)),
+            # two steps a load, a load ahead (4 steps a chunk: all of them in flight at
+            # once; 2 steps; 4 steps of 64-row groups with 32 columns past N)
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, load_steps=2,
+                                        k_chunks=8)),
+            (2048, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, load_steps=2,
+                                        k_chunks=8)),
+            (2048, 4080, 64, MmaConfig(32, 64, 1, 8, params_ahead=True, load_steps=2,
+                                       k_chunks=8)),
+            # one step a load, unpaired
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, k_chunks=8)),
             # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
             (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
