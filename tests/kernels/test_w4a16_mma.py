@@ -326,6 +326,24 @@ def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("k,group_size", [(1024, 128), (2048, 64)])
+def test_one_row_default_sums_k_in_the_program_where_it_fills_one_wave(k, group_size):
+    """The default one-row launch on a layer whose 32-column programs fill this GPU's
+    multiprocessors in one wave (1.5 programs a multiprocessor, ragged N) takes the
+    chunked tile and matches the reference."""
+    from tamis.kernels.splitk import sm_count
+    device = torch.device("cuda")
+    n = 48 * sm_count(torch.empty(0, device=device)) + 8
+    assert pick_mma_config(1, n, k, group_size, sm_count(torch.empty(0, device=device))).k_chunks
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=n)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
+    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
+                         group_size)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
 def test_sums_of_x_need_the_rows_a_split_takes():
     """The by-sums build sizes its shared sums by the split's steps: built without the
     split's rows it refuses rather than build too few."""
