@@ -131,7 +131,8 @@ class MmaConfig:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
     # where split K would sum through global partials and a counter. Loads a step ahead
     # (params_ahead; paired steps, or one or two steps a load) or words_in_shared (each
-    # chunk's words in shared memory), one split (split_k 1), no zeros_by_x_sums.
+    # chunk's words in shared memory), one split (split_k 1). With zeros_by_x_sums each
+    # chunk's step sums are column j's (the chunks read as rows of x).
     k_chunks: int = 0
 
 
@@ -654,8 +655,8 @@ if gluon is not None:
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         if SHARED_STEPS:  # every word of the split in shared memory before the wait
             acc = _split_from_shared(
-                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, M, pid_m * BLOCK_M,
-                stride_xm, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn, offs_cn,
+                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, x_m, pid_m * BLOCK_M,
+                x_stride, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn, offs_cn,
                 offs_xk, GROUP_SIZE, BLOCK_K, SHARED_STEPS, EVEN, PDL, BY_SUMS, X_ROWS,
                 NUM_WARPS, ORDER, A_LAYOUT, B_LAYOUT, WL)
         else:
@@ -682,8 +683,8 @@ if gluon is not None:
                 x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
                 x_sums = 0
                 if BY_SUMS:
-                    x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, pid_m * BLOCK_M, M, STEP_K,
-                                          SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
+                    x_sums = _x_step_sums(x_ptr, x_stride, k_lo, k_hi, pid_m * BLOCK_M, x_m,
+                                          STEP_K, SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
             elif AHEAD and not X_SHARED:
                 x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
             if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
@@ -848,7 +849,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     steps = -(-chunk_rows(config, k_split) // config.block_k) if by_sums or config.words_in_shared else 1
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
-                X_ROWS=min(m, block_m) if by_sums else 1,
+                X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,
                 BLOCK_N=tile_rows(config), K_CHUNKS=config.k_chunks,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
@@ -972,12 +973,12 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
                     k: int) -> None:
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
     of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
-    no sums of x, one split, and chunks of whole loads lying on group boundaries (or one
-    group for all of K)."""
+    one split, and chunks of whole loads lying on group boundaries (or one group for all
+    of K)."""
     chunk = chunk_rows(config, k_split)
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
                    "params_ahead": not (_ahead(config) or config.words_in_shared),
-                   "zeros_by_x_sums": config.zeros_by_x_sums, "split_k": splits != 1,
+                   "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
                    "chunk rows": k_split % config.k_chunks
                    or chunk % (config.block_k * config.load_steps)
@@ -986,8 +987,7 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
     if named:
         raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole loads (and whole groups) "
                          "at one row, loads a step ahead (params_ahead) or words_in_shared, "
-                         "one split, warps_m 1, "
-                         f"without zeros_by_x_sums; these clash: {named} "
+                         f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
 

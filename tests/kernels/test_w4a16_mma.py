@@ -304,6 +304,13 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
                                        k_chunks=8)),
             # one step a load, unpaired
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, k_chunks=8)),
+            # zero points by sums of x, each chunk's sums its column's (paired; shared)
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                        k_chunks=8, zeros_by_x_sums=True)),
+            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
+                                     k_chunks=2, zeros_by_x_sums=True)),
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
+                                        zeros_by_x_sums=True)),
             # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
             (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,

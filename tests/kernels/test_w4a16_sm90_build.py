@@ -240,17 +240,18 @@ def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums)
 
 
 @needs_gluon
-@pytest.mark.parametrize("block_n,warps,chunks,shared", [
-    (32, 8, 8, False), (16, 4, 8, False), (64, 4, 2, False), (32, 8, 8, True)])
-def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared):
+@pytest.mark.parametrize("block_n,warps,chunks,shared,by_sums", [
+    (32, 8, 8, False, False), (16, 4, 8, False, False), (64, 4, 2, False, False),
+    (32, 8, 8, True, False), (32, 8, 8, False, True), (32, 8, 8, True, True)])
+def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums):
     """``k_chunks`` at one row: no split-K partials, counter or atomics (the chunks sum
     through shared memory in the program), words as 16-byte vectors with the first
     step's (with ``words_in_shared`` every step's, as cp.async copies) before
     griddepcontrol.wait and nothing written before it, x's chunks as 16-byte vectors,
-    no spills."""
+    no spills; by sums of x (each chunk's sums its column's) no zero point in bf16."""
     config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=not shared,
                                  paired_steps=not shared, k_chunks=chunks,
-                                 words_in_shared=shared)
+                                 words_in_shared=shared, zeros_by_x_sums=by_sums)
     build = mma_build(8, config, pdl_trigger=1, k=4096)
     assert build.registers <= 128 and build.stack_bytes == 0
     full = [i.opcode for i in build.instructions()]
@@ -265,6 +266,8 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared):
     # x's chunks too load as 16-byte vectors (told the chunk is whole steps)
     assert "LDG.E" not in full
     assert opcodes.count("HMMA") > 0 and opcodes.count("STS") > 0
+    # by sums of x no word's zero point is applied in bf16
+    assert (full.count("HADD2.BF16_V2") == 0) == by_sums
 
 
 @needs_gluon
