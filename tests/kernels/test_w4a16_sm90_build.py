@@ -242,7 +242,7 @@ def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums)
 @needs_gluon
 @pytest.mark.parametrize("block_n,warps,chunks,shared,by_sums", [
     (32, 8, 8, False, False), (16, 4, 8, False, False), (64, 4, 2, False, False),
-    (32, 8, 8, True, False), (32, 8, 8, False, True), (32, 8, 8, True, True)])
+    (32, 8, 8, True, False), (32, 4, 8, False, True), (32, 8, 8, True, True)])
 def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums):
     """``k_chunks`` at one row: no split-K partials, counter or atomics (the chunks sum
     through shared memory in the program), words as 16-byte vectors with the first
