@@ -204,15 +204,13 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
     programs, 4 multiprocessors idle) 6.06-6.25 against 5.69-5.90; slower on the wide
     and deep layers (29.3 against 23.7 us on 4096 x 28672, 16.3 against 13.1 on
     14336 x 4096)."""
-    block_k = step_rows(k, group_size)
-    chunk = k // _CHUNKS
+    config = MmaConfig(_CHUNKED_COLUMNS, step_rows(k, group_size), 1, 8, params_ahead=True,
+                       paired_steps=True, k_chunks=_CHUNKS)
     programs = -(-n // _CHUNKED_COLUMNS)
-    whole = (k % _CHUNKS == 0 and chunk % block_k == 0
-             and (group_size >= k or chunk % group_size == 0))
-    if n >= 8192 or k >= 8192 or not whole or not num_sms < programs <= 2 * num_sms:
+    if (n >= 8192 or k >= 8192 or _chunks_not_whole(config, k, group_size, k)
+            or not num_sms < programs <= 2 * num_sms):
         return None
-    return MmaConfig(_CHUNKED_COLUMNS, block_k, 1, 8, params_ahead=True, paired_steps=True,
-                     k_chunks=_CHUNKS)
+    return config
 
 
 def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: int) -> int:
@@ -641,13 +639,13 @@ if gluon is not None:
         mask_zn = offs_zn < N
         mask_cn = offs_cn < N
         w_ptrs = qw_ptr + offs_wr[None, :] * stride_qk + offs_wn[:, None]
+        x_m = M
+        x_stride = stride_xm
         if K_CHUNKS:
             offs_wn, w_ptrs, offs_zn, mask_wn, mask_zn = _chunked_operands(
                 qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr, BLOCK_N // K_CHUNKS,
                 BLOCK_N, GROUP_SIZE, WL, WL1)
-        x_m = M
-        x_stride = stride_xm
-        if K_CHUNKS:  # column j of x^T: chunk j of the one row (M == 1), as a row of x
+            # column j of x^T: chunk j of the one row (M == 1), as a row of x
             x_m = K_CHUNKS
             x_stride = k_chunk
         x_ptrs = x_ptr + _x_rows(offs_xm, x_m)[None, :] * x_stride + offs_xk[:, None]
@@ -846,7 +844,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
         field = "zeros_by_x_sums" if by_sums else "words_in_shared"
         raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
-    steps = -(-chunk_rows(config, k_split) // config.block_k) if by_sums or config.words_in_shared else 1
+    steps = (-(-chunk_rows(config, k_split) // config.block_k)
+             if by_sums or config.words_in_shared else 1)
     return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
@@ -913,8 +912,7 @@ def _ahead(config: MmaConfig) -> bool:
 def _paired(config: MmaConfig) -> bool:
     """``paired_steps`` where it applies: x, scales and zero points a load ahead, one step
     a load, x from global memory."""
-    return (config.paired_steps and config.params_ahead and config.prefetch == 1
-            and config.load_steps == 1 and not config.x_shared)
+    return config.paired_steps and config.load_steps == 1 and _ahead(config)
 
 
 def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -975,20 +973,25 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
     of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
     one split, and chunks of whole loads lying on group boundaries (or one group for all
     of K)."""
-    chunk = chunk_rows(config, k_split)
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
                    "params_ahead": not (_ahead(config) or config.words_in_shared),
                    "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
-                   "chunk rows": k_split % config.k_chunks
-                   or chunk % (config.block_k * config.load_steps)
-                   or (group_size < k and chunk % group_size)}
+                   "chunk rows": _chunks_not_whole(config, k_split, group_size, k)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole loads (and whole groups) "
                          "at one row, loads a step ahead (params_ahead) or words_in_shared, "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
+
+
+def _chunks_not_whole(config: MmaConfig, k_split: int, group_size: int, k: int) -> bool:
+    """Whether a split of k_split rows fails to part into ``k_chunks`` chunks of whole
+    loads lying on group boundaries (one group for all of K needs none)."""
+    chunk = chunk_rows(config, k_split)
+    return bool(k_split % config.k_chunks or chunk % (config.block_k * config.load_steps)
+                or (group_size < k and chunk % group_size))
 
 
 def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:

@@ -10,6 +10,8 @@
 #              built here by bench/device/make_bundle.py
 #   use_src    run from the committed tree carried as .device_carry/src.tar
 #   tamis_env  link the rooms into a `tamis` package under /tmp/pkg and set PYTHONPATH
+#   ab_one_row SECONDS ARGS...
+#              bench/ab_w4a16_one_row.py ARGS under a time limit, Triton's warnings dropped
 set -o pipefail
 
 stash() {
@@ -21,6 +23,10 @@ tamis_env() {
     mkdir -p "$pkg" && cp -r tamis/. "$pkg"/
     for room in engine kernels quant constrain server; do ln -sfn "$PWD/$room" "$pkg/$room"; done
     export PYTHONPATH=/tmp/pkg:/tmp/vsite:/tmp/vdeps PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+}
+
+ab_one_row() {
+    timeout "$1" python3 -P bench/ab_w4a16_one_row.py "${@:2}" 2>&1 | grep -v Warning
 }
 
 assemble() {

@@ -4,8 +4,7 @@
 # an H200 the main-tree check (bench/device/one_row_check.sh), on an H100 the M = 1 table.
 source bench/device/carried.sh && tamis_env
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "$gpu"
-ab() { timeout "$1" python3 -P bench/ab_w4a16_one_row.py "${@:2}" 2>&1 | grep -v Warning; }
-ab 80 --shapes 4096x4096 4096x6144 --rounds 3 --field max_registers=80 max_registers=96 \
+ab_one_row 80 --shapes 4096x4096 4096x6144 --rounds 3 --field max_registers=80 max_registers=96 \
     max_registers=104 max_registers=112
 case "$gpu" in
     *H200*) bash bench/device/one_row_check.sh ;;

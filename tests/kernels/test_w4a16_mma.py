@@ -341,9 +341,9 @@ def test_one_row_default_sums_k_in_the_program_where_it_fills_one_wave(k, group_
     multiprocessors in one wave (1.5 programs a multiprocessor, ragged N) takes the
     chunked tile and matches the reference."""
     from tamis.kernels.splitk import sm_count
-    device = torch.device("cuda")
-    n = 48 * sm_count(torch.empty(0, device=device)) + 8
-    assert pick_mma_config(1, n, k, group_size, sm_count(torch.empty(0, device=device))).k_chunks
+    sms = sm_count(torch.empty(0, device="cuda"))
+    n = 48 * sms + 8
+    assert pick_mma_config(1, n, k, group_size, sms).k_chunks
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=n)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
