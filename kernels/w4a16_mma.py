@@ -134,6 +134,13 @@ class MmaConfig:
     # chunk's words in shared memory), one split (split_k 1). With zeros_by_x_sums each
     # chunk's step sums are column j's (the chunks read as rows of x).
     k_chunks: int = 0
+    # Before the wait for the kernel before (PDL), every word, scale and zero point of the
+    # program's split asked of the L2 cache (``_prefetch_split_l2``: no registers held), so that the loads after the wait hit L2
+    # while the kernel before still runs; the read that bounds these kernels
+    # (bench/read_floor.py) reads all of its bytes before the wait. 0 off, 1 one
+    # ``prefetch.global.L2`` a 128-byte line, 2 one ``cp.async.bulk.prefetch.L2`` a row.
+    # Even launches only.
+    l2_prefetch: int = 0
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -584,6 +591,52 @@ if gluon is not None:
         return tuple(inverse)
 
     @gluon.jit
+    def _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, k_hi, col0, stride_qk, stride_sg,
+                           COLS: gl.constexpr, GROUP_SIZE: gl.constexpr, HOW: gl.constexpr,
+                           NUM_WARPS: gl.constexpr):
+        """Ask the L2 cache for rows k_lo .. k_hi - 1 of K of columns col0 .. col0 + COLS
+        (``MmaConfig.l2_prefetch``, HOW its mode): their word rows and their groups'
+        scales and zero points. Nothing waits on it."""
+        _prefetch_rows_l2(qw_ptr + col0, k_lo >> 3, (k_hi - k_lo + 7) >> 3, stride_qk, 4 * COLS,
+                          HOW, NUM_WARPS)
+        g_lo = k_lo // GROUP_SIZE
+        groups = (k_hi - 1) // GROUP_SIZE + 1 - g_lo
+        param_bytes: gl.constexpr = COLS * s_ptr.dtype.element_ty.primitive_bitwidth // 8
+        _prefetch_rows_l2(s_ptr + col0, g_lo, groups, stride_sg, param_bytes, HOW, NUM_WARPS)
+        _prefetch_rows_l2(z_ptr + col0, g_lo, groups, stride_sg, param_bytes, HOW, NUM_WARPS)
+
+    @gluon.jit
+    def _prefetch_rows_l2(ptr, row_lo, rows, stride, ROW_BYTES: gl.constexpr,
+                          HOW: gl.constexpr, NUM_WARPS: gl.constexpr):
+        """Prefetch into L2 ROW_BYTES (a multiple of 16, 16-byte aligned) at
+        ptr + r * stride for r in row_lo .. row_lo + rows - 1: HOW 1, a
+        ``prefetch.global.L2`` a 128-byte line, a line a thread; HOW 2, one
+        ``cp.async.bulk.prefetch.L2`` a row, a row a thread (sm_90; the address is a
+        uniform operand, so ptxas loops over a warp's lanes)."""
+        THREADS: gl.constexpr = 32 * NUM_WARPS
+        LINES: gl.constexpr = 1 if HOW == 2 else (ROW_BYTES + 127) // 128  # items a row
+        L: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
+        items = rows * LINES
+        for start in range(0, items, THREADS):
+            i = start + gl.arange(0, THREADS, layout=L)
+            r = row_lo + gl.minimum(i // LINES, rows - 1)
+            byte = r.to(gl.int64) * stride * (ptr.dtype.element_ty.primitive_bitwidth // 8)
+            if LINES > 1:
+                byte += (i % LINES) * 128
+            address = ptr.to(gl.pointer_type(gl.int8), bitcast=True) + byte
+            gl.inline_asm_elementwise(
+                _prefetch_asm(ROW_BYTES, HOW), "=r,l,r", [address, (i < items).to(gl.int32)],
+                dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.constexpr_function
+    def _prefetch_asm(nbytes, how):
+        """PTX: if $2, prefetch into L2 at $1 (how 1: its line; 2: nbytes, sm_90); $0 is a
+        dummy result."""
+        fetch = ("prefetch.global.L2 [$1];" if how == 1 else
+                 f"cp.async.bulk.prefetch.L2.global [$1], {nbytes};")
+        return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; @p {fetch} mov.u32 $0, 0; }}"
+
+    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -596,6 +649,7 @@ if gluon is not None:
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = False,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
+        L2_PREFETCH: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -670,6 +724,11 @@ if gluon is not None:
                     nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
                                                          K, offs_zn, mask_zn, offs_cn,
                                                          GROUP_SIZE, ORDER)
+            if L2_PREFETCH and EVEN:
+                _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, gl.minimum(k_lo + K_SPLIT, K),
+                                   pid_n * (BLOCK_N // max(K_CHUNKS, 1)), stride_qk,
+                                   stride_sg, BLOCK_N // max(K_CHUNKS, 1), GROUP_SIZE,
+                                   L2_PREFETCH, NUM_WARPS)
             if PDL:
                 gdc_wait()  # x and the outputs belong to the kernels before this one
             if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
@@ -857,7 +916,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
-                LINEAR_PARTIALS=_linear_partials(config, splits))
+                LINEAR_PARTIALS=_linear_partials(config, splits),
+                L2_PREFETCH=config.l2_prefetch)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -936,6 +996,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if config.load_steps not in (1, 2, 4) or config.prefetch not in (0, 1):
         raise ValueError(f"MmaConfig takes load_steps 1, 2 or 4 and prefetch 0 or 1; got "
                          f"load_steps={config.load_steps}, prefetch={config.prefetch}")
+    if config.l2_prefetch not in (0, 1, 2):
+        raise ValueError(f"MmaConfig.l2_prefetch is 0 (off), 1 (lines) or 2 (bulk rows); "
+                         f"got {config.l2_prefetch}")
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block

@@ -61,6 +61,7 @@ def test_layout_needs_integer_zero_points_in_range():
 @pytest.mark.parametrize("config,match", [
     (MmaConfig(load_steps=3), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
     (MmaConfig(prefetch=2), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
+    (MmaConfig(l2_prefetch=3), r"l2_prefetch is 0 \(off\), 1 \(lines\) or 2"),
     (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1"),
     (MmaConfig(128, 128, 8, 4, words_in_shared=True, load_steps=2), r"clash: \['load_steps'\]"),
     (MmaConfig(128, 128, 8, 8, words_in_shared=True), r"clash: \['block_n'\]"),
@@ -348,6 +349,25 @@ def test_one_row_default_sums_k_in_the_program_where_it_fills_one_wave(k, group_
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size)
+    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("how", [1, 2])
+@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (4096, 6144, 128),
+                                            (2048, 4096, 64), (576, 136, 32)])
+def test_l2_prefetch_leaves_the_one_row_product_unchanged(how, k, n, group_size):
+    """The one-row default tile (split or chunked) with its split's bytes prefetched into
+    L2 before the wait (lines or bulk rows; skipped on the ragged 576 x 136) gives the
+    default's output bit for bit and matches the reference."""
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + how)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(how)).to(torch.bfloat16)
+    packed = mma_pack(qweight.cuda(), k)
+    config = pick_mma_config(1, n, k, group_size)
+    args = (x.cuda(), packed, scales.cuda(), zeros.cuda(), group_size)
+    got = w4a16_gemm_mma(*args, replace(config, l2_prefetch=how))
+    assert torch.equal(got, w4a16_gemm_mma(*args, config))
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 

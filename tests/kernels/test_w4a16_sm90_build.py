@@ -271,6 +271,23 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums)
 
 
 @needs_gluon
+@pytest.mark.parametrize("how,opcode", [(1, "CCTL"), (2, "UBLKPF")])
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144)])
+def test_l2_prefetch_asks_for_the_split_before_the_wait(how, opcode, k, n):
+    """``l2_prefetch`` on the one-row defaults (split and chunked tiles): the prefetches
+    (``prefetch.global.L2``: CCTL; bulk: UBLKPF) all come before griddepcontrol.wait,
+    with nothing written there, in the same registers and without spills."""
+    config = w4a16_mma.pick_mma_config(1, n, k, 128)
+    build = mma_build(8, dataclasses.replace(config, l2_prefetch=how), pdl_trigger=1, k=k)
+    plain = mma_build(8, config, pdl_trigger=1, k=k)
+    count = build.count(opcode) - plain.count(opcode)
+    before = [op.split(".")[0] for op in _before_the_wait(build)]
+    assert count > 0 and before.count(opcode) >= count
+    assert not [op for op in before if op in _WRITES]
+    assert build.registers <= 128 and build.stack_bytes == 0
+
+
+@needs_gluon
 @pytest.mark.parametrize("trigger", [0, 1, 2])
 @pytest.mark.parametrize("block_m,block_n,warps,stages,split,even,pairs", [
     (64, 64, 4, 3, True, True, False),      # the narrow default at 33..64 rows
