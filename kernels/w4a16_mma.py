@@ -141,6 +141,11 @@ class MmaConfig:
     # ``prefetch.global.L2`` a 128-byte line, 2 one ``cp.async.bulk.prefetch.L2`` a row.
     # Even launches only.
     l2_prefetch: int = 0
+    # With zeros_by_x_sums: each step's sums of x taken by the tensor cores from the x
+    # operand already in registers (``_x_sums_by_mma``: one MMA a 16 rows of K with an
+    # all-ones A, one m16 a warp), instead of a pass over x after the PDL wait that
+    # stores them in shared memory (``_x_step_sums``).
+    x_sums_by_mma: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -362,12 +367,40 @@ if gluon is not None:
         return acc + product * s.to(gl.float32)[:, None]
 
     @gluon.jit
+    def _step_by_mma_sums(acc, words, x, zc, s, A_LAYOUT: gl.constexpr,
+                          B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """``_step_by_sums`` with the step's sums of x from ``_x_sums_by_mma``."""
+        xb = _x_operand(x, B_LAYOUT)
+        w = _unpack_tile_offset(words, A_LAYOUT, ORDER)
+        product = (mma_v2(w, xb, gl.zeros_like(acc))
+                   - zc[:, None] * _x_sums_by_mma(xb, acc, A_LAYOUT))
+        return acc + product * s.to(gl.float32)[:, None]
+
+    @gluon.jit
+    def _x_sums_by_mma(xb, acc, A_LAYOUT: gl.constexpr):
+        """The sums over K of the B operand xb [BLOCK_K, BM] per column, in acc's layout
+        [BLOCK_N, BM] (every row the same): an all-ones A of one m16 a warp times xb (exact
+        products, fp32 sums), its rows then repeated to acc's m16 tiles, which the
+        accumulator layout holds as repeats of the warps' tiles (no data moves)."""
+        MMA: gl.constexpr = acc.type.layout
+        ROWS: gl.constexpr = 16 * MMA.warps_per_cta[0]
+        ones = gl.full([ROWS, xb.shape[0]], 1.0, gl.bfloat16, A_LAYOUT)
+        sums = mma_v2(ones, xb, gl.zeros([ROWS, acc.shape[1]], gl.float32, MMA))
+        for _ in gl.static_range(_log2(acc.shape[0] // ROWS)):  # double the rows
+            sums = gl.reshape(gl.permute(gl.join(sums, sums), [2, 0, 1]),
+                              [2 * sums.shape[0], sums.shape[1]])
+        return gl.convert_layout(sums, MMA, assert_trivial=True)
+
+    @gluon.jit
     def _paired_step(acc, words, x, zp, s, x_sums, step, BY_SUMS: gl.constexpr,
                      A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
         """One step of the paired loop (step: its index in the program's split), by
-        ``_step_by_sums`` (zp = 128 + z, x_sums from ``_x_step_sums``) or ``_step_with``
-        (zp = -(128 + z) as bf16x2)."""
-        if BY_SUMS:
+        ``_step_by_sums`` (BY_SUMS 1: zp = 128 + z, x_sums from ``_x_step_sums``),
+        ``_step_by_mma_sums`` (BY_SUMS 2) or ``_step_with`` (zp = -(128 + z) as
+        bf16x2)."""
+        if BY_SUMS == 2:
+            acc = _step_by_mma_sums(acc, words, x, zp, s, A_LAYOUT, B_LAYOUT, ORDER)
+        elif BY_SUMS:
             x_sum = x_sums.index(step).load(gl.SliceLayout(0, acc.type.layout))
             acc = _step_by_sums(acc, words, x, zp, s, x_sum, A_LAYOUT, B_LAYOUT, ORDER)
         else:
@@ -494,7 +527,7 @@ if gluon is not None:
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
         x_sums = 0
-        if BY_SUMS:
+        if BY_SUMS == 1:
             x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, row0, M, BLOCK_K,
                                   _pow2_at_least(STEPS), BLOCK_M, X_ROWS, NUM_WARPS)
         for i in gl.static_range(STEPS):
@@ -646,7 +679,7 @@ if gluon is not None:
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
         PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PAIRED: gl.constexpr,
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
-        LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = False,
+        LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
         L2_PREFETCH: gl.constexpr = 0,
@@ -739,7 +772,7 @@ if gluon is not None:
                           + _x_rows(offs_xm, x_m)[None, :] * (x_stride // 2) + offs_xk[:, None])
                 x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
                 x_sums = 0
-                if BY_SUMS:
+                if BY_SUMS == 1:
                     x_sums = _x_step_sums(x_ptr, x_stride, k_lo, k_hi, pid_m * BLOCK_M, x_m,
                                           STEP_K, SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
             elif AHEAD and not X_SHARED:
@@ -905,7 +938,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                          f"give k_split > 0, got {k_split}")
     steps = (-(-chunk_rows(config, k_split) // config.block_k)
              if by_sums or config.words_in_shared else 1)
-    return dict(BY_SUMS=by_sums, SUM_STEPS=1 << (steps - 1).bit_length(),
+    return dict(BY_SUMS=(2 if config.x_sums_by_mma else 1) if by_sums else 0, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,

@@ -254,6 +254,8 @@ _BY_SUMS = [replace(c, zeros_by_x_sums=True)
             for c in _CONFIGS + [MmaConfig(256, 128, 16, 8, params_ahead=True,
                                            paired_steps=True, last_split_reduces=True)]
             if c is not None and (c.paired_steps or c.words_in_shared)]
+# ... and the same with each step's sums of x taken by an MMA on the x operand.
+_BY_SUMS += [replace(c, x_sums_by_mma=True) for c in _BY_SUMS]
 
 
 @pytest.mark.gpu
@@ -262,7 +264,8 @@ _BY_SUMS = [replace(c, zeros_by_x_sums=True)
 @pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
 @pytest.mark.parametrize("config", range(len(_BY_SUMS)))
 def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
-    """Codes unpacked as 128 + q and (128 + z) times each step's sum of x taken off the
+    """Codes unpacked as 128 + q and (128 + z) times each step's sum of x (by a pass over
+    x, or by an MMA) taken off the
     product: the result of the zero point applied per word, within bf16 rounding (rows
     of x summed per program, up to 16 rows in a program, splits of 1-7 steps, odd and
     even, groups of 32 rows to all of K)."""
@@ -312,6 +315,11 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
                                      k_chunks=2, zeros_by_x_sums=True)),
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
                                         zeros_by_x_sums=True)),
+            # ... sums of x by an MMA (each chunk's column summed by the tensor cores)
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                        k_chunks=8, zeros_by_x_sums=True, x_sums_by_mma=True)),
+            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
+                                     k_chunks=2, zeros_by_x_sums=True, x_sums_by_mma=True)),
             # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
             (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
