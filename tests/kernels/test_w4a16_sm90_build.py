@@ -179,6 +179,30 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     assert min(load_leads(loop)) >= 6
 
 
+@needs_gluon
+@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (4096, 28672), (14336, 4096)])
+def test_sums_of_x_by_an_mma_leave_no_pass_over_x(k, n):
+    """``x_sums_by_mma``: the sums of x come from half an MMA a word (an all-ones m16 a
+    warp, 3 MMAs where the words take 2) instead of the pass of ``_x_step_sums``,
+    whose shared sums (stores and loads) are gone; no zero point applied in bf16, the
+    loop's overhead as small, 128 registers, no spill, and every load still a few MMAs
+    ahead of its use (4 or more: in session 32's builds 5 to 9)."""
+    by_pass = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
+                                  zeros_by_x_sums=True)
+    by_mma = dataclasses.replace(by_pass, x_sums_by_mma=True)
+    pass_build, build = mma_build(8, by_pass, k=k), mma_build(8, by_mma, k=k)
+    assert build.registers <= 128 and build.stack_bytes == 0
+    assert build.count("STS") < pass_build.count("STS")
+    assert build.count("LDS") < pass_build.count("LDS")
+    loop = _main_loop(build)
+    mmas = sum(x.opcode.startswith("HMMA") for x in loop)
+    assert mmas % 3 == 0 and mmas > 0
+    words = 2 * mmas // 3
+    assert len(loop) - (_words_own(by_mma) * words + mmas // 3) <= 150
+    assert sum(x.opcode.startswith("HADD2") for x in loop) <= words, "zero point FMAs left"
+    assert min(load_leads(loop)) >= 4
+
+
 _WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")
 
 
