@@ -126,7 +126,8 @@ class MmaConfig:
     # ``mma_compile_options``' own cap).
     max_registers: int = 0
     # At one row (M == 1), 2, 4 or 8: the MMA's 8 columns of x^T (7 of them padding at
-    # one row) carry that many chunks of the split's rows of K instead, and the tile's
+    # one row) carry that many chunks of the split's rows of K instead (16: two blocks
+    # of 8 columns, two MMAs a word), and the tile's
     # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
     # where split K would sum through global partials and a counter. Loads a step ahead
@@ -1035,6 +1036,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
+    if config.k_chunks == 16:  # the chunks fill two n8 blocks of x^T's columns
+        block_m = 16
     if config.linear_partials and config.warps_m != 1:
         raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
                          f"got warps_m={config.warps_m}")
@@ -1069,14 +1072,14 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
     of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
     one split, and chunks of whole loads lying on group boundaries (or one group for all
     of K)."""
-    unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8), "m": m != 1,
+    unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8, 16), "m": m != 1,
                    "params_ahead": not (_ahead(config) or config.words_in_shared),
                    "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
                    "chunk rows": _chunks_not_whole(config, k_split, group_size, k)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
-        raise ValueError("k_chunks takes 2, 4 or 8 chunks of whole loads (and whole groups) "
+        raise ValueError("k_chunks takes 2, 4, 8 or 16 chunks of whole loads (and whole groups) "
                          "at one row, loads a step ahead (params_ahead) or words_in_shared, "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")

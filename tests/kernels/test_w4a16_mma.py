@@ -75,6 +75,8 @@ def test_layout_needs_integer_zero_points_in_range():
     (MmaConfig(32, 64, 1, 8, params_ahead=True, load_steps=2, k_chunks=2),
      r"clash: \['chunk rows'\]"),
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=3),
+     r"clash: \['k_chunks', 'chunk rows'\]"),
+    (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=32),
      r"clash: \['k_chunks', 'chunk rows'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
@@ -320,6 +322,16 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
                                         k_chunks=8, zeros_by_x_sums=True, x_sums_by_mma=True)),
             (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
                                      k_chunks=2, zeros_by_x_sums=True, x_sums_by_mma=True)),
+            # 16 chunks in two n8 blocks of x^T's columns (2 steps a chunk; one step a
+            # chunk with columns past N; 16 warps of one m16; sums of x by an MMA)
+            (4096, 4096, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                        k_chunks=16)),
+            (2048, 520, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                       k_chunks=16)),
+            (4096, 4096, 128, MmaConfig(32, 128, 1, 16, params_ahead=True, paired_steps=True,
+                                        k_chunks=16)),
+            (4096, 4096, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
+                                        k_chunks=16, zeros_by_x_sums=True, x_sums_by_mma=True)),
             # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
             (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
