@@ -136,16 +136,18 @@ class MmaConfig:
     # chunk's step sums are column j's (the chunks read as rows of x).
     k_chunks: int = 0
     # Before the wait for the kernel before (PDL), every word, scale and zero point of the
-    # program's split asked of the L2 cache (``_prefetch_split_l2``: no registers held), so that the loads after the wait hit L2
-    # while the kernel before still runs; the read that bounds these kernels
-    # (bench/read_floor.py) reads all of its bytes before the wait. 0 off, 1 one
-    # ``prefetch.global.L2`` a 128-byte line, 2 one ``cp.async.bulk.prefetch.L2`` a row.
-    # Even launches only.
+    # program's split asked of the L2 cache (``_prefetch_split_l2``: no registers held),
+    # so that the loads after the wait hit L2 while the kernel before still runs, as the
+    # read that bounds these kernels (bench/read_floor.py) issues all of its loads
+    # before the wait. 0 off, 1 one ``prefetch.global.L2`` a 128-byte line, 2 one
+    # ``cp.async.bulk.prefetch.L2`` a row. Even launches only. (H100, session 32: no
+    # gain on any layer; opt-in.)
     l2_prefetch: int = 0
     # With zeros_by_x_sums: each step's sums of x taken by the tensor cores from the x
     # operand already in registers (``_x_sums_by_mma``: one MMA a 16 rows of K with an
     # all-ones A, one m16 a warp), instead of a pass over x after the PDL wait that
-    # stores them in shared memory (``_x_step_sums``).
+    # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
+    # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
     x_sums_by_mma: bool = False
 
 
@@ -939,7 +941,10 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                          f"give k_split > 0, got {k_split}")
     steps = (-(-chunk_rows(config, k_split) // config.block_k)
              if by_sums or config.words_in_shared else 1)
-    return dict(BY_SUMS=(2 if config.x_sums_by_mma else 1) if by_sums else 0, SUM_STEPS=1 << (steps - 1).bit_length(),
+    # BY_SUMS: 0 zero points applied per word, 1 by sums of x from ``_x_step_sums``' pass,
+    # 2 by sums of x from ``_x_sums_by_mma``
+    sums = (2 if config.x_sums_by_mma else 1) if by_sums else 0
+    return dict(BY_SUMS=sums, SUM_STEPS=1 << (steps - 1).bit_length(),
                 SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,
@@ -1070,8 +1075,8 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
                     k: int) -> None:
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
     of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
-    one split, and chunks of whole loads lying on group boundaries (or one group for all
-    of K)."""
+    one split, and 2, 4, 8 or 16 chunks of whole loads lying on group boundaries (or one
+    group for all of K)."""
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8, 16), "m": m != 1,
                    "params_ahead": not (_ahead(config) or config.words_in_shared),
                    "split_k": splits != 1,
@@ -1079,8 +1084,9 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
                    "chunk rows": _chunks_not_whole(config, k_split, group_size, k)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
-        raise ValueError("k_chunks takes 2, 4, 8 or 16 chunks of whole loads (and whole groups) "
-                         "at one row, loads a step ahead (params_ahead) or words_in_shared, "
+        raise ValueError("k_chunks takes 2, 4, 8 or 16 chunks of whole loads (and whole "
+                         "groups) at one row, loads a step ahead (params_ahead) or "
+                         "words_in_shared, "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
