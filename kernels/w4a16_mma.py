@@ -149,12 +149,6 @@ class MmaConfig:
     # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
     # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
     x_sums_by_mma: bool = False
-    # At one row with split K: the splits of a column block launched as one thread-block
-    # cluster (sm_90), summed through distributed shared memory behind two cluster
-    # barriers (``_store_cluster_sum``) instead of global partials, a counter and the
-    # last split's spin (H100, session 32: that sum is 0.85 of 5.76 us on 4096 x 4096).
-    # 2..16 splits; Triton's own cluster launch is bypassed (``_launch_as_clusters``).
-    cluster_sum: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -679,53 +673,6 @@ if gluon is not None:
         return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; @p {fetch} mov.u32 $0, 0; }}"
 
     @gluon.jit
-    def _store_cluster_sum(acc, out_ptrs, mask, pid_k, CLUSTER: gl.constexpr):
-        """Store the one row (M == 1) of acc summed over the CLUSTER splits of this
-        program's cluster (``MmaConfig.cluster_sum``): every split puts its row in its
-        shared memory; after a cluster barrier the last split reads all CLUSTER rows in
-        split order through distributed shared memory and stores their sum; a second
-        barrier keeps the others' shared memory until it has read. Every thread of every
-        split runs the one PTX block (``_cluster_sum_asm``), barriers included."""
-        MMA: gl.constexpr = acc.type.layout
-        j = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA))
-        own = gl.sum(gl.where(j[None, :] == 0, acc, 0.0), axis=1)
-        rows = gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA))
-        PACK: gl.constexpr = 2 * acc.shape[0] // (16 * MMA.warps_per_cta[0])  # a thread's rows
-        total = gl.inline_asm_elementwise(
-            _cluster_sum_asm(acc.shape[0], CLUSTER, PACK), _cluster_sum_constraints(PACK),
-            [own, rows], dtype=gl.float32, is_pure=False, pack=PACK)
-        if pid_k == CLUSTER - 1:
-            gl.store(out_ptrs, total.to(gl.bfloat16), mask=mask)
-
-    @gluon.constexpr_function
-    def _cluster_sum_constraints(pack):
-        """Outputs $0.. (the sums), then the row's values, then their row indices."""
-        return ",".join(["=f"] * pack + ["f"] * pack + ["r"] * pack)
-
-    @gluon.constexpr_function
-    def _cluster_sum_asm(rows, cluster, pack):
-        """PTX of ``_store_cluster_sum`` for a thread of ``pack`` rows of a [rows] row:
-        a static shared row, the stores, the barriers and, in the last split, the
-        ``mapa`` / ``ld.shared::cluster`` of every split's value in split order."""
-        lines = ["{", f".shared .align 16 .f32 tamis_row[{rows}];",
-                 ".reg .u32 base, rank, remote;", ".reg .u32 at<%d>;" % pack,
-                 ".reg .pred last;", ".reg .f32 v;", "mov.u32 base, tamis_row;"]
-        for i in range(pack):
-            lines += [f"shl.b32 at{i}, ${2 * pack + i}, 2;", f"add.u32 at{i}, at{i}, base;",
-                      f"st.shared.f32 [at{i}], ${pack + i};", f"mov.f32 ${i}, 0f00000000;"]
-        lines += ["barrier.cluster.arrive.release.aligned;",
-                  "barrier.cluster.wait.acquire.aligned;",
-                  "mov.u32 rank, %cluster_ctarank;", f"setp.eq.u32 last, rank, {cluster - 1};"]
-        for split in range(cluster):
-            for i in range(pack):
-                lines += [f"@last mapa.shared::cluster.u32 remote, at{i}, {split};",
-                          "@last ld.shared::cluster.f32 v, [remote];",
-                          f"@last add.f32 ${i}, ${i}, v;"]
-        lines += ["barrier.cluster.arrive.release.aligned;",
-                  "barrier.cluster.wait.acquire.aligned;", "}"]
-        return "\n".join(lines)
-
-    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -738,7 +685,7 @@ if gluon is not None:
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
-        L2_PREFETCH: gl.constexpr = 0, CLUSTER: gl.constexpr = 0,
+        L2_PREFETCH: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -763,9 +710,6 @@ if gluon is not None:
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         pid_m = gl.program_id(2)
-        if CLUSTER:  # a column block's splits are one cluster of consecutive programs
-            pid_k = pid_n % CLUSTER
-            pid_n = pid_n // CLUSTER
         k_lo = pid_k * K_SPLIT
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
         if K_CHUNKS:  # the tile's rows are (chunk, column): the loop walks chunk 0's rows
@@ -931,9 +875,6 @@ if gluon is not None:
             _store_chunk_sums(acc, out_ptr, pid_n, N, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
                               NUM_WARPS)
             return
-        if CLUSTER:
-            _store_cluster_sum(acc, out_ptr + offs_cn, mask_cn, pid_k, CLUSTER)
-            return
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
@@ -1015,8 +956,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
-                L2_PREFETCH=config.l2_prefetch,
-                CLUSTER=splits if config.cluster_sum else 0)
+                L2_PREFETCH=config.l2_prefetch)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -1109,8 +1049,6 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
-    if config.cluster_sum:
-        _check_cluster_sum(config, m, splits, x.device)
     if config.words_in_shared:  # sized by the rows of one chunk
         _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
@@ -1123,29 +1061,14 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     partials, counters = split_buffers(
         out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
                                    config.block_n * block_m, m, n), blocks * m_blocks)
-    grid = (blocks, 1 if config.cluster_sum else splits, m_blocks)
-    args = (x, packed, scales, zeros, out, partials, counters,
-            m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0))
-    options = dict(SPLIT=splits, **constexprs, num_warps=config.num_warps,
-                   launch_pdl=pdl.launch(x.device),
-                   **mma_compile_options(constexprs, config.max_registers))
-    if config.cluster_sum:
-        _launch_as_clusters(_w4_mma_kernel.warmup(*args, grid=grid, **options), splits)
-    _w4_mma_kernel[grid](*args, **options)
+    _w4_mma_kernel[(blocks, splits, m_blocks)](
+        x, packed, scales, zeros, out, partials, counters,
+        m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+        SPLIT=splits, **constexprs, num_warps=config.num_warps,
+        launch_pdl=pdl.launch(x.device),
+        **mma_compile_options(constexprs, config.max_registers),
+    )
     return out
-
-
-def _launch_as_clusters(kernel, ctas: int) -> None:
-    """Have Triton's launcher start ``kernel`` (compiled for single programs) as
-    clusters of ``ctas`` consecutive programs along grid axis 0, ``ctas`` times as many
-    as the grid asks. Triton's own way (``num_ctas``) would also split every Gluon layout
-    over the cluster; the launcher takes the cluster size from the compiled kernel's
-    packed metadata (num_warps, num_ctas, shared bytes), set here once."""
-    packed = getattr(kernel, "packed_metadata", None)
-    if not (isinstance(packed, tuple) and len(packed) == 3):
-        raise RuntimeError("cluster_sum needs Triton's launcher to take (num_warps, num_ctas, "
-                           f"shared) as packed metadata; this Triton packs {packed!r}")
-    kernel.packed_metadata = (packed[0], ctas, packed[2])
 
 
 def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_size: int,
@@ -1166,21 +1089,6 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
                          "words_in_shared, "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
-
-
-def _check_cluster_sum(config: MmaConfig, m: int, splits: int, device: torch.device) -> None:
-    """Refuse a ``cluster_sum`` launch the cluster path does not implement: one row of x,
-    2..16 splits (a cluster's programs), every warp along the columns, no chunks of K,
-    and a GPU with thread-block clusters (compute capability 9.0 or later)."""
-    unsupported = {"m": m != 1, "splits": not 2 <= splits <= 16,
-                   "warps_m": config.warps_m != 1, "k_chunks": config.k_chunks != 0,
-                   "device": device.type != "cuda"
-                   or torch.cuda.get_device_capability(device)[0] < 9}
-    named = [name for name, clash in unsupported.items() if clash]
-    if named:
-        raise ValueError("cluster_sum takes one row of x, 2..16 splits, warps_m 1, no k_chunks, "
-                         f"on a GPU of compute capability 9.0 or later; these clash: {named} "
-                         f"(M={m}, {splits} splits)")
 
 
 def _chunks_not_whole(config: MmaConfig, k_split: int, group_size: int, k: int) -> bool:

@@ -77,9 +77,7 @@ def test_layout_needs_integer_zero_points_in_range():
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=3),
      r"clash: \['k_chunks', 'chunk rows'\]"),
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=32),
-     r"clash: \['k_chunks', 'chunk rows'\]"),
-    # K = 128: one split, and no clusters on the CPU
-    (MmaConfig(128, 128, 8, 4, cluster_sum=True), r"clash: \['splits', 'device'\]")])
+     r"clash: \['k_chunks', 'chunk rows'\]")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -391,35 +389,6 @@ def test_l2_prefetch_leaves_the_one_row_product_unchanged(how, k, n, group_size)
     got = w4a16_gemm_mma(*args, replace(config, l2_prefetch=how))
     assert torch.equal(got, w4a16_gemm_mma(*args, config))
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
-
-
-_CLUSTERED = [(4096, 4096, 128, w4a16_mma.split_one_row_config(4096, 4096, 128)),
-              (4096, 6144, 128, MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
-              # 3 splits of 6 32-row groups, columns past N; one group for all of K
-              (576, 136, 32, MmaConfig(64, 32, 3, 2, params_ahead=True, paired_steps=True)),
-              (1024, 520, 1024, MmaConfig(128, 128, 2, 4, params_ahead=True, paired_steps=True)),
-              # zero points by sums of x taken by an MMA; the deep layers' tile
-              (4096, 4096, 128, replace(w4a16_mma.split_one_row_config(4096, 4096, 128),
-                                        zeros_by_x_sums=True, x_sums_by_mma=True)),
-              (14336, 4096, 128, w4a16_mma.split_one_row_config(4096, 14336, 128))]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available()
-                    or torch.cuda.get_device_capability()[0] < 9,
-                    reason="thread-block clusters need compute capability 9.0")
-@pytest.mark.parametrize("case", range(len(_CLUSTERED)))
-def test_splits_summed_in_a_cluster_match_the_reference(case):
-    """cluster_sum: a column block's splits launched as one cluster, the last summing
-    the others' rows through distributed shared memory; run twice (the shared rows and
-    barriers leave nothing behind for the next launch)."""
-    k, n, group_size, config = _CLUSTERED[case]
-    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + case)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(case)).to(torch.bfloat16)
-    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
-    first = w4a16_gemm_mma(*args, replace(config, cluster_sum=True))
-    assert torch.equal(first, w4a16_gemm_mma(*args, replace(config, cluster_sum=True)))
-    assert_matches_reference(first, x, qweight, scales, zeros, group_size)
 
 
 def test_sums_of_x_need_the_rows_a_split_takes():
