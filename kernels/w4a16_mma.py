@@ -297,21 +297,6 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 if gluon is not None:
 
     _PARTIAL_SENTINEL = gl.constexpr(PARTIAL_SENTINEL)
-    # $0 = the fp32 at $1, loaded (volatile: from L2) until it is not the sentinel; 0
-    # where $2 is 0 (masked). Each instance's labels are local to its braces.
-    _SPIN_LOAD = gl.constexpr(f"""{{
-.reg .pred go, again;
-.reg .b32 bits;
-mov.f32 $0, 0f00000000;
-setp.ne.u32 go, $2, 0;
-@!go bra done;
-spin:
-ld.volatile.global.f32 $0, [$1];
-mov.b32 bits, $0;
-setp.eq.b32 again, bits, {PARTIAL_SENTINEL:#x};
-@again bra spin;
-done:
-}}""")
 
     @gluon.jit
     def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn,
@@ -702,8 +687,8 @@ done:
         block (``MmaConfig.sentinel_partials``) through partials [SPLIT, N] that are
         their own flags (``splitk.sentinel_buffer``): splits 0 .. SPLIT - 2 store their
         row and exit, no barrier, fence or atomic; split SPLIT - 1 loads theirs in one
-        round and, if any was still ``PARTIAL_SENTINEL`` (its store not arrived: a 32-bit
-        store is seen whole or not at all), each again until it is not (``_SPIN_LOAD``);
+        round and, while any is still ``PARTIAL_SENTINEL`` (its store not arrived: a 32-bit
+        store is seen whole or not at all), polls whole rounds again (``_row_partials``);
         it adds its own last (the sums and order of ``_reduce_at_last_split``), puts the
         sentinel back for the next launch and stores out. The spin relies on block order
         as ``_reduce_at_last_split``'s does."""
@@ -713,22 +698,31 @@ done:
         if pid_k != SPLIT - 1:
             gl.store(part_ptrs + pid_k * N, own, mask=mask)
         else:
-            total = gl.zeros_like(own)
-            waiting = gl.zeros(own.shape, gl.int32, own.type.layout)
-            for sk in gl.static_range(SPLIT - 1):
-                p = gl.load(part_ptrs + sk * N, mask=mask, other=0.0, cache_modifier=".cg")
-                waiting += (p.to(gl.int32, bitcast=True) == _PARTIAL_SENTINEL).to(gl.int32)
-                total += p
-            if gl.sum(waiting, axis=0) > 0:  # rare: a partner still runs
-                total = gl.zeros_like(own)
-                for sk in gl.static_range(SPLIT - 1):
-                    total += gl.inline_asm_elementwise(
-                        _SPIN_LOAD, "=f,l,r", [part_ptrs + sk * N, mask.to(gl.int32)],
-                        dtype=gl.float32, is_pure=False, pack=1)
-            sentinel = gl.full(own.shape, _PARTIAL_SENTINEL, gl.int32, own.type.layout)
+            total, waiting = _row_partials(own, part_ptrs, mask, N, SPLIT, False)
+            if waiting > 0:  # a partner still runs: poll whole rounds, then sum one
+                while waiting > 0:
+                    _, waiting = _row_partials(own, part_ptrs, mask, N, SPLIT, True)
+                total, _ = _row_partials(own, part_ptrs, mask, N, SPLIT, True)
+            sentinel = gl.zeros_like(own).to(gl.int32) + _PARTIAL_SENTINEL
             for sk in gl.static_range(SPLIT - 1):
                 gl.store(part_ptrs + sk * N, sentinel.to(gl.float32, bitcast=True), mask=mask)
             gl.store(out_ptrs, (total + own).to(gl.bfloat16), mask=mask)
+
+    @gluon.jit
+    def _row_partials(own, part_ptrs, mask, N, SPLIT: gl.constexpr, AGAIN: gl.constexpr):
+        """(the sum of splits 0 .. SPLIT - 2's rows in split order, how many of the values
+        loaded were still the sentinel), all loads in one round; AGAIN: volatile loads
+        (each poll reads L2 again)."""
+        total = gl.zeros_like(own)
+        waiting = gl.zeros_like(own).to(gl.int32)
+        for sk in gl.static_range(SPLIT - 1):
+            if AGAIN:
+                p = gl.load(part_ptrs + sk * N, mask=mask, other=0.0, volatile=True)
+            else:
+                p = gl.load(part_ptrs + sk * N, mask=mask, other=0.0, cache_modifier=".cg")
+            waiting += (p.to(gl.int32, bitcast=True) == _PARTIAL_SENTINEL).to(gl.int32)
+            total += p
+        return total, gl.sum(waiting, axis=0)
 
     @gluon.jit
     def _w4_mma_kernel(
