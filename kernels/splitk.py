@@ -15,12 +15,6 @@ W4A16 tensor-core kernels can also store the partials in thread order
 (``linear_partials``: a tile's splits side by side, each thread's registers as 16-byte
 vectors; ``partial_shape``), the same sums with a quarter of the memory instructions.
 
-With ``sentinel_partials`` (W4A16 tensor-core kernels, last split summing) there is no
-counter: the partials live in one buffer per device that holds ``PARTIAL_SENTINEL``
-between launches, a NaN no fp32 arithmetic on NVIDIA GPUs produces (theirs is
-0x7FFFFFFF). The other splits store their partials and exit; the last split loads them
-until none is the sentinel, sums them and puts the sentinel back.
-
 The counters live in one int32 buffer per device that stays all-zero between launches.
 Kernels on one stream serialize, so every GEMV shares it; GEMVs running at the same time
 on two streams of one device would race on it (tamis runs its model on one stream).
@@ -29,10 +23,7 @@ from __future__ import annotations
 
 import torch
 
-PARTIAL_SENTINEL = 0x7FBADBAD  # the bits of a NaN that GPU arithmetic never produces
-
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-_SENTINELS: dict[torch.device, torch.Tensor] = {}
 _OUTGROWN: list[torch.Tensor] = []  # kept alive: captured CUDA graphs still point at them
 _MIN_COUNTERS = 4096
 
@@ -52,33 +43,14 @@ def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
     return buf
 
 
-def sentinel_buffer(device: torch.device, numel: int) -> torch.Tensor:
-    """At least ``numel`` fp32 values on ``device``, all ``PARTIAL_SENTINEL`` between
-    launches (every launch puts back what it took). Grows as ``split_counters`` does."""
-    buf = _SENTINELS.get(device)
-    if buf is None or buf.numel() < numel:
-        old = 0 if buf is None else buf.numel()
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = torch.full((max(numel, 2 * old),), PARTIAL_SENTINEL, dtype=torch.int32,
-                         device=device).view(torch.float32)
-        _SENTINELS[device] = buf
-    return buf
-
-
 def split_buffers(out: torch.Tensor, splits: int, partial_shape: tuple[int, ...],
-                  tiles: int, sentinel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(partials, counters) of a launch with ``splits`` programs per output tile: a fresh
-    fp32 [splits, *partial_shape] buffer and the shared counters of ``tiles`` tiles
-    (``sentinel``: the shared sentinel buffer instead, and no counters); with one split,
-    ``out`` twice (the kernel takes both arguments but touches neither)."""
+    fp32 [splits, *partial_shape] buffer and the shared counters of ``tiles`` tiles; with
+    one split, ``out`` twice (the kernel takes both arguments but touches neither)."""
     if splits == 1:
         return out, out
-    shape = (splits, *partial_shape)
-    if sentinel:
-        numel = splits * int(torch.Size(partial_shape).numel())
-        return sentinel_buffer(out.device, numel)[:numel].view(shape), out
-    partials = torch.empty(shape, dtype=torch.float32, device=out.device)
+    partials = torch.empty((splits, *partial_shape), dtype=torch.float32, device=out.device)
     return partials, split_counters(out.device, tiles)
 
 

@@ -53,9 +53,8 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels import pdl
-from tamis.kernels.splitk import (PARTIAL_SENTINEL, even_split, last_split_constexpr,
-                                  linear_partials_constexpr, partial_shape, sm_count,
-                                  split_buffers)
+from tamis.kernels.splitk import (even_split, last_split_constexpr, linear_partials_constexpr,
+                                  partial_shape, sm_count, split_buffers)
 from tamis.kernels.w4a16 import code_shifts
 
 from tamis.kernels._gluon import gluon
@@ -150,11 +149,6 @@ class MmaConfig:
     # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
     # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
     x_sums_by_mma: bool = False
-    # At one row with split K: the last split sums partials that are their own flags
-    # (``splitk.sentinel_buffer``): the other splits store their row and exit, no
-    # barrier, fence or count; the last loads them until none is the sentinel
-    # (``_store_row_by_sentinel``): one L2 round trip where the counter takes two.
-    sentinel_partials: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -295,8 +289,6 @@ def mma_unpack(packed: torch.Tensor, k: int) -> torch.Tensor:
 
 
 if gluon is not None:
-
-    _PARTIAL_SENTINEL = gl.constexpr(PARTIAL_SENTINEL)
 
     @gluon.jit
     def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_wn, mask_wn, offs_cn,
@@ -681,50 +673,6 @@ if gluon is not None:
         return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; @p {fetch} mov.u32 $0, 0; }}"
 
     @gluon.jit
-    def _store_row_by_sentinel(acc, out_ptrs, part_ptrs, mask, N, pid_k,
-                               SPLIT: gl.constexpr):
-        """Store the one row (M == 1) of acc summed over the SPLIT splits of its column
-        block (``MmaConfig.sentinel_partials``) through partials [SPLIT, N] that are
-        their own flags (``splitk.sentinel_buffer``): splits 0 .. SPLIT - 2 store their
-        row and exit, no barrier, fence or atomic; split SPLIT - 1 loads theirs in one
-        round and, while any is still ``PARTIAL_SENTINEL`` (its store not arrived: a 32-bit
-        store is seen whole or not at all), polls whole rounds again (``_row_partials``);
-        it adds its own last (the sums and order of ``_reduce_at_last_split``), puts the
-        sentinel back for the next launch and stores out. The spin relies on block order
-        as ``_reduce_at_last_split``'s does."""
-        MMA: gl.constexpr = acc.type.layout
-        j = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA))
-        own = gl.sum(gl.where(j[None, :] == 0, acc, 0.0), axis=1)
-        if pid_k != SPLIT - 1:
-            gl.store(part_ptrs + pid_k * N, own, mask=mask)
-        else:
-            total, waiting = _row_partials(own, part_ptrs, mask, N, SPLIT, False)
-            if waiting > 0:  # a partner still runs: poll whole rounds, then sum one
-                while waiting > 0:
-                    _, waiting = _row_partials(own, part_ptrs, mask, N, SPLIT, True)
-                total, _ = _row_partials(own, part_ptrs, mask, N, SPLIT, True)
-            sentinel = gl.zeros_like(own).to(gl.int32) + _PARTIAL_SENTINEL
-            for sk in gl.static_range(SPLIT - 1):
-                gl.store(part_ptrs + sk * N, sentinel.to(gl.float32, bitcast=True), mask=mask)
-            gl.store(out_ptrs, (total + own).to(gl.bfloat16), mask=mask)
-
-    @gluon.jit
-    def _row_partials(own, part_ptrs, mask, N, SPLIT: gl.constexpr, AGAIN: gl.constexpr):
-        """(the sum of splits 0 .. SPLIT - 2's rows in split order, how many of the values
-        loaded were still the sentinel), all loads in one round; AGAIN: volatile loads
-        (each poll reads L2 again)."""
-        total = gl.zeros_like(own)
-        waiting = gl.zeros_like(own).to(gl.int32)
-        for sk in gl.static_range(SPLIT - 1):
-            if AGAIN:
-                p = gl.load(part_ptrs + sk * N, mask=mask, other=0.0, volatile=True)
-            else:
-                p = gl.load(part_ptrs + sk * N, mask=mask, other=0.0, cache_modifier=".cg")
-            waiting += (p.to(gl.int32, bitcast=True) == _PARTIAL_SENTINEL).to(gl.int32)
-            total += p
-        return total, gl.sum(waiting, axis=0)
-
-    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -737,7 +685,7 @@ if gluon is not None:
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
-        L2_PREFETCH: gl.constexpr = 0, SENTINEL: gl.constexpr = 0,
+        L2_PREFETCH: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -927,10 +875,6 @@ if gluon is not None:
             _store_chunk_sums(acc, out_ptr, pid_n, N, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
                               NUM_WARPS)
             return
-        if SENTINEL:
-            _store_row_by_sentinel(acc, out_ptr + offs_cn, part_ptr + offs_cn, mask_cn, N, pid_k,
-                                   SENTINEL)
-            return
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
@@ -1012,7 +956,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
-                L2_PREFETCH=config.l2_prefetch, SENTINEL=_sentinel(config, splits, m))
+                L2_PREFETCH=config.l2_prefetch)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -1055,12 +999,6 @@ def _linear_partials(config: MmaConfig, splits: int) -> bool:
     ``w4a16_gemm_mma`` refuses linear_partials with warps_m > 1)."""
     return config.warps_m == 1 and linear_partials_constexpr(
         config.linear_partials, config.last_split_reduces, splits)
-
-
-def _sentinel(config: MmaConfig, splits: int, m: int) -> int:
-    """SENTINEL: the split count where ``sentinel_partials`` applies (one row of x, more
-    than one split; its loads unroll over it), else 0."""
-    return splits if config.sentinel_partials and splits > 1 and m == 1 else 0
 
 
 def _ahead(config: MmaConfig) -> bool:
@@ -1122,8 +1060,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                                 pdl_trigger=pdl.trigger(x.device, m), k_split=k_split, m=m)
     partials, counters = split_buffers(
         out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
-                                   config.block_n * block_m, m, n), blocks * m_blocks,
-        sentinel=constexprs["SENTINEL"])
+                                   config.block_n * block_m, m, n), blocks * m_blocks)
     _w4_mma_kernel[(blocks, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),

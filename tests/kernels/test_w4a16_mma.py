@@ -391,36 +391,6 @@ def test_l2_prefetch_leaves_the_one_row_product_unchanged(how, k, n, group_size)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
-_SENTINELED = [(4096, 4096, 128, w4a16_mma.split_one_row_config(4096, 4096, 128)),
-               (14336, 4096, 128, w4a16_mma.split_one_row_config(4096, 14336, 128)),
-               (4096, 28672, 128, w4a16_mma.split_one_row_config(28672, 4096, 128)),
-               (4096, 6144, 128, MmaConfig(128, 128, 8, 4, params_ahead=True,
-                                           paired_steps=True)),
-               # 3 splits of 6 32-row groups with columns past N, summed by arrival
-               (576, 136, 32, MmaConfig(64, 32, 3, 2, params_ahead=True, paired_steps=True))]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
-@pytest.mark.parametrize("case", range(len(_SENTINELED)))
-def test_partials_as_their_own_flags_give_the_counted_sum(case):
-    """sentinel_partials: the last split sums partials that are their own flags, in the
-    order the counted sum takes (bit for bit), twice in a row, and puts the sentinel back
-    everywhere it read."""
-    from tamis.kernels import splitk
-    k, n, group_size, config = _SENTINELED[case]
-    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + case)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(case)).to(torch.bfloat16)
-    args = (x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(), group_size)
-    counted = w4a16_gemm_mma(*args, config)
-    for _ in range(2):
-        got = w4a16_gemm_mma(*args, replace(config, sentinel_partials=True))
-        assert torch.equal(got, counted)
-    bits = splitk.sentinel_buffer(got.device, 1).view(torch.int32)
-    assert bool((bits == splitk.PARTIAL_SENTINEL).all())
-    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
-
-
 def test_sums_of_x_need_the_rows_a_split_takes():
     """The by-sums build sizes its shared sums by the split's steps: built without the
     split's rows it refuses rather than build too few."""
