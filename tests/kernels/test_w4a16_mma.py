@@ -287,19 +287,20 @@ def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
     assert ((got.float() - per_word.float()).abs() <= step).all()
 
 
-_CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                         k_chunks=8)),
-            (4096, 4096, 128, MmaConfig(16, 128, 1, 4, params_ahead=True, paired_steps=True,
-                                        k_chunks=8)),
-            (4096, 4096, 128, MmaConfig(64, 128, 1, 4, params_ahead=True, paired_steps=True,
-                                        k_chunks=2)),
+def _paired_chunks(block_n: int, block_k: int, warps: int, chunks: int, **fields) -> MmaConfig:
+    """A one-split chunked tile on the paired loop (a load ahead, steps in pairs)."""
+    return MmaConfig(block_n, block_k, 1, warps, params_ahead=True, paired_steps=True,
+                     k_chunks=chunks, **fields)
+
+
+_CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
+            (4096, 4096, 128, _paired_chunks(16, 128, 4, 8)),
+            (4096, 4096, 128, _paired_chunks(64, 128, 4, 2)),
             # one step a chunk (the paired loop's odd tail), one group for all of K,
             # columns past N
-            (1024, 520, 1024, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                        k_chunks=8)),
+            (1024, 520, 1024, _paired_chunks(32, 128, 8, 8)),
             # 9 steps of 32-row groups a chunk, the second chunk 9 groups on
-            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
-                                     k_chunks=2)),
+            (576, 136, 32, _paired_chunks(32, 32, 4, 2)),
             # two steps a load, a load ahead (4 steps a chunk: all of them in flight at
             # once; 2 steps; 4 steps of 64-row groups with 32 columns past N)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, load_steps=2,
@@ -310,28 +311,24 @@ _CHUNKED = [(4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired
                                        k_chunks=8)),
             # one step a load, unpaired
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, k_chunks=8)),
-            # zero points by sums of x, each chunk's sums its column's (paired; shared)
-            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                        k_chunks=8, zeros_by_x_sums=True)),
-            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
-                                     k_chunks=2, zeros_by_x_sums=True)),
+            # zero points by sums of x, each chunk's sums its column's (paired; shared);
+            # the sums by a pass over x or by an MMA (each chunk's column summed by the
+            # tensor cores)
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True)),
+            (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True)),
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
                                         zeros_by_x_sums=True)),
-            # ... sums of x by an MMA (each chunk's column summed by the tensor cores)
-            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                        k_chunks=8, zeros_by_x_sums=True, x_sums_by_mma=True)),
-            (576, 136, 32, MmaConfig(32, 32, 1, 4, params_ahead=True, paired_steps=True,
-                                     k_chunks=2, zeros_by_x_sums=True, x_sums_by_mma=True)),
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True,
+                                             x_sums_by_mma=True)),
+            (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True,
+                                          x_sums_by_mma=True)),
             # 16 chunks in two n8 blocks of x^T's columns (2 steps a chunk; one step a
             # chunk with columns past N; 16 warps of one m16; sums of x by an MMA)
-            (4096, 4096, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                        k_chunks=16)),
-            (2048, 520, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                       k_chunks=16)),
-            (4096, 4096, 128, MmaConfig(32, 128, 1, 16, params_ahead=True, paired_steps=True,
-                                        k_chunks=16)),
-            (4096, 4096, 128, MmaConfig(16, 128, 1, 8, params_ahead=True, paired_steps=True,
-                                        k_chunks=16, zeros_by_x_sums=True, x_sums_by_mma=True)),
+            (4096, 4096, 128, _paired_chunks(16, 128, 8, 16)),
+            (2048, 520, 128, _paired_chunks(16, 128, 8, 16)),
+            (4096, 4096, 128, _paired_chunks(32, 128, 16, 16)),
+            (4096, 4096, 128, _paired_chunks(16, 128, 8, 16, zeros_by_x_sums=True,
+                                             x_sums_by_mma=True)),
             # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
             (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
