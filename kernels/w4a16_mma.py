@@ -761,9 +761,9 @@ if gluon is not None:
                                                          K, offs_zn, mask_zn, offs_cn,
                                                          GROUP_SIZE, ORDER)
             if L2_PREFETCH and EVEN:
+                COLS: gl.constexpr = BLOCK_N // max(K_CHUNKS, 1)  # output columns a program
                 _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, gl.minimum(k_lo + K_SPLIT, K),
-                                   pid_n * (BLOCK_N // max(K_CHUNKS, 1)), stride_qk,
-                                   stride_sg, BLOCK_N // max(K_CHUNKS, 1), GROUP_SIZE,
+                                   pid_n * COLS, stride_qk, stride_sg, COLS, GROUP_SIZE,
                                    L2_PREFETCH, NUM_WARPS)
             if PDL:
                 gdc_wait()  # x and the outputs belong to the kernels before this one
@@ -1041,8 +1041,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
-    if config.k_chunks == 16:  # the chunks fill two n8 blocks of x^T's columns
-        block_m = 16
+    block_m = max(block_m, config.k_chunks)  # x^T's columns hold every chunk (16: two n8)
     if config.linear_partials and config.warps_m != 1:
         raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
                          f"got warps_m={config.warps_m}")

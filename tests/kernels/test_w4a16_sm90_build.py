@@ -300,7 +300,7 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums)
 def test_l2_prefetch_asks_for_the_split_before_the_wait(how, opcode, k, n):
     """``l2_prefetch`` on the one-row defaults (split and chunked tiles): the prefetches
     (``prefetch.global.L2``: CCTL; bulk: UBLKPF) all come before griddepcontrol.wait,
-    with nothing written there, in the same registers and without spills."""
+    with nothing written there, within 128 registers and without spills."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128)
     build = mma_build(8, dataclasses.replace(config, l2_prefetch=how), pdl_trigger=1, k=k)
     plain = mma_build(8, config, pdl_trigger=1, k=k)
