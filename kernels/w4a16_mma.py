@@ -149,6 +149,14 @@ class MmaConfig:
     # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
     # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
     x_sums_by_mma: bool = False
+    # With k_chunks and fewer column blocks than multiprocessors: the grid padded to one
+    # program a multiprocessor, the extra programs repeating the first tiles and storing
+    # nothing (``whole_wave_programs``). Each GEMM then leaves exactly one free place on
+    # every multiprocessor for the next one's programs, launched early by PDL; with idle
+    # multiprocessors two of them land on each and set its end (H100, session 33: the
+    # chunked tile at 128 programs gets nothing from the early trigger, at 132 it gets
+    # 0.8-1.4 us).
+    whole_wave: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -226,6 +234,18 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
             or not num_sms < programs <= 2 * num_sms):
         return None
     return config
+
+
+def whole_wave_programs(config: MmaConfig, blocks: int, num_sms: int) -> int:
+    """Programs along N of a launch with ``blocks`` column blocks: ``num_sms`` where
+    ``MmaConfig.whole_wave`` pads a grid of fewer blocks (``k_chunks`` tiles only: one
+    program a column block), else ``blocks``."""
+    if not config.whole_wave:
+        return blocks
+    if not config.k_chunks:
+        raise ValueError("MmaConfig.whole_wave pads the grid of k_chunks tiles only; "
+                         f"got k_chunks={config.k_chunks}")
+    return max(blocks, num_sms)
 
 
 def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: int) -> int:
@@ -685,7 +705,7 @@ if gluon is not None:
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
-        L2_PREFETCH: gl.constexpr = 0,
+        L2_PREFETCH: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -710,6 +730,11 @@ if gluon is not None:
         pid_n = gl.program_id(0)
         pid_k = gl.program_id(1)
         pid_m = gl.program_id(2)
+        n_out = N  # columns this program stores below
+        if REAL_BLOCKS:  # a grid padded to whole multiprocessors (``MmaConfig.whole_wave``)
+            if pid_n >= REAL_BLOCKS:  # an extra program: tile pid_n - REAL_BLOCKS again, unstored
+                n_out = 0
+                pid_n = pid_n - REAL_BLOCKS
         k_lo = pid_k * K_SPLIT
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
         if K_CHUNKS:  # the tile's rows are (chunk, column): the loop walks chunk 0's rows
@@ -872,7 +897,7 @@ if gluon is not None:
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
         if K_CHUNKS:
-            _store_chunk_sums(acc, out_ptr, pid_n, N, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
+            _store_chunk_sums(acc, out_ptr, pid_n, n_out, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
                               NUM_WARPS)
             return
         _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
@@ -930,10 +955,11 @@ if gluon is not None:
 
 def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int,
                    even: bool, *, pdl_wait: bool = False, pdl_trigger: int = 0,
-                   k_split: int = 0, m: int = 1) -> dict:
+                   k_split: int = 0, m: int = 1, real_blocks: int = 0) -> dict:
     """The compile-time arguments of ``_w4_mma_kernel`` for a launch of ``splits``
     programs along K of ``k_split`` rows each, on x of m rows (shared with the sm_90
-    build tests, so that they build what runs)."""
+    build tests, so that they build what runs); ``real_blocks``: the column blocks of a
+    grid padded past them (``whole_wave_programs``), else 0."""
     by_sums = config.zeros_by_x_sums and (_paired(config) or config.words_in_shared)
     if (by_sums or config.words_in_shared) and k_split <= 0:
         field = "zeros_by_x_sums" if by_sums else "words_in_shared"
@@ -956,7 +982,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
-                L2_PREFETCH=config.l2_prefetch)
+                L2_PREFETCH=config.l2_prefetch, REAL_BLOCKS=real_blocks)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -1052,15 +1078,17 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
+    grid_n = whole_wave_programs(config, blocks, sm_count(x))
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     constexprs = mma_constexprs(config, block_m, min(group_size, k), splits,
                                 k % k_split == 0 and n % config.block_n == 0,
                                 pdl_wait=pdl.launch(x.device),
-                                pdl_trigger=pdl.trigger(x.device, m), k_split=k_split, m=m)
+                                pdl_trigger=pdl.trigger(x.device, m), k_split=k_split, m=m,
+                                real_blocks=blocks if grid_n > blocks else 0)
     partials, counters = split_buffers(
         out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
                                    config.block_n * block_m, m, n), blocks * m_blocks)
-    _w4_mma_kernel[(blocks, splits, m_blocks)](
+    _w4_mma_kernel[(grid_n, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
         SPLIT=splits, **constexprs, num_warps=config.num_warps,

@@ -77,7 +77,8 @@ def test_layout_needs_integer_zero_points_in_range():
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=3),
      r"clash: \['k_chunks', 'chunk rows'\]"),
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=32),
-     r"clash: \['k_chunks', 'chunk rows'\]")])
+     r"clash: \['k_chunks', 'chunk rows'\]"),
+    (MmaConfig(whole_wave=True), "whole_wave pads the grid of k_chunks tiles only")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -349,6 +350,26 @@ def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size, config)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
+@pytest.mark.parametrize("k,n,group_size,config", [
+    (4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
+    (1024, 520, 1024, _paired_chunks(32, 128, 8, 8)),
+    (576, 136, 32, _paired_chunks(32, 32, 4, 2))])
+def test_whole_wave_padding_leaves_the_chunked_product_unchanged(k, n, group_size, config):
+    """``whole_wave``: the chunked grid padded to one program a multiprocessor (the extra
+    programs repeat the first tiles and store nothing) gives the unpadded grid's output
+    bit for bit and matches the reference in every column."""
+    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16).cuda()
+    packed = mma_pack(qweight.cuda(), k)
+    plain = w4a16_gemm_mma(x, packed, scales.cuda(), zeros.cuda(), group_size, config)
+    padded = w4a16_gemm_mma(x, packed, scales.cuda(), zeros.cuda(), group_size,
+                            replace(config, whole_wave=True))
+    assert torch.equal(padded, plain)
+    assert_matches_reference(padded, x.cpu(), qweight, scales, zeros, group_size)
 
 
 @pytest.mark.gpu
