@@ -48,7 +48,7 @@ points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -166,7 +166,7 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     at M = 1 steps in pairs (session 11: 0.2-0.7 us faster on every shape).
 
     M = 1: K summed in each program where its programs fill one wave
-    (``chunked_one_row_config``, session 31), else (``split_one_row_config``; session 8,
+    (``chunked_one_row_config``, sessions 31 and 33), else (``split_one_row_config``; session 8,
     columns permuted for vector loads) wide layers (N >= 8192) 64
     columns on 2 warps; deep ones (K >= 8192) 256 columns on 8 warps; else 128 columns on
     4 warps; K split as far as one wave of programs allows (``one_wave_split``; session
@@ -218,22 +218,27 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
                            num_sms: int = 132) -> MmaConfig | None:
     """The one-row tile that sums K inside each program (32 columns x 8 chunks of K on
     8 warps, ``MmaConfig.k_chunks``) where its programs fill every multiprocessor in one
-    wave (more programs than multiprocessors, at most the two a multiprocessor holds at
-    128 registers) on a narrow layer (N, K < 8192) whose eighths of K are whole steps
-    and groups; None elsewhere.
+    wave on a narrow layer (N, K < 8192) whose eighths of K are whole steps and groups;
+    None elsewhere. One wave: more programs than multiprocessors, at most the two a
+    multiprocessor holds at 128 registers; or at least 7/8 of one a multiprocessor, the
+    grid then padded to one each (``whole_wave``).
 
     H100, session 31 (``bench/ab_w4a16_one_row.py``, 12 rounds in 4 calls): 4096 x 6144
-    (192 programs) 6.96-7.23 against the split tile's 7.53-7.94 us; 4096 x 4096 (128
-    programs, 4 multiprocessors idle) 6.06-6.25 against 5.69-5.90; slower on the wide
+    (192 programs) 6.96-7.23 against the split tile's 7.53-7.94 us; slower on the wide
     and deep layers (29.3 against 23.7 us on 4096 x 28672, 16.3 against 13.1 on
-    14336 x 4096)."""
+    14336 x 4096). Session 33: 4096 x 4096 (128 programs) 6.25-6.43 unpadded, **5.30-5.44
+    padded** against the split tile's 5.83-5.89; 2048 x 4096 3.99-4.04 / 3.58-3.61
+    against 4.72."""
     config = MmaConfig(_CHUNKED_COLUMNS, step_rows(k, group_size), 1, 8, params_ahead=True,
                        paired_steps=True, k_chunks=_CHUNKS)
     programs = -(-n // _CHUNKED_COLUMNS)
-    if (n >= 8192 or k >= 8192 or _chunks_not_whole(config, k, group_size, k)
-            or not num_sms < programs <= 2 * num_sms):
+    if n >= 8192 or k >= 8192 or _chunks_not_whole(config, k, group_size, k):
         return None
-    return config
+    if num_sms < programs <= 2 * num_sms:
+        return config
+    if 8 * programs >= 7 * num_sms and programs <= num_sms:
+        return replace(config, whole_wave=True)
+    return None
 
 
 def whole_wave_programs(config: MmaConfig, blocks: int, num_sms: int) -> int:

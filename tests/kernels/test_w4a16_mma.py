@@ -202,20 +202,23 @@ def test_one_wave_split(blocks, warps, k, expected):
     assert one_wave_split(blocks, warps, k, 128, 132) == expected
 
 
-@pytest.mark.parametrize("n,k,group_size,num_sms,chunked", [
-    (6144, 4096, 128, 132, True),     # 192 programs: every multiprocessor, one wave
-    (4096, 4096, 128, 132, False),    # 128 programs: 4 multiprocessors idle
-    (4096, 4096, 128, 114, True),     # ... but 114 of them all busy
-    (28672, 4096, 128, 132, False),   # wide
-    (4096, 14336, 128, 132, False),   # deep
-    (4608, 3584, 128, 132, False),    # eighths of K (448 rows) not whole steps
-    (6144, 4096, 1024, 132, False),   # eighths of K inside one group
-    (6144, 4096, 4096, 132, True),    # one group for all of K
+@pytest.mark.parametrize("n,k,group_size,num_sms,chunked,padded", [
+    (6144, 4096, 128, 132, True, False),    # 192 programs: every multiprocessor, one wave
+    (4096, 4096, 128, 132, True, True),     # 128 programs: padded to 132
+    (4096, 4096, 128, 114, True, False),    # ... but 114 multiprocessors all busy
+    (3584, 4096, 128, 132, False, False),   # 112 programs: under 7/8 of them
+    (3712, 4096, 128, 132, True, True),     # 116 programs: 7/8 of them, padded
+    (28672, 4096, 128, 132, False, False),  # wide
+    (4096, 14336, 128, 132, False, False),  # deep
+    (4608, 3584, 128, 132, False, False),   # eighths of K (448 rows) not whole steps
+    (6144, 4096, 1024, 132, False, False),  # eighths of K inside one group
+    (6144, 4096, 4096, 132, True, False),   # one group for all of K
 ])
-def test_one_row_sums_k_in_the_program_where_its_programs_fill_one_wave(n, k, group_size,
-                                                                          num_sms, chunked):
+def test_one_row_sums_k_in_the_program_where_its_programs_fill_one_wave(
+        n, k, group_size, num_sms, chunked, padded):
     config = pick_mma_config(1, n, k, group_size, num_sms)
     assert bool(config.k_chunks) == chunked
+    assert config.whole_wave == padded
     if chunked:
         assert (config.split_k, config.block_n, config.num_warps) == (1, 32, 8)
     else:
