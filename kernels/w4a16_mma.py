@@ -149,13 +149,13 @@ class MmaConfig:
     # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
     # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
     x_sums_by_mma: bool = False
-    # With k_chunks and fewer column blocks than multiprocessors: the grid padded to one
-    # program a multiprocessor, the extra programs repeating the first tiles and storing
-    # nothing (``whole_wave_programs``). Each GEMM then leaves exactly one free place on
-    # every multiprocessor for the next one's programs, launched early by PDL; with idle
-    # multiprocessors two of them land on each and set its end (H100, session 33: the
-    # chunked tile at 128 programs gets nothing from the early trigger, at 132 it gets
-    # 0.8-1.4 us).
+    # With k_chunks: the grid padded to a whole number of programs a multiprocessor, the
+    # extra programs repeating earlier tiles and storing nothing (``whole_wave_programs``).
+    # Each GEMM then leaves the same free room on every multiprocessor for the next one's
+    # programs, launched early by PDL; with idle multiprocessors two of them land on each
+    # and set its end (H100, session 33: the chunked tile at 128 programs gets nothing
+    # from the early trigger, at 132 it gets 0.8-1.4 us). ``chunked_one_row_config`` sets
+    # it where it pads.
     whole_wave: bool = False
 
 
@@ -242,15 +242,15 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
 
 
 def whole_wave_programs(config: MmaConfig, blocks: int, num_sms: int) -> int:
-    """Programs along N of a launch with ``blocks`` column blocks: ``num_sms`` where
-    ``MmaConfig.whole_wave`` pads a grid of fewer blocks (``k_chunks`` tiles only: one
-    program a column block), else ``blocks``."""
+    """Programs along N of a launch with ``blocks`` column blocks: with
+    ``MmaConfig.whole_wave`` (``k_chunks`` tiles only: one program a column block) the
+    next multiple of ``num_sms``, else ``blocks``."""
     if not config.whole_wave:
         return blocks
     if not config.k_chunks:
         raise ValueError("MmaConfig.whole_wave pads the grid of k_chunks tiles only; "
                          f"got k_chunks={config.k_chunks}")
-    return max(blocks, num_sms)
+    return -(-blocks // num_sms) * num_sms
 
 
 def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: int) -> int:
@@ -737,9 +737,9 @@ if gluon is not None:
         pid_m = gl.program_id(2)
         n_out = N  # columns this program stores below
         if REAL_BLOCKS:  # a grid padded to whole multiprocessors (``MmaConfig.whole_wave``)
-            if pid_n >= REAL_BLOCKS:  # an extra program: tile pid_n - REAL_BLOCKS again, unstored
+            if pid_n >= REAL_BLOCKS:  # an extra program: an earlier tile again, unstored
                 n_out = 0
-                pid_n = pid_n - REAL_BLOCKS
+                pid_n = pid_n % REAL_BLOCKS
         k_lo = pid_k * K_SPLIT
         k_hi = gl.minimum(k_lo + K_SPLIT, K)
         if K_CHUNKS:  # the tile's rows are (chunk, column): the loop walks chunk 0's rows
