@@ -177,8 +177,9 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     layers). 2..8 rows (session 7, identity column order): 128 columns on 8 warps split 8
     ways; 9..16 rows (session 8): 64 columns on 2 warps, two steps per load, split 4 ways
     (8 when K >= 8192); deep layers (K >= 8192) at 2..8 rows also a load ahead (session
-    17); wide layers (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64 columns on 2 warps
-    split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8 ways when K >= 8192."""
+    17); wide layers (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64
+    columns on 2 warps split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8
+    ways when K >= 8192."""
     block_k = step_rows(k, group_size)
     if m == 1:
         return (chunked_one_row_config(n, k, group_size, num_sms)
@@ -1060,7 +1061,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     x = x.contiguous()
     if x.data_ptr() % 4:  # the one-row loop reads x as bf16 pairs (``_load_x_words``)
         x = x.clone()
-    config = config or pick_mma_config(m, n, k, group_size, sm_count(x))
+    num_sms = sm_count(x)
+    config = config or pick_mma_config(m, n, k, group_size, num_sms)
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
     if config.load_steps not in (1, 2, 4) or config.prefetch not in (0, 1):
@@ -1083,7 +1085,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
-    grid_n = whole_wave_programs(config, blocks, sm_count(x))
+    grid_n = whole_wave_programs(config, blocks, num_sms)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     constexprs = mma_constexprs(config, block_m, min(group_size, k), splits,
                                 k % k_split == 0 and n % config.block_n == 0,

@@ -355,6 +355,15 @@ def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
+@pytest.mark.parametrize("blocks,num_sms,whole_wave,programs", [
+    (128, 132, True, 132), (192, 132, True, 264), (17, 132, True, 132), (264, 132, True, 264),
+    (128, 132, False, 128)])
+def test_whole_wave_rounds_the_grid_up_to_whole_multiprocessors(blocks, num_sms, whole_wave,
+                                                                 programs):
+    config = _paired_chunks(32, 128, 8, 8, whole_wave=whole_wave)
+    assert w4a16_mma.whole_wave_programs(config, blocks, num_sms) == programs
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
 @pytest.mark.parametrize("k,n,group_size,config", [
