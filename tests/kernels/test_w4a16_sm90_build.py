@@ -123,6 +123,23 @@ def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
         assert build.count("REDG") + build.count("RED") >= 1, "partners wait for the count"
 
 
+@needs_gluon
+def test_padded_chunked_grid_builds_the_unpadded_loop():
+    """``whole_wave``'s extra programs only remap their column block and store nothing:
+    4096 x 4096's one-row default (the chunked tile, 128 column blocks padded to 132)
+    builds within 128 registers, with no spill, to the unpadded tile's main loop (the
+    same MMAs; ptxas may schedule a few instructions differently)."""
+    config = w4a16_mma.pick_mma_config(1, 4096, 4096, 128, 132)
+    assert config.whole_wave
+    padded = mma_build(8, config, k=4096, real_blocks=128)
+    plain = mma_build(8, config, k=4096)
+    assert padded.registers <= 128 and padded.stack_bytes == 0
+    loop, plain_loop = _main_loop(padded), _main_loop(plain)
+    assert [x.opcode for x in loop].count("HMMA.16816.F32.BF16") == \
+        [x.opcode for x in plain_loop].count("HMMA.16816.F32.BF16")
+    assert len(loop) <= len(plain_loop) + 8, "the remap reached the main loop"
+
+
 def _main_loop(build) -> list:
     """The instructions of the longest loop (from a backward branch's target to it)."""
     ins = build.instructions()

@@ -33,13 +33,14 @@ def wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, la
                         launch_pdl=pdl)
 
 
-def mma_build(block_m, config, pdl_trigger=None, k=4096, m=1) -> Build:
-    """The MMA kernel as ``w4a16_gemm_mma`` launches it for a K of k (even splits)."""
+def mma_build(block_m, config, pdl_trigger=None, k=4096, m=1, real_blocks=0) -> Build:
+    """The MMA kernel as ``w4a16_gemm_mma`` launches it for a K of k (even splits;
+    ``real_blocks``: the column blocks of a padded grid, ``MmaConfig.whole_wave``)."""
     pdl = pdl_trigger is not None
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     constexprs = w4a16_mma.mma_constexprs(config, block_m, 128, splits, True,
                                           pdl_wait=pdl, pdl_trigger=pdl_trigger or 0,
-                                          k_split=k_split, m=m)
+                                          k_split=k_split, m=m, real_blocks=real_blocks)
     return compile_sm90(w4a16_mma._w4_mma_kernel, SIGNATURE, constexprs, config.num_warps,
                         launch_pdl=pdl, **w4a16_mma.mma_compile_options(constexprs,
                                                                         config.max_registers))
