@@ -61,13 +61,13 @@ def main() -> None:
         ref = x.float() @ w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
         default = pick_mma_config(1, n, k, 128)
         configs = [(default, "", (0, 0))] + [_variant(default, field) for field in args.field]
-        errors = [_error(x, packed, scales, zeros, c, ref) for c in configs]
-        print(f"{k}x{n} A = default, then {' '.join(args.field)}; err "
-              + " | ".join(e if isinstance(e, str) else f"{e:.3g}" for e in errors), flush=True)
-        runs = [i for i, e in enumerate(errors) if not isinstance(e, str)]
         padded = {c[2]: [(c_w, _padded(c_p, c[2][0]), _padded(c_s, c[2][1]),
                           _padded(c_z, c[2][1])) for c_w, c_p, c_s, c_z in copies]
                   for c in configs}
+        errors = [_error(x, *padded[c[2]][0][1:], c, ref) for c in configs]
+        print(f"{k}x{n} A = default, then {' '.join(args.field)}; err "
+              + " | ".join(e if isinstance(e, str) else f"{e:.3g}" for e in errors), flush=True)
+        runs = [i for i, e in enumerate(errors) if not isinstance(e, str)]
         for _ in range(args.rounds):
             t_bf16 = graph_time(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
             times = {i: _time(x, padded[configs[i][2]], configs[i]) for i in runs}
@@ -86,9 +86,7 @@ def _error(x, packed, scales, zeros, variant, ref):
     """The variant's relative error against ref, or why it refused this layer (a
     config the kernel does not take here is left out of the timing, not fatal)."""
     try:
-        pad, spad = variant[2]
-        return relative_error(_gemm(x, _padded(packed, pad), _padded(scales, spad),
-                                    _padded(zeros, spad), variant), ref)
+        return relative_error(_gemm(x, packed, scales, zeros, variant), ref)
     except ValueError as exc:
         return f"refused ({exc})"
 

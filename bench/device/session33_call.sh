@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of session 33. On an H200 (the card): main's defaults and the
 # GEMM / decode table (one_row_check.sh), the first H200 figures since session 23. On any
-# other card: whether the chunked one-row tile's time follows its programs a
-# multiprocessor, with PROBE=1 set (4096 x N with N = 4224 / 6144 / 8448: 132 / 192 / 264 programs of 32
-# columns on 132 multiprocessors, i.e. 1 / 1.45 / 2 a multiprocessor).
+# other card, with PROBE=1 set: whether the chunked one-row tile's time follows its
+# programs a multiprocessor (4096 x N with N = 4224 / 6144 / 8448: 132 / 192 / 264
+# programs of 32 columns on 132 multiprocessors, i.e. 1 / 1.45 / 2 a multiprocessor).
 source bench/device/carried.sh && tamis_env
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 echo "$name"

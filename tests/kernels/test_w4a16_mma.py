@@ -371,8 +371,8 @@ def test_whole_wave_rounds_the_grid_up_to_whole_multiprocessors(blocks, num_sms,
     (1024, 520, 1024, _paired_chunks(32, 128, 8, 8)),
     (576, 136, 32, _paired_chunks(32, 32, 4, 2))])
 def test_whole_wave_padding_leaves_the_chunked_product_unchanged(k, n, group_size, config):
-    """``whole_wave``: the chunked grid padded to one program a multiprocessor (the extra
-    programs repeat the first tiles and store nothing) gives the unpadded grid's output
+    """``whole_wave``: the chunked grid padded to whole multiprocessors (the extra
+    programs repeat earlier tiles and store nothing) gives the unpadded grid's output
     bit for bit and matches the reference in every column."""
     _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16).cuda()
