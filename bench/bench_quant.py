@@ -84,6 +84,16 @@ PPL_METHODS = {
     "fp8-dynamic": ["--method", "fp8"],  # GPTQ-rounded FP8 weights, per-tensor scales
     "fp8-dynamic-rtn": ["--method", "fp8", "--rtn"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
+    # The residual stream rotated before quantizing (quant/quantizer/rotate.py): the
+    # default of calibrated GPTQ since session 34 (the four gptq rows above), opt-in elsewhere.
+    "gptq-4bit-g128-no-rotate": [*_GPTQ, "--no-rotate"],
+    "gptq-4bit-g128-act-order-no-rotate": [*_GPTQ, "--desc-act", "--no-rotate"],
+    "gptq-4bit-g128-asym-no-rotate": [*_GPTQ, "--no-sym", "--no-rotate"],
+    "gptq-4bit-g128-act-order-asym-no-rotate": [*_GPTQ, "--desc-act", "--no-sym", "--no-rotate"],
+    "awq-4bit-g64-rotate": [*_AWQ, "--rotate"],
+    "rtn-4bit-g128-rotate": [*_GPTQ, "--rtn", "--rotate"],
+    "rtn-4bit-g128": [*_GPTQ, "--rtn"],
+    "fp8-dynamic-rotate": ["--method", "fp8", "--rotate"],
     # The quantizer's options one at a time against the defaults (pipeline.DEFAULTS);
     # "-plain": every option off (tamis quantize before issue 5's quality push).
     "gptq-4bit-g128-plain": [*_GPTQ, "--no-output-clip", "--no-static-groups", "--refine", "0"],

@@ -1,7 +1,8 @@
 """`tamis quantize`: one model folder in, one quantized checkpoint folder out.
 
 ```
-load (transformers, fp32) -> calibration windows -> layer 0 inputs
+load (transformers, fp32) -> optionally rotate the residual stream (rotate.py)
+    -> calibration windows -> layer 0 inputs
 for each decoder layer:                                  (a progress bar step per layer)
     replay -> inputs of every linear (GPTQ: Hessians; AWQ: activations)
     quantize its linears (GPTQ solve | AWQ scale search + fold + GPTQ solve (or RTN)
@@ -29,6 +30,7 @@ from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
 from tamis.quant.quantizer.refit import refit_scales
+from tamis.quant.quantizer.rotate import rotate_residual
 
 METHODS = ("awq", "gptq", "fp8")
 BITS = {"awq": (4,), "gptq": (4, 8), "fp8": (8,)}
@@ -77,6 +79,10 @@ class QuantizeOptions:
     # of RTN (AutoAWQ's rounding: --no-awq-gptq).
     awq_gptq: bool | None = None
     awq_scales: bool = False  # GPTQ: fold AWQ's scale search into the layer before GPTQ
+    # Rotate the residual stream before quantizing (rotate.py: same function, weights
+    # spread over every channel; the checkpoint's embeddings come untied). None: the
+    # method's default (on for calibrated GPTQ).
+    rotate: bool | None = None
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -154,19 +160,23 @@ def _defaults_gptq(options: QuantizeOptions) -> dict:
     if static is None:
         static = not (options.desc_act or options.rtn)
     runs = options.desc_act and options.act_order_block > 1 and not options.sym
+    # Rotating the residual stream lowered all four GPTQ g128 rows on SmolLM2 at 16 x 512
+    # (sym +11.5% -> +9.6%, sym act order +14.8% -> +8.5%, asym +9.6% -> +8.7%, asym act
+    # order +9.2% -> +7.5%; session 34 in bench/results/quant.md).
     return dict(output_clip=not options.rtn, static_groups=static,
-                refine=1 if static or runs else 0, descent=0)
+                refine=1 if static or runs else 0, descent=0, rotate=not options.rtn)
 
 
 def _defaults_awq(options: QuantizeOptions) -> dict:
     # GPTQ rounding of the AWQ-scaled weights with static groups and one refit round:
     # SmolLM2 AWQ g64 at 16 x 512 calibration +8.4% against RTN's +12.2% (issue 5).
     static = options.awq_gptq if options.static_groups is None else options.static_groups
-    return dict(output_clip=True, static_groups=static, refine=1 if static else 0, descent=0)
+    return dict(output_clip=True, static_groups=static, refine=1 if static else 0, descent=0,
+                rotate=False)
 
 
 def _defaults_fp8(options: QuantizeOptions) -> dict:
-    return dict(output_clip=False, static_groups=False, refine=0, descent=0)
+    return dict(output_clip=False, static_groups=False, refine=0, descent=0, rotate=False)
 
 
 DEFAULTS = {"gptq": _defaults_gptq, "awq": _defaults_awq, "fp8": _defaults_fp8}
@@ -187,6 +197,8 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
 
     model_path, output = Path(model_path), Path(output)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    if options.rotate:
+        rotate_residual(model)
     layers = calibration.decoder_layers(model)
     _check_shapes(layers, options)
     result = QuantizeResult(reference_model=model)
@@ -209,7 +221,8 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
         options.method, options.bits, options.group_size, options.desc_act, options.sym,
         static_groups=bool(options.static_groups), true_sequential=options.true_sequential,
         damp=options.damp)
-    writer.write_checkpoint(model_path, output, state, quant_config)
+    overrides = {"tie_word_embeddings": False} if options.rotate else {}
+    writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
 
 

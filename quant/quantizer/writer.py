@@ -67,15 +67,18 @@ def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
 
 
 def write_checkpoint(source: Path, output: Path, state: dict[str, torch.Tensor],
-                     quant_config: dict[str, Any]) -> None:
+                     quant_config: dict[str, Any],
+                     config_overrides: dict[str, Any] | None = None) -> None:
     """Saves ``state`` as model.safetensors, the source's config.json with
-    ``quantization_config`` added, and the source's tokenizer files."""
+    ``quantization_config`` added (and ``config_overrides`` set), and the source's
+    tokenizer files."""
     from safetensors.torch import save_file
 
     output.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(output / "model.safetensors"),
               metadata={"format": "pt"})
     config = json.loads((source / "config.json").read_text())
+    config.update(config_overrides or {})
     config["quantization_config"] = quant_config
     (output / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:

@@ -81,6 +81,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--awq-scales", action="store_true",
                         help="gptq: fold AWQ's activation-aware scales into the layer "
                              "before GPTQ (the checkpoint stays a GPTQ one)")
+    parser.add_argument("--rotate", action=argparse.BooleanOptionalAction, default=None,
+                        help="rotate the residual stream before quantizing (QuaRot's R1, "
+                             "offline: same function, outliers spread over every channel; "
+                             "norm weights folded, embeddings untied; default: on for gptq "
+                             "without --rtn)")
     parser.add_argument("--damp", type=float, default=None,
                         help="GPTQ Hessian damping, a fraction of its mean diagonal (0.01)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -108,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
                                   refine=args.refine, refit=args.refit,
                                   descent=args.descent,
                                   awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
+                                  rotate=args.rotate,
                                   **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():

@@ -81,6 +81,16 @@ def test_awq_defaults_to_gptq_rounding_with_static_groups():
         QuantizeOptions("awq", awq_scales=True)
 
 
+def test_calibrated_gptq_defaults_to_a_rotated_residual_stream():
+    for options in (QuantizeOptions("gptq"), QuantizeOptions("gptq", sym=False, desc_act=True),
+                    QuantizeOptions("gptq", bits=8)):
+        assert options.rotate
+    for options in (QuantizeOptions("gptq", rtn=True), QuantizeOptions("awq", group_size=64),
+                    QuantizeOptions("fp8"), QuantizeOptions("gptq", rotate=False)):
+        assert not options.rotate
+    assert QuantizeOptions("fp8", rotate=True).rotate
+
+
 def test_refit_defaults_to_refine_and_needs_an_integer_grid():
     assert QuantizeOptions("gptq").refit  # static groups: refine 1 ends with a refit
     dynamic = QuantizeOptions("gptq", desc_act=True, sym=False, act_order_block=1, refit=True)

@@ -110,11 +110,36 @@ def test_fp8_round_trip(tiny, samples, tmp_path, rtn):
     _round_trip(tiny, tmp_path, QuantizeOptions("fp8", rtn=rtn), samples)
 
 
+@pytest.mark.parametrize("arch,method", [("llama", "gptq"), ("qwen2", "gptq"), ("llama", "awq")])
+def test_rotated_round_trip(tiny_checkpoint, samples, tmp_path, arch, method):
+    """--rotate: the written checkpoint (norm weights of ones, embeddings untied, the
+    tied Qwen2 included) reloads in tamis with the quantizer's weights and the rotated
+    reference's logits; its logit error against the original model is of the order of
+    the unrotated checkpoint's."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+    source = tiny_checkpoint(arch, **SHAPES)
+    rotated = _round_trip(source, tmp_path, QuantizeOptions(method, group_size=64, rotate=True),
+                          samples)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    plain = quantize_checkpoint(source, tmp_path / "plain", QuantizeOptions(method, group_size=64),
+                                False, samples)
+    original = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = original(torch.tensor([PROMPT])).logits[0]
+        errors = [(r.reference_model(torch.tensor([PROMPT])).logits[0] - expected).pow(2).mean()
+                  for r in (rotated, plain)]
+    assert 0 < errors[0] < 2 * errors[1], errors
+
+
 @pytest.mark.parametrize("method,options", [("gptq", dict(bits=4, group_size=32)), ("fp8", {})])
 def test_gptq_beats_round_to_nearest(one_layer, samples, tmp_path, method, options):
     """GPTQ minimizes a layer's output error on its calibration inputs: there, its
     down_proj output error must be below round-to-nearest's (integer and FP8 grids)."""
     from transformers import AutoModelForCausalLM
+    options = dict(options, rotate=False)  # the original model's weights, as compared below
     gptq = quantize_checkpoint(one_layer, tmp_path / "g", QuantizeOptions(method, **options),
                                False, samples)
     rtn = quantize_checkpoint(one_layer, tmp_path / "r",

@@ -1,0 +1,108 @@
+"""Rotation of the residual stream before quantization (QuaRot's and SpinQuant's R1, done
+offline): the model computes the same function, but its linears' weights are spread over
+every channel, so a group holds fewer outliers and a symmetric grid fits it better.
+
+For an orthogonal Q (Q Q^T = I), a Llama-style decoder computes the same logits with its
+residual stream h replaced by h Q:
+
+```
+embed_tokens      E      -> E Q
+RMSNorm weight    g      -> 1, g folded into the linears that read the norm (W diag(g))
+q/k/v, gate/up    W      -> W diag(g) Q        (they read the normed h Q)
+o_proj, down_proj W, b   -> Q^T W, b Q         (they write into h Q)
+lm_head           W      -> W diag(g_final) Q  (untied from E when it was tied)
+```
+
+RMSNorm(h Q) = RMSNorm(h) Q because Q keeps every row's norm; the norm's weight cannot
+stay (diag(g) does not commute with Q), hence the fold. The result is a plain checkpoint
+of the same architecture (norm weights of ones, ``tie_word_embeddings`` false) that any
+engine loads. Q is a randomized Hadamard matrix: random signs times the Kronecker product
+of a random orthogonal matrix for the odd part of the hidden size with a Sylvester
+Hadamard matrix for its power-of-two part.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_READ_NORM = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+              "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
+_WRITE_RESIDUAL = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def residual_rotation(size: int, seed: int = 0) -> torch.Tensor:
+    """An orthogonal [size, size] float64 matrix: random signs x kron(random orthogonal of
+    the odd part of ``size``, normalized Sylvester Hadamard of its power-of-two part)."""
+    generator = torch.Generator().manual_seed(seed)
+    power = size & -size  # the largest power of two dividing size
+    hadamard = torch.ones(1, 1, dtype=torch.float64)
+    while hadamard.shape[0] < power:
+        hadamard = torch.cat([torch.cat([hadamard, hadamard], 1),
+                              torch.cat([hadamard, -hadamard], 1)])
+    odd = size // power
+    q, r = torch.linalg.qr(torch.randn(odd, odd, dtype=torch.float64, generator=generator))
+    odd_part = q * torch.sign(torch.diagonal(r))  # Haar-distributed, not just orthogonal
+    signs = torch.randint(0, 2, (size,), generator=generator).to(torch.float64) * 2 - 1
+    return signs[:, None] * torch.kron(odd_part.contiguous(), hadamard / power ** 0.5)
+
+
+@torch.no_grad()
+def rotate_residual(model: nn.Module, seed: int = 0) -> None:
+    """Rotates the residual stream of a transformers Llama / Mistral / Qwen2 / Qwen3
+    causal LM in place (module docstring): same logits up to float rounding, norm weights
+    of ones, ``lm_head`` its own tensor and ``config.tie_word_embeddings`` false. Raises
+    ValueError naming what is missing on any other layout."""
+    inner, layers = _check_layout(model)
+    q = residual_rotation(model.config.hidden_size, seed)
+    head = model.lm_head
+    head_weight = _folded(head.weight, inner.norm.weight) @ q
+    model.lm_head = nn.Linear(head.in_features, head.out_features, bias=False,
+                              dtype=head.weight.dtype, device=head.weight.device)
+    model.lm_head.weight.copy_(head_weight)
+    model.config.tie_word_embeddings = False
+    inner.norm.weight.fill_(1.0)
+    embed = inner.embed_tokens.weight
+    embed.copy_(embed.to(torch.float64) @ q)
+    for layer in layers:
+        for norm_name, readers in _READ_NORM.items():
+            norm = layer.get_submodule(norm_name)
+            for name in readers:
+                linear = layer.get_submodule(name)
+                linear.weight.copy_(_folded(linear.weight, norm.weight) @ q)
+            norm.weight.fill_(1.0)
+        for name in _WRITE_RESIDUAL:
+            linear = layer.get_submodule(name)
+            linear.weight.copy_(q.t() @ linear.weight.to(torch.float64))
+            if linear.bias is not None:
+                linear.bias.copy_(linear.bias.to(torch.float64) @ q)
+
+
+def _folded(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """W diag(g) in float64."""
+    return weight.to(torch.float64) * norm_weight.to(torch.float64)[None, :]
+
+
+def _check_layout(model: nn.Module):
+    """(model.model, its decoder layers) where the layout is the one rotated here."""
+    inner = getattr(model, "model", None)
+    missing = [name for name in ("model.embed_tokens", "model.norm", "model.layers", "lm_head")
+               if not _has(model, name)]
+    if not missing:
+        for index, layer in enumerate(inner.layers):
+            names = [*_READ_NORM, *(n for readers in _READ_NORM.values() for n in readers),
+                     *_WRITE_RESIDUAL]
+            missing += [f"model.layers.{index}.{n}" for n in names if not _has(layer, n)]
+    if missing:
+        raise ValueError(f"--rotate supports Llama-style decoders (Llama, Mistral, Qwen2, "
+                         f"Qwen3); this model has no {', '.join(missing[:4])}")
+    if getattr(inner.norm, "bias", None) is not None:
+        raise ValueError("--rotate: model.norm has a bias (LayerNorm); RMSNorm models only")
+    return inner, inner.layers
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+    except AttributeError:
+        return False
+    return True
