@@ -157,6 +157,15 @@ class MmaConfig:
     # from the early trigger, at 132 it gets 0.8-1.4 us). ``chunked_one_row_config`` sets
     # it where it pads.
     whole_wave: bool = False
+    # With k_chunks and paired steps, chunks of exactly 4 steps: steps 1-3 load right
+    # after the wait for the kernel before, each into registers of its own (step 0 before
+    # it), then the 4 steps run (``_four_steps_up_front``). In the paired loop the next
+    # step's loads can only follow the MMAs that read the registers they refill, so a
+    # step is issued one step ahead and each pair of steps waits out a memory round trip;
+    # here all four are in flight at once. Needs a register cap (``max_registers``):
+    # left to itself ptxas takes 84 registers by moving each load next to its first use.
+    # (H100, session 34: 4096 x 6144 6.34-6.36 against 7.09-7.17 us at a cap of 120.)
+    steps_up_front: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -213,6 +222,9 @@ def split_one_row_config(n: int, k: int, group_size: int, num_sms: int = 132) ->
 
 
 _CHUNKED_COLUMNS, _CHUNKS = 32, 8
+# ptxas's cap for ``steps_up_front``: two programs of 8 warps a multiprocessor fit under
+# 128, and at 120 the H100 ran 4096 x 6144 / 4096 x 4096 0.1 us faster still (session 34).
+_UP_FRONT_REGISTERS = 120
 
 
 def chunked_one_row_config(n: int, k: int, group_size: int,
@@ -229,12 +241,17 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
     and deep layers (29.3 against 23.7 us on 4096 x 28672, 16.3 against 13.1 on
     14336 x 4096). Session 33: 4096 x 4096 (128 programs) 6.25-6.43 unpadded, **5.30-5.44
     padded** against the split tile's 5.83-5.89; 2048 x 4096 3.99-4.04 / 3.58-3.61
-    against 4.72."""
-    config = MmaConfig(_CHUNKED_COLUMNS, step_rows(k, group_size), 1, 8, params_ahead=True,
+    against 4.72. Session 34: chunks of 4 steps load them all up front under a cap of
+    120 registers (``MmaConfig.steps_up_front``): 4096 x 6144 6.34-6.36 against
+    7.09-7.17 us, 4096 x 4096 4.76-4.79 against 5.32-5.34."""
+    block_k = step_rows(k, group_size)
+    config = MmaConfig(_CHUNKED_COLUMNS, block_k, 1, 8, params_ahead=True,
                        paired_steps=True, k_chunks=_CHUNKS)
     programs = -(-n // _CHUNKED_COLUMNS)
     if n >= 8192 or k >= 8192 or _chunks_not_whole(config, k, group_size, k):
         return None
+    if k == _CHUNKS * 4 * block_k:
+        config = replace(config, steps_up_front=True, max_registers=_UP_FRONT_REGISTERS)
     if num_sms < programs <= 2 * num_sms:
         return config
     if 8 * programs >= 7 * num_sms and programs <= num_sms:
@@ -435,6 +452,34 @@ if gluon is not None:
         else:
             acc = _step_with(acc, words, x, zp, s, A_LAYOUT, B_LAYOUT, ORDER)
         return acc
+
+    @gluon.jit
+    def _four_steps_up_front(acc, words0, x0, zp0, s0, x_sums, w_ptrs, x_ptrs, z_ptr, s_ptr,
+                             k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
+                             offs_cn, offs_xk, K, STEP_K: gl.constexpr,
+                             GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr,
+                             ORDER: gl.constexpr, BY_SUMS: gl.constexpr,
+                             A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr):
+        """The 4 steps from k_lo (``MmaConfig.steps_up_front``): step 0's load given
+        (words0, x0, zp0, s0), steps 1-3 loaded first, each into its own registers, so
+        that no load waits for an MMA to free the registers it fills."""
+        words1, zp1, s1, x1 = _load_step(
+            w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo + STEP_K, stride_qk, stride_sg, offs_wr,
+            mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+        words2, zp2, s2, x2 = _load_step(
+            w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo + 2 * STEP_K, stride_qk, stride_sg, offs_wr,
+            mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+        words3, zp3, s3, x3 = _load_step(
+            w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K, stride_qk, stride_sg, offs_wr,
+            mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+        acc = _paired_step(acc, words0, x0, zp0, s0, x_sums, 0, BY_SUMS, A_LAYOUT, B_LAYOUT,
+                           ORDER)
+        acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT, B_LAYOUT,
+                           ORDER)
+        acc = _paired_step(acc, words2, x2, zp2, s2, x_sums, 2, BY_SUMS, A_LAYOUT, B_LAYOUT,
+                           ORDER)
+        return _paired_step(acc, words3, x3, zp3, s3, x_sums, 3, BY_SUMS, A_LAYOUT,
+                            B_LAYOUT, ORDER)
 
     @gluon.jit
     def _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, row0, M, STEP_K: gl.constexpr,
@@ -712,6 +757,7 @@ if gluon is not None:
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
         L2_PREFETCH: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
+        STEPS_UP_FRONT: gl.constexpr = False,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -822,7 +868,13 @@ if gluon is not None:
                 offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
                 xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
                 x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
-            if PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
+            if PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
+                acc = _four_steps_up_front(
+                    acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
+                    s_ptr, k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
+                    offs_cn, offs_xk, K, STEP_K, GROUP_SIZE, EVEN, ORDER, BY_SUMS, A_LAYOUT,
+                    B_LAYOUT)
+            elif PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
                 steps = (k_hi - k_lo + STEP_K - 1) // STEP_K
                 for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
                     words_b, nzz_b, s_b, x_b = _load_step(
@@ -988,7 +1040,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
-                L2_PREFETCH=config.l2_prefetch, REAL_BLOCKS=real_blocks)
+                L2_PREFETCH=config.l2_prefetch, REAL_BLOCKS=real_blocks,
+                STEPS_UP_FRONT=config.steps_up_front)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -1081,6 +1134,8 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
+    if config.steps_up_front:
+        _check_steps_up_front(config, k_split)
     if config.words_in_shared:  # sized by the rows of one chunk
         _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
@@ -1123,6 +1178,17 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
                          "words_in_shared, "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
+
+
+def _check_steps_up_front(config: MmaConfig, k_split: int) -> None:
+    """Refuse ``steps_up_front`` off its path: a paired ``k_chunks`` tile whose chunks
+    are exactly 4 steps of ``block_k`` rows."""
+    rows = chunk_rows(config, k_split)
+    if not (config.k_chunks and _paired(config) and rows == 4 * config.block_k):
+        raise ValueError("steps_up_front takes a k_chunks tile with paired steps whose chunks "
+                         f"are 4 steps of block_k rows; got k_chunks={config.k_chunks}, "
+                         f"paired={_paired(config)}, chunks of {rows} rows, "
+                         f"block_k={config.block_k}")
 
 
 def _chunks_not_whole(config: MmaConfig, k_split: int, group_size: int, k: int) -> bool:

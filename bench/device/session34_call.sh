@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
 # One device call of session 34, for the card: exits 3 at once unless the GPU is
-# an H200. There: main's one-row defaults against their alternatives, the GEMM table
-# (M = 1, 16, 64) and decode (one_row_check.sh); then whether the chunked tile gains from
-# more bytes in flight on the H200, where (unlike the H100, near its bandwidth) a
-# multiprocessor's loads in flight may bound it: the chunked tile with a chunk's four
-# steps in flight at once (two steps a load, a load ahead), on the narrow layers.
+# an H200. There: the GPU tests, the GEMM table (M = 1, 16, 64) and decode of main
+# (session34_check.sh), then main's one-row default on the narrow layers (the chunked
+# tile loading each chunk's 4 steps up front, MmaConfig.steps_up_front) against the
+# paired loop it replaced.
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader)
 echo "$name"
 case "$name" in *H200*) ;; *) exit 3 ;; esac
-bash bench/device/one_row_check.sh
+bash bench/device/session34_check.sh
 source bench/device/carried.sh && tamis_env
-c=block_n=32+num_warps=8+split_k=1+k_chunks=8
-ab_one_row 80 --shapes 4096x4096 4096x6144 --rounds 2 --field $c $c+paired_steps=0+load_steps=2 \
-    block_n=16+num_warps=4+split_k=1+k_chunks=8+paired_steps=0+load_steps=2
+ab_one_row 80 --shapes 4096x4096 4096x6144 --rounds 3 --field steps_up_front=0+max_registers=0

@@ -78,7 +78,11 @@ def test_layout_needs_integer_zero_points_in_range():
      r"clash: \['k_chunks', 'chunk rows'\]"),
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=32),
      r"clash: \['k_chunks', 'chunk rows'\]"),
-    (MmaConfig(whole_wave=True), "whole_wave pads the grid of k_chunks tiles only")])
+    (MmaConfig(whole_wave=True), "whole_wave pads the grid of k_chunks tiles only"),
+    (MmaConfig(steps_up_front=True), "steps_up_front takes a k_chunks tile"),
+    # K = 128 in 2 chunks of two 32-row steps: not 4 steps a chunk
+    (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=2,
+               steps_up_front=True), "chunks of 64 rows")])
 def test_unsupported_config_is_refused_before_launch(config, match):
     if w4a16_mma.gluon is None:
         pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
@@ -315,6 +319,16 @@ _CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
                                        k_chunks=8)),
             # one step a load, unpaired
             (4096, 4096, 128, MmaConfig(32, 128, 1, 8, params_ahead=True, k_chunks=8)),
+            # the 4 steps of each chunk loaded up front (the narrow layers' default), with
+            # columns past N, 64-row groups, zero points by sums of x
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
+                                             max_registers=120)),
+            (4096, 520, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
+                                            max_registers=120)),
+            (2048, 136, 64, _paired_chunks(32, 64, 8, 8, steps_up_front=True,
+                                           max_registers=120)),
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
+                                             zeros_by_x_sums=True)),
             # zero points by sums of x, each chunk's sums its column's (paired; shared);
             # the sums by a pass over x or by an MMA (each chunk's column summed by the
             # tensor cores)
