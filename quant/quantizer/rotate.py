@@ -28,6 +28,10 @@ from torch import nn
 _READ_NORM = {"input_layernorm": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
               "post_attention_layernorm": ("mlp.gate_proj", "mlp.up_proj")}
 _WRITE_RESIDUAL = ("self_attn.o_proj", "mlp.down_proj")
+# Architectures whose norms are plain RMSNorm (x / rms(x) * g: Gemma's x / rms(x) * (1 + g)
+# would fold wrongly under the same module names).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_PROBE_IDS = torch.arange(1, 17)[None, :]  # the tokens of the logits check
 
 
 def residual_rotation(size: int, seed: int = 0) -> torch.Tensor:
@@ -51,9 +55,17 @@ def rotate_residual(model: nn.Module, seed: int = 0) -> None:
     """Rotates the residual stream of a transformers Llama / Mistral / Qwen2 / Qwen3
     causal LM in place (module docstring): same logits up to float rounding, norm weights
     of ones, ``lm_head`` its own tensor and ``config.tie_word_embeddings`` false. Raises
-    ValueError naming what is missing on any other layout."""
+    ValueError on another architecture or layout (naming what is missing), and if the
+    logits of a few tokens changed after all (``_check_same_logits``)."""
     inner, layers = _check_layout(model)
-    q = residual_rotation(model.config.hidden_size, seed)
+    probe = _PROBE_IDS.to(inner.embed_tokens.weight.device)
+    before = model(probe).logits
+    _rotate(model, inner, layers, residual_rotation(model.config.hidden_size, seed))
+    _check_same_logits(before, model(probe).logits)
+
+
+def _rotate(model: nn.Module, inner: nn.Module, layers, q: torch.Tensor) -> None:
+    """The module docstring's table, applied in place with Q = ``q``."""
     head = model.lm_head
     head_weight = _folded(head.weight, inner.norm.weight) @ q
     model.lm_head = nn.Linear(head.in_features, head.out_features, bias=False,
@@ -77,6 +89,16 @@ def rotate_residual(model: nn.Module, seed: int = 0) -> None:
                 linear.bias.copy_(linear.bias.to(torch.float64) @ q)
 
 
+def _check_same_logits(before: torch.Tensor, after: torch.Tensor) -> None:
+    """The rotation must not change what the model computes: anything past float
+    rounding means a norm or layer this module does not know."""
+    change = float((after - before).abs().max())
+    if change > 1e-3 * float(before.abs().max()):
+        raise ValueError(f"--rotate changed this model's logits by up to {change:.3g}: its "
+                         "norms or layers are not the Llama-style ones it folds; "
+                         "quantize with --no-rotate")
+
+
 def _folded(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """W diag(g) in float64."""
     return weight.to(torch.float64) * norm_weight.to(torch.float64)[None, :]
@@ -84,6 +106,10 @@ def _folded(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 
 def _check_layout(model: nn.Module):
     """(model.model, its decoder layers) where the layout is the one rotated here."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"--rotate supports {', '.join(SUPPORTED_MODEL_TYPES)} models; this "
+                         f"one is {model_type!r}: quantize with --no-rotate")
     inner = getattr(model, "model", None)
     missing = [name for name in ("model.embed_tokens", "model.norm", "model.layers", "lm_head")
                if not _has(model, name)]

@@ -74,3 +74,20 @@ def test_rotation_refuses_another_layout():
     del model.model.layers[1].mlp.down_proj
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.down_proj"):
         rotate_residual(model)
+
+
+def test_rotation_refuses_another_architecture():
+    model = _tiny_model("llama")
+    model.config.model_type = "gemma"  # its norms scale by 1 + g: folding g would be wrong
+    with pytest.raises(ValueError, match="this one is 'gemma': quantize with --no-rotate"):
+        rotate_residual(model)
+
+
+def test_rotation_checks_the_logits_it_keeps():
+    """A norm that is not plain RMSNorm under the expected names (here a per-channel
+    scale after it, which the fold does not see) is caught by the logits check."""
+    model = _tiny_model("llama")
+    scale = torch.linspace(0.5, 1.5, model.config.hidden_size)
+    model.model.layers[0].input_layernorm.register_forward_hook(lambda _m, _a, out: out * scale)
+    with pytest.raises(ValueError, match="changed this model's logits"):
+        rotate_residual(model)
