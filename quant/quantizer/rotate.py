@@ -67,14 +67,13 @@ def rotate_residual(model: nn.Module, seed: int = 0) -> None:
 def _rotate(model: nn.Module, inner: nn.Module, layers, q: torch.Tensor) -> None:
     """The module docstring's table, applied in place with Q = ``q``."""
     head = model.lm_head
-    head_weight = _folded(head.weight, inner.norm.weight) @ q
     model.lm_head = nn.Linear(head.in_features, head.out_features, bias=False,
                               dtype=head.weight.dtype, device=head.weight.device)
-    model.lm_head.weight.copy_(head_weight)
+    _rotate_rows(model.lm_head.weight, head.weight, q, inner.norm.weight)
     model.config.tie_word_embeddings = False
     inner.norm.weight.fill_(1.0)
     embed = inner.embed_tokens.weight
-    embed.copy_(embed.to(torch.float64) @ q)
+    _rotate_rows(embed, embed, q)
     for layer in layers:
         for norm_name, readers in _READ_NORM.items():
             norm = layer.get_submodule(norm_name)
@@ -87,6 +86,18 @@ def _rotate(model: nn.Module, inner: nn.Module, layers, q: torch.Tensor) -> None
             linear.weight.copy_(q.t() @ linear.weight.to(torch.float64))
             if linear.bias is not None:
                 linear.bias.copy_(linear.bias.to(torch.float64) @ q)
+
+
+def _rotate_rows(out: torch.Tensor, weight: torch.Tensor, q: torch.Tensor,
+                 norm_weight: torch.Tensor | None = None, rows: int = 8192) -> None:
+    """out = weight diag(norm_weight) Q, in float64 a block of ``rows`` rows at a time: a
+    vocabulary-sized matrix (128k rows for Llama 3) is never copied whole in float64.
+    ``out`` may be ``weight`` itself."""
+    for start in range(0, weight.shape[0], rows):
+        block = weight[start:start + rows].to(torch.float64)
+        if norm_weight is not None:
+            block = block * norm_weight.to(torch.float64)[None, :]
+        out[start:start + rows] = (block @ q).to(out.dtype)
 
 
 def _check_same_logits(before: torch.Tensor, after: torch.Tensor) -> None:
