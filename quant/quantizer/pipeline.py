@@ -17,6 +17,7 @@ the perplexity benchmark compare against.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
 from tamis.quant.quantizer.refit import refit_scales
-from tamis.quant.quantizer.rotate import rotate_residual
+from tamis.quant.quantizer.rotate import SUPPORTED_MODEL_TYPES, rotate_residual
 
 METHODS = ("awq", "gptq", "fp8")
 BITS = {"awq": (4,), "gptq": (4, 8), "fp8": (8,)}
@@ -83,8 +84,13 @@ class QuantizeOptions:
     # spread over every channel; the checkpoint's embeddings come untied). None: the
     # method's default (on for calibrated GPTQ).
     rotate: bool | None = None
+    # Set by __post_init__: rotate is the method's default, not asked for. A default
+    # rotation is skipped on an architecture rotate.py does not know; an asked-for one
+    # is refused there.
+    rotate_by_default: bool = field(default=False, init=False)
 
     def __post_init__(self):
+        self.rotate_by_default = self.rotate is None
         if self.method not in METHODS:
             raise ValueError(f"--method {self.method!r}: choose one of {METHODS}")
         if self.bits is None:
@@ -197,8 +203,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
 
     model_path, output = Path(model_path), Path(output)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    if options.rotate:
-        rotate_residual(model)
+    rotated = _rotate(model, options)
     layers = calibration.decoder_layers(model)
     _check_shapes(layers, options)
     result = QuantizeResult(reference_model=model)
@@ -221,9 +226,23 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
         options.method, options.bits, options.group_size, options.desc_act, options.sym,
         static_groups=bool(options.static_groups), true_sequential=options.true_sequential,
         damp=options.damp)
-    overrides = {"tie_word_embeddings": False} if options.rotate else {}
+    overrides = {"tie_word_embeddings": False} if rotated else {}
     writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
+
+
+def _rotate(model: nn.Module, options: QuantizeOptions) -> bool:
+    """Rotates ``model``'s residual stream where ``options`` say so (rotate.py); whether
+    it did. The default skips, with a notice, an architecture rotate.py does not know."""
+    if not options.rotate:
+        return False
+    model_type = getattr(model.config, "model_type", None)
+    if options.rotate_by_default and model_type not in SUPPORTED_MODEL_TYPES:
+        print(f"tamis quantize: not rotating a {model_type!r} model (--rotate supports "
+              f"{', '.join(SUPPORTED_MODEL_TYPES)})", file=sys.stderr)
+        return False
+    rotate_residual(model)
+    return True
 
 
 def _quantize_layer(layer: nn.Module, prefix: str, inputs, kwargs, options: QuantizeOptions,

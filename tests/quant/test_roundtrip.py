@@ -134,6 +134,27 @@ def test_rotated_round_trip(tiny_checkpoint, samples, tmp_path, arch, method):
     assert 0 < errors[0] < 2 * errors[1], errors
 
 
+def test_default_rotation_skips_an_architecture_it_does_not_know(tiny, samples, tmp_path,
+                                                                 monkeypatch, capsys):
+    """GPTQ rotates by default only the architectures rotate.py knows (here llama taken
+    off that list): elsewhere it quantizes the original weights, saying so; an asked-for
+    --rotate is refused there instead."""
+    from transformers import AutoModelForCausalLM
+
+    from tamis.quant.quantizer import pipeline, rotate
+    monkeypatch.setattr(pipeline, "SUPPORTED_MODEL_TYPES", ("mistral",))
+    monkeypatch.setattr(rotate, "SUPPORTED_MODEL_TYPES", ("mistral",))
+    result = quantize_checkpoint(tiny, tmp_path / "d", QuantizeOptions("gptq", group_size=64),
+                                 False, samples)
+    assert "not rotating a 'llama' model" in capsys.readouterr().err
+    original = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    assert torch.equal(result.reference_model.model.embed_tokens.weight,
+                       original.model.embed_tokens.weight)  # not rotated
+    with pytest.raises(ValueError, match="quantize with --no-rotate"):
+        quantize_checkpoint(tiny, tmp_path / "r", QuantizeOptions("gptq", group_size=64,
+                                                                  rotate=True), False, samples)
+
+
 @pytest.mark.parametrize("method,options", [("gptq", dict(bits=4, group_size=32)), ("fp8", {})])
 def test_gptq_beats_round_to_nearest(one_layer, samples, tmp_path, method, options):
     """GPTQ minimizes a layer's output error on its calibration inputs: there, its
