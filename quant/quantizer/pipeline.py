@@ -31,7 +31,8 @@ from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
 from tamis.quant.quantizer.refit import refit_scales
-from tamis.quant.quantizer.rotate import SUPPORTED_MODEL_TYPES, rotate_residual
+from tamis.quant.quantizer.rotate import (SUPPORTED_MODEL_TYPES, rotate_residual,
+                                          supports_rotation)
 
 METHODS = ("awq", "gptq", "fp8")
 BITS = {"awq": (4,), "gptq": (4, 8), "fp8": (8,)}
@@ -236,10 +237,9 @@ def _rotate(model: nn.Module, options: QuantizeOptions) -> bool:
     it did. The default skips, with a notice, an architecture rotate.py does not know."""
     if not options.rotate:
         return False
-    model_type = getattr(model.config, "model_type", None)
-    if options.rotate_by_default and model_type not in SUPPORTED_MODEL_TYPES:
-        print(f"tamis quantize: not rotating a {model_type!r} model (--rotate supports "
-              f"{', '.join(SUPPORTED_MODEL_TYPES)})", file=sys.stderr)
+    if options.rotate_by_default and not supports_rotation(model.config):
+        print(f"tamis quantize: not rotating a {getattr(model.config, 'model_type', None)!r} "
+              f"model (--rotate supports {', '.join(SUPPORTED_MODEL_TYPES)})", file=sys.stderr)
         return False
     rotate_residual(model)
     return True

@@ -78,8 +78,8 @@ def _rotate(model: nn.Module, inner: nn.Module, layers, q: torch.Tensor) -> None
         for norm_name, readers in _READ_NORM.items():
             norm = layer.get_submodule(norm_name)
             for name in readers:
-                linear = layer.get_submodule(name)
-                linear.weight.copy_(_folded(linear.weight, norm.weight) @ q)
+                weight = layer.get_submodule(name).weight
+                _rotate_rows(weight, weight, q, norm.weight)
             norm.weight.fill_(1.0)
         for name in _WRITE_RESIDUAL:
             linear = layer.get_submodule(name)
@@ -110,24 +110,25 @@ def _check_same_logits(before: torch.Tensor, after: torch.Tensor) -> None:
                          "quantize with --no-rotate")
 
 
-def _folded(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
-    """W diag(g) in float64."""
-    return weight.to(torch.float64) * norm_weight.to(torch.float64)[None, :]
+def supports_rotation(config) -> bool:
+    """Whether a model of this transformers config is one ``rotate_residual`` folds right
+    (``SUPPORTED_MODEL_TYPES``)."""
+    return getattr(config, "model_type", None) in SUPPORTED_MODEL_TYPES
 
 
 def _check_layout(model: nn.Module):
     """(model.model, its decoder layers) where the layout is the one rotated here."""
-    model_type = getattr(model.config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
+    if not supports_rotation(model.config):
         raise ValueError(f"--rotate supports {', '.join(SUPPORTED_MODEL_TYPES)} models; this "
-                         f"one is {model_type!r}: quantize with --no-rotate")
+                         f"one is {getattr(model.config, 'model_type', None)!r}: quantize "
+                         "with --no-rotate")
     inner = getattr(model, "model", None)
     missing = [name for name in ("model.embed_tokens", "model.norm", "model.layers", "lm_head")
                if not _has(model, name)]
     if not missing:
+        names = [*_READ_NORM, *(n for readers in _READ_NORM.values() for n in readers),
+                 *_WRITE_RESIDUAL]
         for index, layer in enumerate(inner.layers):
-            names = [*_READ_NORM, *(n for readers in _READ_NORM.values() for n in readers),
-                     *_WRITE_RESIDUAL]
             missing += [f"model.layers.{index}.{n}" for n in names if not _has(layer, n)]
     if missing:
         raise ValueError(f"--rotate supports Llama-style decoders (Llama, Mistral, Qwen2, "

@@ -142,8 +142,7 @@ def test_default_rotation_skips_an_architecture_it_does_not_know(tiny, samples, 
     --rotate is refused there instead."""
     from transformers import AutoModelForCausalLM
 
-    from tamis.quant.quantizer import pipeline, rotate
-    monkeypatch.setattr(pipeline, "SUPPORTED_MODEL_TYPES", ("mistral",))
+    from tamis.quant.quantizer import rotate
     monkeypatch.setattr(rotate, "SUPPORTED_MODEL_TYPES", ("mistral",))
     result = quantize_checkpoint(tiny, tmp_path / "d", QuantizeOptions("gptq", group_size=64),
                                  False, samples)
