@@ -250,7 +250,7 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
     programs = -(-n // _CHUNKED_COLUMNS)
     if n >= 8192 or k >= 8192 or _chunks_not_whole(config, k, group_size, k):
         return None
-    if k == _CHUNKS * 4 * block_k:
+    if _chunks_of_four_steps(config, k):
         config = replace(config, steps_up_front=True, max_registers=_UP_FRONT_REGISTERS)
     if num_sms < programs <= 2 * num_sms:
         return config
@@ -1184,11 +1184,17 @@ def _check_steps_up_front(config: MmaConfig, k_split: int) -> None:
     """Refuse ``steps_up_front`` off its path: a paired ``k_chunks`` tile whose chunks
     are exactly 4 steps of ``block_k`` rows."""
     rows = chunk_rows(config, k_split)
-    if not (config.k_chunks and _paired(config) and rows == 4 * config.block_k):
+    if not (config.k_chunks and _paired(config) and _chunks_of_four_steps(config, k_split)):
         raise ValueError("steps_up_front takes a k_chunks tile with paired steps whose chunks "
                          f"are 4 steps of block_k rows; got k_chunks={config.k_chunks}, "
                          f"paired={_paired(config)}, chunks of {rows} rows, "
                          f"block_k={config.block_k}")
+
+
+def _chunks_of_four_steps(config: MmaConfig, k_split: int) -> bool:
+    """Whether a split of k_split rows parts into ``k_chunks`` chunks of exactly 4 steps
+    (``steps_up_front``'s tile)."""
+    return chunk_rows(config, k_split) == 4 * config.block_k
 
 
 def _chunks_not_whole(config: MmaConfig, k_split: int, group_size: int, k: int) -> bool:
