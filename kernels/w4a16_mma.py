@@ -166,6 +166,11 @@ class MmaConfig:
     # left to itself ptxas takes 84 registers by moving each load next to its first use.
     # (H100, session 34: 4096 x 6144 6.34-6.36 against 7.09-7.17 us at a cap of 120.)
     steps_up_front: bool = False
+    # With steps_up_front: the words, scales and zero points of steps 1-3 load before the
+    # wait for the kernel before too (only x after it), so that a chunk's whole weight
+    # share is in flight while the kernel before still runs. The registers are the
+    # program's for its life either way, so the next grid's residency is unchanged.
+    words_before_wait: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
@@ -546,6 +551,17 @@ if gluon is not None:
         return _step_with(acc, words_b, x_b, nzz2, s2, A_LAYOUT, B_LAYOUT, ORDER)
 
     @gluon.jit
+    def _step_params(w_ptrs, z_ptr, s_ptr, k, stride_qk, stride_sg, offs_wr, mask_wn,
+                     offs_zn, mask_zn, offs_cn, K, GROUP_SIZE: gl.constexpr,
+                     EVEN: gl.constexpr, ORDER: gl.constexpr, BY_SUMS: gl.constexpr):
+        """(words, zero points (``_group_params``), s) of the one-step load at row k of K:
+        ``_load_step`` without x."""
+        words = _load_words(w_ptrs, (k >> 3) * stride_qk, (k >> 3) + offs_wr, mask_wn, K, EVEN)
+        zp, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn, offs_cn,
+                              GROUP_SIZE, ORDER, BY_SUMS)
+        return words, zp, s
+
+    @gluon.jit
     def _load_step(w_ptrs, x_ptrs, z_ptr, s_ptr, k, stride_qk, stride_sg, offs_wr, mask_wn,
                    offs_zn, mask_zn, offs_cn, offs_xk, K,
                    GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr, ORDER: gl.constexpr,
@@ -757,7 +773,7 @@ if gluon is not None:
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
         L2_PREFETCH: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
-        STEPS_UP_FRONT: gl.constexpr = False,
+        STEPS_UP_FRONT: gl.constexpr = False, WORDS_BEFORE_WAIT: gl.constexpr = False,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -842,6 +858,18 @@ if gluon is not None:
                 _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, gl.minimum(k_lo + K_SPLIT, K),
                                    pid_n * COLS, stride_qk, stride_sg, COLS, GROUP_SIZE,
                                    L2_PREFETCH, NUM_WARPS)
+            if STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
+                words1, zp1, s1 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + STEP_K, stride_qk,
+                                               stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
+                                               offs_cn, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+                words2, zp2, s2 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 2 * STEP_K,
+                                               stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
+                                               mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
+                                               BY_SUMS)
+                words3, zp3, s3 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K,
+                                               stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
+                                               mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
+                                               BY_SUMS)
             if PDL:
                 gdc_wait()  # x and the outputs belong to the kernels before this one
             if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
@@ -868,7 +896,19 @@ if gluon is not None:
                 offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
                 xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
                 x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
-            if PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
+            if PAIRED and STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
+                x1 = _load_x_words(x_ptrs, k_lo + STEP_K, offs_xk, K, EVEN)
+                x2 = _load_x_words(x_ptrs, k_lo + 2 * STEP_K, offs_xk, K, EVEN)
+                x3 = _load_x_words(x_ptrs, k_lo + 3 * STEP_K, offs_xk, K, EVEN)
+                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, 0, BY_SUMS,
+                                   A_LAYOUT, B_LAYOUT, ORDER)
+                acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT,
+                                   B_LAYOUT, ORDER)
+                acc = _paired_step(acc, words2, x2, zp2, s2, x_sums, 2, BY_SUMS, A_LAYOUT,
+                                   B_LAYOUT, ORDER)
+                acc = _paired_step(acc, words3, x3, zp3, s3, x_sums, 3, BY_SUMS, A_LAYOUT,
+                                   B_LAYOUT, ORDER)
+            elif PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
                 acc = _four_steps_up_front(
                     acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
                     s_ptr, k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
@@ -1041,7 +1081,8 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
                 L2_PREFETCH=config.l2_prefetch, REAL_BLOCKS=real_blocks,
-                STEPS_UP_FRONT=config.steps_up_front)
+                STEPS_UP_FRONT=config.steps_up_front,
+                WORDS_BEFORE_WAIT=config.words_before_wait)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:

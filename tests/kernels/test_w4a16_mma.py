@@ -329,6 +329,14 @@ _CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
                                            max_registers=120)),
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
                                              zeros_by_x_sums=True)),
+            # steps 1-3's words and group parameters before the PDL wait too (columns
+            # past N, 64-row groups, zero points by sums of x)
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
+                                             words_before_wait=True, max_registers=120)),
+            (2048, 136, 64, _paired_chunks(32, 64, 8, 8, steps_up_front=True,
+                                           words_before_wait=True, max_registers=120)),
+            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
+                                             words_before_wait=True, zeros_by_x_sums=True)),
             # zero points by sums of x, each chunk's sums its column's (paired; shared);
             # the sums by a pass over x or by an MMA (each chunk's column summed by the
             # tensor cores)
