@@ -1175,6 +1175,9 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
+    if config.words_before_wait and not config.steps_up_front:
+        raise ValueError("words_before_wait loads steps_up_front's steps 1-3 early: set "
+                         "steps_up_front too")
     if config.steps_up_front:
         _check_steps_up_front(config, k_split)
     if config.words_in_shared:  # sized by the rows of one chunk

@@ -80,6 +80,7 @@ def test_layout_needs_integer_zero_points_in_range():
      r"clash: \['k_chunks', 'chunk rows'\]"),
     (MmaConfig(whole_wave=True), "whole_wave pads the grid of k_chunks tiles only"),
     (MmaConfig(steps_up_front=True), "steps_up_front takes a k_chunks tile"),
+    (MmaConfig(words_before_wait=True), "set steps_up_front too"),
     # K = 128 in 2 chunks of two 32-row steps: not 4 steps a chunk
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=2,
                steps_up_front=True), "chunks of 64 rows")])
