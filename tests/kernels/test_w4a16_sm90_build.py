@@ -162,6 +162,20 @@ def test_chunks_of_four_steps_load_them_all_up_front(k, n):
     assert statistics.median(leads) >= 16, sorted(leads)
 
 
+@needs_gluon
+def test_words_before_wait_issues_every_weight_load_before_the_pdl_wait():
+    """``words_before_wait``: steps 1-3's words and group parameters load before
+    griddepcontrol.wait beside step 0's (four times the 16-byte word loads there), only
+    x after it, still under the 120-register cap with no spill."""
+    config = w4a16_mma.pick_mma_config(1, 4096, 4096, 128, 132)
+    early = dataclasses.replace(config, words_before_wait=True)
+    builds = [mma_build(8, c, pdl_trigger=1, k=4096) for c in (config, early)]
+    words = [sum(op.startswith("LDG.E.128") for op in _before_the_wait(b)) for b in builds]
+    assert words[1] == 4 * words[0] > 0, words
+    assert builds[1].registers <= 120 and builds[1].stack_bytes == 0
+    assert not [op for op in _before_the_wait(builds[1]) if op.split(".")[0] in _WRITES]
+
+
 def _steps(build) -> list:
     """The instructions that run a program's steps: its main loop where it has one, else
     (steps unrolled, ``steps_up_front``) those from its first MMA to its last."""
