@@ -170,6 +170,9 @@ class MmaConfig:
     # wait for the kernel before too (only x after it), so that a chunk's whole weight
     # share is in flight while the kernel before still runs. The registers are the
     # program's for its life either way, so the next grid's residency is unchanged.
+    # Opt-in and not yet timed (session 35 got no device machine): its A/B is
+    # ``bash bench/device/session35_last.sh``. (Session 23's like move on the split tile,
+    # a second step before the wait, was 0.3-0.4 us slower on the H200.)
     words_before_wait: bool = False
 
 
