@@ -8,8 +8,8 @@ checked against the fp32 product first.
     python bench/ab_w4a16_one_row.py --field zeros_by_x_sums [--rounds 3]
     python bench/ab_w4a16_one_row.py --field split_k=4 split_k=16   (B, C, ...)
     python bench/ab_w4a16_one_row.py --field last_split_reduces=1+polled_partials=1
-    python bench/ab_w4a16_one_row.py --field words_in_shared+max_registers=80 \
-        words_in_shared+split_k=8+max_registers=80
+    python bench/ab_w4a16_one_row.py --field steps_up_front=0+max_registers=0 \
+        words_before_wait
     python bench/ab_w4a16_one_row.py --field ptxas:--register-usage-level=0 \
         ptxas:--register-usage-level=6
     python bench/ab_w4a16_one_row.py --field ... --shapes 4096x4096 4096x6144

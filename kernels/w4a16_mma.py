@@ -60,10 +60,10 @@ from tamis.kernels.w4a16 import code_shifts
 from tamis.kernels._gluon import gluon
 
 if gluon is not None:
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
-                                      rows_view, thread_barrier)
+    from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, rows_view,
+                                      thread_barrier)
     from tamis.kernels.w4a16_fragments import (_bf16_halves, _column_order, _logical_columns,
                                                _logical_x, _min, _physical_columns, _plain,
                                                _store_out_t, _unpack_tile,
@@ -113,15 +113,6 @@ class MmaConfig:
     # word, not 11) and each step's product is corrected in fp32 by (128 + z) times the
     # step's sum of x, summed once per program before the loop (``_x_step_sums``).
     zeros_by_x_sums: bool = False
-    # Every word of the program's split copied into shared memory (cp.async, one group a
-    # step) before the wait for the kernel before, each thread copying the words it
-    # later reads (``_split_from_shared``); the split's steps unrolled, x and the group
-    # parameters of later steps loaded after the wait. No words are held in registers
-    # across the wait, so that with a small enough register cap (``max_registers``) the
-    # next kernel's programs fit beside this one's and read all of their words while it
-    # runs (not just the first step's). One step a load, x from global memory; zero
-    # points unpacked or (zeros_by_x_sums) by sums of x.
-    words_in_shared: bool = False
     # ptxas's register cap for the build (maxnreg); 0 leaves it to the compiler (or to
     # ``mma_compile_options``' own cap).
     max_registers: int = 0
@@ -131,18 +122,9 @@ class MmaConfig:
     # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
     # where split K would sum through global partials and a counter. Loads a step ahead
-    # (params_ahead; paired steps, or one or two steps a load) or words_in_shared (each
-    # chunk's words in shared memory), one split (split_k 1). With zeros_by_x_sums each
+    # (params_ahead; paired steps, or one or two steps a load), one split (split_k 1). With zeros_by_x_sums each
     # chunk's step sums are column j's (the chunks read as rows of x).
     k_chunks: int = 0
-    # Before the wait for the kernel before (PDL), every word, scale and zero point of the
-    # program's split asked of the L2 cache (``_prefetch_split_l2``: no registers held),
-    # so that the loads after the wait hit L2 while the kernel before still runs, as the
-    # read that bounds these kernels (bench/read_floor.py) issues all of its loads
-    # before the wait. 0 off, 1 one ``prefetch.global.L2`` a 128-byte line, 2 one
-    # ``cp.async.bulk.prefetch.L2`` a row. Even launches only. (H100, session 32: no
-    # gain on any layer; opt-in.)
-    l2_prefetch: int = 0
     # With zeros_by_x_sums: each step's sums of x taken by the tensor cores from the x
     # operand already in registers (``_x_sums_by_mma``: one MMA a 16 rows of K with an
     # all-ones A, one m16 a warp), instead of a pass over x after the PDL wait that
@@ -589,86 +571,6 @@ if gluon is not None:
                 gl.convert_layout(b, LAYOUT, assert_trivial=True))
 
     @gluon.jit
-    def _split_from_shared(acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, M, row0,
-                           stride_xm, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
-                           mask_zn, offs_cn, offs_xk, GROUP_SIZE: gl.constexpr,
-                           BLOCK_K: gl.constexpr, STEPS: gl.constexpr, EVEN: gl.constexpr,
-                           PDL: gl.constexpr, BY_SUMS: gl.constexpr, X_ROWS: gl.constexpr,
-                           NUM_WARPS: gl.constexpr, ORDER: gl.constexpr,
-                           A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, WL: gl.constexpr):
-        """acc + the product of a split of STEPS steps from row k_lo, every word of it
-        copied into shared memory before the wait (``MmaConfig.words_in_shared``): one
-        cp.async group a step, each thread copying the words of ``WL`` it reads back
-        (so its own ``wait_group`` is all the synchronisation there is), stored in thread
-        order (``_thread_order_shared``). Before the wait also the first step's group
-        parameters; after it each step's x, the later steps' parameters and, once its
-        group has landed, its words. Steps past K read zero words and zero x. With
-        BY_SUMS the zero points come off by sums of x (``_step_by_sums``: 8 instructions
-        a word, not 12, where every word is unpacked after the wait), the sums taken
-        after it (``_x_step_sums``)."""
-        BLOCK_N: gl.constexpr = w_ptrs.shape[0]
-        BLOCK_M: gl.constexpr = x_ptrs.shape[1]
-        w_smem = gl.allocate_shared_memory(
-            gl.int32, [_pow2_at_least(STEPS) * BLOCK_N, BLOCK_K // 8],
-            _thread_order_shared(WL, _pow2_at_least(STEPS)))
-        for i in gl.static_range(STEPS):
-            _copy_step_words(w_smem.slice(i * BLOCK_N, BLOCK_N), w_ptrs, k_lo + i * BLOCK_K,
-                             stride_qk, offs_wr, mask_wn, K, EVEN)
-            async_copy.commit_group()
-        zp, s = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn, mask_zn, offs_cn,
-                              GROUP_SIZE, ORDER, BY_SUMS)
-        if PDL:
-            gdc_wait()  # x and the outputs belong to the kernels before this one
-        x_sums = 0
-        if BY_SUMS == 1:
-            x_sums = _x_step_sums(x_ptr, stride_xm, k_lo, k_hi, row0, M, BLOCK_K,
-                                  _pow2_at_least(STEPS), BLOCK_M, X_ROWS, NUM_WARPS)
-        for i in gl.static_range(STEPS):
-            k = k_lo + i * BLOCK_K
-            x = _load_x(x_ptrs, k, offs_xk, K, EVEN)
-            if i > 0:
-                zp, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn,
-                                      offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
-            async_copy.wait_group(STEPS - 1 - i)  # this thread's copies of step i landed
-            words = w_smem.slice(i * BLOCK_N, BLOCK_N).load(WL)
-            acc = _paired_step(acc, words, x, zp, s, x_sums, i, BY_SUMS, A_LAYOUT, B_LAYOUT,
-                               ORDER)
-        return acc
-
-    @gluon.jit
-    def _copy_step_words(dst, w_ptrs, k, stride_qk, offs_wr, mask_wn, K, EVEN: gl.constexpr):
-        """Start the cp.async copies of the word tile at row k of K into ``dst``
-        (uncommitted); past K or N (unless EVEN) zeros."""
-        if EVEN:
-            async_load(dst, w_ptrs + (k >> 3) * stride_qk)
-        else:
-            ok = (((k >> 3) + offs_wr) * 8 < K)[None, :] & mask_wn[:, None]
-            async_load(dst, w_ptrs + (k >> 3) * stride_qk, mask=ok)
-
-    @gluon.constexpr_function
-    def _thread_order_shared(word_layout, steps):
-        """The shared layout of ``steps`` (a power of two) word tiles [BLOCK_N, BLOCK_K / 8]
-        stacked along the columns ([steps * BLOCK_N, BLOCK_K / 8], step i's the slice of
-        rows i * BLOCK_N ..), each read and written in ``word_layout``, in thread order:
-        element (r, lane, warp) of a thread's registers at offset 4 (r_hi * threads +
-        thread) + r_lo, r_lo its first two register bits (4 adjacent columns: one
-        16-byte vector). A warp's access of one vector is then 512 contiguous bytes, in
-        which no two lanes of a quarter-warp share a bank. (Triton's barrier pass still
-        puts a bar.sync before each step's read, not knowing each thread reads only its
-        own copies.)"""
-        regs = [list(b) for b in word_layout.reg_bases]
-        assert regs[:2] == [[1, 0], [2, 0]], f"no 16-byte vector of columns: {regs}"
-        bases = (regs[:2] + [list(b) for b in word_layout.lane_bases]
-                 + [list(b) for b in word_layout.warp_bases] + regs[2:])
-        block_n = word_layout.shape[0]
-        offsets = bases + [[block_n << j, 0] for j in range(steps.bit_length() - 1)]
-        return gl.SharedLinearLayout(offset_bases=offsets)
-
-    @gluon.constexpr_function
-    def _pow2_at_least(n):
-        return 1 << (n - 1).bit_length()
-
-    @gluon.jit
     def _chunked_operands(qw_ptr, pid_n, N, k_chunk, stride_qk, stride_sg, offs_wr,
                           COLS: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_SIZE: gl.constexpr,
                           WL: gl.constexpr, WL1: gl.constexpr):
@@ -717,52 +619,6 @@ if gluon is not None:
         return tuple(inverse)
 
     @gluon.jit
-    def _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, k_hi, col0, stride_qk, stride_sg,
-                           COLS: gl.constexpr, GROUP_SIZE: gl.constexpr, HOW: gl.constexpr,
-                           NUM_WARPS: gl.constexpr):
-        """Ask the L2 cache for rows k_lo .. k_hi - 1 of K of columns col0 .. col0 + COLS
-        (``MmaConfig.l2_prefetch``, HOW its mode): their word rows and their groups'
-        scales and zero points. Nothing waits on it."""
-        _prefetch_rows_l2(qw_ptr + col0, k_lo >> 3, (k_hi - k_lo + 7) >> 3, stride_qk, 4 * COLS,
-                          HOW, NUM_WARPS)
-        g_lo = k_lo // GROUP_SIZE
-        groups = (k_hi - 1) // GROUP_SIZE + 1 - g_lo
-        param_bytes: gl.constexpr = COLS * s_ptr.dtype.element_ty.primitive_bitwidth // 8
-        _prefetch_rows_l2(s_ptr + col0, g_lo, groups, stride_sg, param_bytes, HOW, NUM_WARPS)
-        _prefetch_rows_l2(z_ptr + col0, g_lo, groups, stride_sg, param_bytes, HOW, NUM_WARPS)
-
-    @gluon.jit
-    def _prefetch_rows_l2(ptr, row_lo, rows, stride, ROW_BYTES: gl.constexpr,
-                          HOW: gl.constexpr, NUM_WARPS: gl.constexpr):
-        """Prefetch into L2 ROW_BYTES (a multiple of 16, 16-byte aligned) at
-        ptr + r * stride for r in row_lo .. row_lo + rows - 1: HOW 1, a
-        ``prefetch.global.L2`` a 128-byte line, a line a thread; HOW 2, one
-        ``cp.async.bulk.prefetch.L2`` a row, a row a thread (sm_90; the address is a
-        uniform operand, so ptxas loops over a warp's lanes)."""
-        THREADS: gl.constexpr = 32 * NUM_WARPS
-        LINES: gl.constexpr = 1 if HOW == 2 else (ROW_BYTES + 127) // 128  # items a row
-        L: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-        items = rows * LINES
-        for start in range(0, items, THREADS):
-            i = start + gl.arange(0, THREADS, layout=L)
-            r = row_lo + gl.minimum(i // LINES, rows - 1)
-            byte = r.to(gl.int64) * stride * (ptr.dtype.element_ty.primitive_bitwidth // 8)
-            if LINES > 1:
-                byte += (i % LINES) * 128
-            address = ptr.to(gl.pointer_type(gl.int8), bitcast=True) + byte
-            gl.inline_asm_elementwise(
-                _prefetch_asm(ROW_BYTES, HOW), "=r,l,r", [address, (i < items).to(gl.int32)],
-                dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.constexpr_function
-    def _prefetch_asm(nbytes, how):
-        """PTX: if $2, prefetch into L2 at $1 (how 1: its line; 2: nbytes, sm_90); $0 is a
-        dummy result."""
-        fetch = ("prefetch.global.L2 [$1];" if how == 1 else
-                 f"cp.async.bulk.prefetch.L2.global [$1], {nbytes};")
-        return f"{{ .reg .pred p; setp.ne.u32 p, $2, 0; @p {fetch} mov.u32 $0, 0; }}"
-
-    @gluon.jit
     def _w4_mma_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
@@ -774,8 +630,7 @@ if gluon is not None:
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
         LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
-        SHARED_STEPS: gl.constexpr = 0, K_CHUNKS: gl.constexpr = 0,
-        L2_PREFETCH: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
+        K_CHUNKS: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
         STEPS_UP_FRONT: gl.constexpr = False, WORDS_BEFORE_WAIT: gl.constexpr = False,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
@@ -837,163 +692,151 @@ if gluon is not None:
         x_ptrs = x_ptr + _x_rows(offs_xm, x_m)[None, :] * x_stride + offs_xk[:, None]
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
-        if SHARED_STEPS:  # every word of the split in shared memory before the wait
-            acc = _split_from_shared(
-                acc, w_ptrs, x_ptrs, z_ptr, s_ptr, x_ptr, k_lo, k_hi, K, x_m, pid_m * BLOCK_M,
-                x_stride, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn, offs_cn,
-                offs_xk, GROUP_SIZE, BLOCK_K, SHARED_STEPS, EVEN, PDL, BY_SUMS, X_ROWS,
-                NUM_WARPS, ORDER, A_LAYOUT, B_LAYOUT, WL)
-        else:
-            last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
-            AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
-            if PREFETCH:
-                ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
-                                    K, EVEN)
-            if AHEAD:
-                nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
-                                                   mask_zn, offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
-                if LOAD_STEPS == 2:  # the second step's group
-                    nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
-                                                         K, offs_zn, mask_zn, offs_cn,
-                                                         GROUP_SIZE, ORDER)
-            if L2_PREFETCH and EVEN:
-                COLS: gl.constexpr = BLOCK_N // max(K_CHUNKS, 1)  # output columns a program
-                _prefetch_split_l2(qw_ptr, s_ptr, z_ptr, k_lo, gl.minimum(k_lo + K_SPLIT, K),
-                                   pid_n * COLS, stride_qk, stride_sg, COLS, GROUP_SIZE,
-                                   L2_PREFETCH, NUM_WARPS)
-            if STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
-                words1, zp1, s1 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + STEP_K, stride_qk,
-                                               stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
-                                               offs_cn, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-                words2, zp2, s2 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 2 * STEP_K,
-                                               stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
-                                               mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
-                                               BY_SUMS)
-                words3, zp3, s3 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K,
-                                               stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
-                                               mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
-                                               BY_SUMS)
-            if PDL:
-                gdc_wait()  # x and the outputs belong to the kernels before this one
-            if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
-                XW: gl.constexpr = _x_word_layout(XL)
-                offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
-                offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
-                x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
-                          + _x_rows(offs_xm, x_m)[None, :] * (x_stride // 2) + offs_xk[:, None])
-                x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
-                x_sums = 0
-                if BY_SUMS == 1:
-                    x_sums = _x_step_sums(x_ptr, x_stride, k_lo, k_hi, pid_m * BLOCK_M, x_m,
-                                          STEP_K, SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
-            elif AHEAD and not X_SHARED:
-                x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
-            if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
-                XG: gl.constexpr = gl.BlockedLayout(
-                    [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
-                    [1, NUM_WARPS], [0, 1])
-                XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
-                    [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
-                x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
-                offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
-                offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
-                xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
-                x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
-            if PAIRED and STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
-                x1 = _load_x_words(x_ptrs, k_lo + STEP_K, offs_xk, K, EVEN)
-                x2 = _load_x_words(x_ptrs, k_lo + 2 * STEP_K, offs_xk, K, EVEN)
-                x3 = _load_x_words(x_ptrs, k_lo + 3 * STEP_K, offs_xk, K, EVEN)
-                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, 0, BY_SUMS,
+        last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
+        AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
+        if PREFETCH:
+            ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
+                                K, EVEN)
+        if AHEAD:
+            nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
+                                               mask_zn, offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
+            if LOAD_STEPS == 2:  # the second step's group
+                nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
+                                                     K, offs_zn, mask_zn, offs_cn,
+                                                     GROUP_SIZE, ORDER)
+        if STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
+            words1, zp1, s1 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + STEP_K, stride_qk,
+                                           stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
+                                           offs_cn, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+            words2, zp2, s2 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 2 * STEP_K,
+                                           stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
+                                           mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
+                                           BY_SUMS)
+            words3, zp3, s3 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K,
+                                           stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
+                                           mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
+                                           BY_SUMS)
+        if PDL:
+            gdc_wait()  # x and the outputs belong to the kernels before this one
+        if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
+            XW: gl.constexpr = _x_word_layout(XL)
+            offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
+            offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
+            x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+                      + _x_rows(offs_xm, x_m)[None, :] * (x_stride // 2) + offs_xk[:, None])
+            x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
+            x_sums = 0
+            if BY_SUMS == 1:
+                x_sums = _x_step_sums(x_ptr, x_stride, k_lo, k_hi, pid_m * BLOCK_M, x_m,
+                                      STEP_K, SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
+        elif AHEAD and not X_SHARED:
+            x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
+        if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
+            XG: gl.constexpr = gl.BlockedLayout(
+                [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
+                [1, NUM_WARPS], [0, 1])
+            XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
+                [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
+            x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
+            offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
+            offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
+            xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
+            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
+        if PAIRED and STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
+            x1 = _load_x_words(x_ptrs, k_lo + STEP_K, offs_xk, K, EVEN)
+            x2 = _load_x_words(x_ptrs, k_lo + 2 * STEP_K, offs_xk, K, EVEN)
+            x3 = _load_x_words(x_ptrs, k_lo + 3 * STEP_K, offs_xk, K, EVEN)
+            acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, 0, BY_SUMS,
+                               A_LAYOUT, B_LAYOUT, ORDER)
+            acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT,
+                               B_LAYOUT, ORDER)
+            acc = _paired_step(acc, words2, x2, zp2, s2, x_sums, 2, BY_SUMS, A_LAYOUT,
+                               B_LAYOUT, ORDER)
+            acc = _paired_step(acc, words3, x3, zp3, s3, x_sums, 3, BY_SUMS, A_LAYOUT,
+                               B_LAYOUT, ORDER)
+        elif PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
+            acc = _four_steps_up_front(
+                acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
+                s_ptr, k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
+                offs_cn, offs_xk, K, STEP_K, GROUP_SIZE, EVEN, ORDER, BY_SUMS, A_LAYOUT,
+                B_LAYOUT)
+        elif PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
+            steps = (k_hi - k_lo + STEP_K - 1) // STEP_K
+            for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
+                words_b, nzz_b, s_b, x_b = _load_step(
+                    w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
+                    mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K,
+                    GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+                step = (k0 - k_lo) // STEP_K
+                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, step,
+                                   BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+                k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
+                ahead, nzz_ahead, s_ahead, x_next = _load_step(
+                    w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
+                    offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+                acc = _paired_step(acc, words_b, x_b, nzz_b, s_b, x_sums, step + 1, BY_SUMS,
                                    A_LAYOUT, B_LAYOUT, ORDER)
-                acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT,
-                                   B_LAYOUT, ORDER)
-                acc = _paired_step(acc, words2, x2, zp2, s2, x_sums, 2, BY_SUMS, A_LAYOUT,
-                                   B_LAYOUT, ORDER)
-                acc = _paired_step(acc, words3, x3, zp3, s3, x_sums, 3, BY_SUMS, A_LAYOUT,
-                                   B_LAYOUT, ORDER)
-            elif PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
-                acc = _four_steps_up_front(
-                    acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
-                    s_ptr, k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
-                    offs_cn, offs_xk, K, STEP_K, GROUP_SIZE, EVEN, ORDER, BY_SUMS, A_LAYOUT,
-                    B_LAYOUT)
-            elif PAIRED:  # (a) and (b) alternate; the pair's second load is (a) again
-                steps = (k_hi - k_lo + STEP_K - 1) // STEP_K
-                for k0 in range(k_lo, k_hi - STEP_K, 2 * STEP_K):
-                    words_b, nzz_b, s_b, x_b = _load_step(
-                        w_ptrs, x_ptrs, z_ptr, s_ptr, k0 + STEP_K, stride_qk, stride_sg, offs_wr,
-                        mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K,
-                        GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-                    step = (k0 - k_lo) // STEP_K
-                    acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, step,
-                                       BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
-                    k2 = gl.minimum(k0 + 2 * STEP_K, last)  # past the last: that load again
-                    ahead, nzz_ahead, s_ahead, x_next = _load_step(
-                        w_ptrs, x_ptrs, z_ptr, s_ptr, k2, stride_qk, stride_sg, offs_wr, mask_wn,
-                        offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-                    acc = _paired_step(acc, words_b, x_b, nzz_b, s_b, x_sums, step + 1, BY_SUMS,
-                                       A_LAYOUT, B_LAYOUT, ORDER)
-                if steps % 2 == 1:  # an odd step left, in (a)
-                    acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, steps - 1,
-                                       BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
-            else:
-                for k0 in range(k_lo, k_hi, STEP_K):
-                    # Past the split's last load a prefetch reloads that load (no bounds check).
-                    k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
-                    if PREFETCH:
-                        words = ahead
-                        ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
-                                            mask_wn, K, EVEN)
-                        if AHEAD:
-                            nzz, s = nzz_ahead, s_ahead
-                            nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
-                                                               offs_zn, mask_zn, offs_cn,
-                                                               GROUP_SIZE, ORDER)
-                            if LOAD_STEPS == 2:
-                                nzz2, s2 = nzz2_ahead, s2_ahead
-                                nzz2_ahead, s2_ahead = _group_params(
-                                    z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
-                                    offs_cn, GROUP_SIZE, ORDER)
+            if steps % 2 == 1:  # an odd step left, in (a)
+                acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, steps - 1,
+                                   BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+        else:
+            for k0 in range(k_lo, k_hi, STEP_K):
+                # Past the split's last load a prefetch reloads that load (no bounds check).
+                k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
+                if PREFETCH:
+                    words = ahead
+                    ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
+                                        mask_wn, K, EVEN)
+                    if AHEAD:
+                        nzz, s = nzz_ahead, s_ahead
+                        nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
+                                                           offs_zn, mask_zn, offs_cn,
+                                                           GROUP_SIZE, ORDER)
+                        if LOAD_STEPS == 2:
+                            nzz2, s2 = nzz2_ahead, s2_ahead
+                            nzz2_ahead, s2_ahead = _group_params(
+                                z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
+                                offs_cn, GROUP_SIZE, ORDER)
+                else:
+                    words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr,
+                                        mask_wn, K, EVEN)
+                if X_SHARED:
+                    thread_barrier()  # every warp has read the last step's tile
+                    x_smem.store(x_ahead)
+                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
+                    thread_barrier()
+                    x = x_smem.load(XL)
+                elif AHEAD:
+                    x = x_next
+                    x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
+                else:
+                    x = _load_x(x_ptrs, k0, offs_xk, K, EVEN)
+                if AHEAD and LOAD_STEPS == 1:
+                    acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
+                elif AHEAD:
+                    acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
+                                          ORDER, WL1, XL1)
+                elif LOAD_STEPS == 1:
+                    acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
+                                offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
+                else:
+                    WL2: gl.constexpr = _word_layout(
+                        gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
+                    XL2: gl.constexpr = _x_layout(
+                        gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
+                    if LOAD_STEPS == 4:
+                        words_a, words_b = _halves(words, 1, WL2)
+                        x_a, x_b = _halves(x, 0, XL2)
+                        acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg,
+                                         offs_zn, mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         B_LAYOUT, ORDER, WL1, XL1)
+                        acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
+                                         stride_sg, offs_zn, mask_zn, offs_cn, K,
+                                         GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
                     else:
-                        words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr,
-                                            mask_wn, K, EVEN)
-                    if X_SHARED:
-                        thread_barrier()  # every warp has read the last step's tile
-                        x_smem.store(x_ahead)
-                        x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
-                        thread_barrier()
-                        x = x_smem.load(XL)
-                    elif AHEAD:
-                        x = x_next
-                        x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
-                    else:
-                        x = _load_x(x_ptrs, k0, offs_xk, K, EVEN)
-                    if AHEAD and LOAD_STEPS == 1:
-                        acc = _step_with(acc, words, x, nzz, s, A_LAYOUT, B_LAYOUT, ORDER)
-                    elif AHEAD:
-                        acc = _two_steps_with(acc, words, x, nzz, s, nzz2, s2, A_LAYOUT, B_LAYOUT,
-                                              ORDER, WL1, XL1)
-                    elif LOAD_STEPS == 1:
-                        acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
-                                    offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
-                    else:
-                        WL2: gl.constexpr = _word_layout(
-                            gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
-                        XL2: gl.constexpr = _x_layout(
-                            gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
-                        if LOAD_STEPS == 4:
-                            words_a, words_b = _halves(words, 1, WL2)
-                            x_a, x_b = _halves(x, 0, XL2)
-                            acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg,
-                                             offs_zn, mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                             B_LAYOUT, ORDER, WL1, XL1)
-                            acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
-                                             stride_sg, offs_zn, mask_zn, offs_cn, K,
-                                             GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
-                        else:
-                            acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                             mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                             B_LAYOUT, ORDER, WL1, XL1)
+                        acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
+                                         B_LAYOUT, ORDER, WL1, XL1)
 
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
@@ -1061,18 +904,15 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
     programs along K of ``k_split`` rows each, on x of m rows (shared with the sm_90
     build tests, so that they build what runs); ``real_blocks``: the column blocks of a
     grid padded past them (``whole_wave_programs``), else 0."""
-    by_sums = config.zeros_by_x_sums and (_paired(config) or config.words_in_shared)
-    if (by_sums or config.words_in_shared) and k_split <= 0:
-        field = "zeros_by_x_sums" if by_sums else "words_in_shared"
-        raise ValueError(f"{field} sizes its buffer by the rows a split takes: "
+    by_sums = config.zeros_by_x_sums and _paired(config)
+    if by_sums and k_split <= 0:
+        raise ValueError("zeros_by_x_sums sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
-    steps = (-(-chunk_rows(config, k_split) // config.block_k)
-             if by_sums or config.words_in_shared else 1)
+    steps = -(-chunk_rows(config, k_split) // config.block_k) if by_sums else 1
     # BY_SUMS: 0 zero points applied per word, 1 by sums of x from ``_x_step_sums``' pass,
     # 2 by sums of x from ``_x_sums_by_mma``
     sums = (2 if config.x_sums_by_mma else 1) if by_sums else 0
     return dict(BY_SUMS=sums, SUM_STEPS=1 << (steps - 1).bit_length(),
-                SHARED_STEPS=steps if config.words_in_shared else 0,
                 X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,
                 BLOCK_N=tile_rows(config), K_CHUNKS=config.k_chunks,
@@ -1083,7 +923,7 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
                 LINEAR_PARTIALS=_linear_partials(config, splits),
-                L2_PREFETCH=config.l2_prefetch, REAL_BLOCKS=real_blocks,
+                REAL_BLOCKS=real_blocks,
                 STEPS_UP_FRONT=config.steps_up_front,
                 WORDS_BEFORE_WAIT=config.words_before_wait)
 
@@ -1101,14 +941,6 @@ def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
     return {"maxnreg": 128} if constexprs["BY_SUMS"] else {}
 
 
-def shared_words_bytes(config: MmaConfig, k_split: int) -> int:
-    """Shared memory a program of ``words_in_shared`` takes for a split of k_split rows
-    (with ``k_chunks``, the rows of one chunk): its steps (rounded up to a power of two)
-    of ``tile_rows`` x BLOCK_K / 8 words."""
-    steps = -(-k_split // config.block_k)
-    return (1 << (steps - 1).bit_length()) * tile_rows(config) * config.block_k // 2
-
-
 def chunk_rows(config: MmaConfig, k_split: int) -> int:
     """Rows of K a program's tile walks: its split's, or with ``k_chunks`` one chunk's."""
     return k_split // max(config.k_chunks, 1)
@@ -1118,9 +950,6 @@ def tile_rows(config: MmaConfig) -> int:
     """Rows of a program's weight tile (the MMA's A operand): its output columns, times
     the chunks of K with ``k_chunks``."""
     return config.block_n * max(config.k_chunks, 1)
-
-
-_SHARED_BYTES_PER_PROGRAM = 227 * 1024  # the most a Hopper program may take
 
 
 def _linear_partials(config: MmaConfig, splits: int) -> bool:
@@ -1165,9 +994,6 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     if config.load_steps not in (1, 2, 4) or config.prefetch not in (0, 1):
         raise ValueError(f"MmaConfig takes load_steps 1, 2 or 4 and prefetch 0 or 1; got "
                          f"load_steps={config.load_steps}, prefetch={config.prefetch}")
-    if config.l2_prefetch not in (0, 1, 2):
-        raise ValueError(f"MmaConfig.l2_prefetch is 0 (off), 1 (lines) or 2 (bulk rows); "
-                         f"got {config.l2_prefetch}")
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
     block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
@@ -1183,8 +1009,6 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                          "steps_up_front too")
     if config.steps_up_front:
         _check_steps_up_front(config, k_split)
-    if config.words_in_shared:  # sized by the rows of one chunk
-        _check_words_in_shared(config, chunk_rows(config, k_split))
     blocks = -(-n // config.block_n)
     m_blocks = -(-m // block_m)
     grid_n = whole_wave_programs(config, blocks, num_sms)
@@ -1210,19 +1034,18 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_size: int,
                     k: int) -> None:
     """Refuse a ``k_chunks`` launch the chunked path does not implement: it needs one row
-    of x, loads a step ahead (paired or not, one or two steps a load) or shared words,
-    one split, and 2, 4, 8 or 16 chunks of whole loads lying on group boundaries (or one
-    group for all of K)."""
+    of x, loads a step ahead (paired or not, one or two steps a load), one split, and 2,
+    4, 8 or 16 chunks of whole loads lying on group boundaries (or one group for all of
+    K)."""
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8, 16), "m": m != 1,
-                   "params_ahead": not (_ahead(config) or config.words_in_shared),
+                   "params_ahead": not _ahead(config),
                    "split_k": splits != 1,
                    "warps_m": config.warps_m != 1,
                    "chunk rows": _chunks_not_whole(config, k_split, group_size, k)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("k_chunks takes 2, 4, 8 or 16 chunks of whole loads (and whole "
-                         "groups) at one row, loads a step ahead (params_ahead) or "
-                         "words_in_shared, "
+                         "groups) at one row, loads a step ahead (params_ahead), "
                          f"one split, warps_m 1; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
@@ -1252,21 +1075,3 @@ def _chunks_not_whole(config: MmaConfig, k_split: int, group_size: int, k: int) 
                 or (group_size < k and chunk % group_size))
 
 
-def _check_words_in_shared(config: MmaConfig, k_split: int) -> None:
-    """Refuse a ``words_in_shared`` config the shared path does not implement, or whose
-    split's words do not fit a program's shared memory."""
-    unsupported = {"load_steps": config.load_steps != 1, "x_shared": config.x_shared,
-                   "warps_m": config.warps_m != 1,
-                   "vector_columns": not config.vector_columns,
-                   # 4 adjacent columns a thread (one 16-byte copy): 32 a warp
-                   "block_n": tile_rows(config) < 32 * config.num_warps}
-    named = [name for name, clash in unsupported.items() if clash]
-    if named:
-        raise ValueError("words_in_shared takes load_steps 1, warps_m 1, vector_columns and "
-                         "block_n (times k_chunks) >= 32 columns a warp, without x_shared; "
-                         f"these clash: {named}")
-    size = shared_words_bytes(config, k_split)
-    if size > _SHARED_BYTES_PER_PROGRAM:
-        raise ValueError(f"words_in_shared: a split of {k_split} rows needs {size} bytes of "
-                         f"shared memory, more than a program's {_SHARED_BYTES_PER_PROGRAM}; "
-                         "split K further")

@@ -61,12 +61,7 @@ def test_layout_needs_integer_zero_points_in_range():
 @pytest.mark.parametrize("config,match", [
     (MmaConfig(load_steps=3), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
     (MmaConfig(prefetch=2), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
-    (MmaConfig(l2_prefetch=3), r"l2_prefetch is 0 \(off\), 1 \(lines\) or 2"),
     (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1"),
-    (MmaConfig(128, 128, 8, 4, words_in_shared=True, load_steps=2), r"clash: \['load_steps'\]"),
-    (MmaConfig(128, 128, 8, 8, words_in_shared=True), r"clash: \['block_n'\]"),
-    (MmaConfig(128, 128, 8, 4, words_in_shared=True, x_shared=True, warps_m=2),
-     r"clash: \['x_shared', 'warps_m'\]"),
     # K = 128 in 8 chunks: 16 rows a chunk, not whole steps
     (MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True, k_chunks=8),
      r"clash: \['chunk rows'\]"),
@@ -94,32 +89,6 @@ def test_unsupported_config_is_refused_before_launch(config, match):
         w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
 
 
-def test_words_in_shared_refuses_a_split_beyond_shared_memory():
-    """A split whose words would not fit a program's shared memory is refused before
-    launch, naming the fix."""
-    if w4a16_mma.gluon is None:
-        pytest.skip("triton without Gluon: w4a16_gemm_mma refuses every call")
-    x = torch.zeros(1, 4096, dtype=torch.bfloat16)
-    packed = torch.zeros(512, 256, dtype=torch.int32)
-    scales, zeros = torch.ones(32, 256), torch.zeros(32, 256)
-    config = MmaConfig(256, 128, 1, 8, words_in_shared=True)   # 32 steps: 512 KiB
-    with pytest.raises(ValueError, match="split K further"):
-        w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
-    assert w4a16_mma.shared_words_bytes(replace(config, split_k=8), 512) == 64 * 1024
-
-
-def test_words_in_shared_needs_the_rows_a_split_takes():
-    config = MmaConfig(128, 128, 8, 4, words_in_shared=True)
-    with pytest.raises(ValueError, match="k_split"):
-        w4a16_mma.mma_constexprs(config, 8, 128, 8, True)
-    constexprs = w4a16_mma.mma_constexprs(config, 8, 128, 8, True, k_split=640)
-    assert constexprs["SHARED_STEPS"] == 5 and not constexprs["BY_SUMS"]
-    by_sums = w4a16_mma.mma_constexprs(replace(config, zeros_by_x_sums=True), 8, 128, 8, True,
-                                       k_split=640)
-    assert by_sums["BY_SUMS"] and by_sums["SUM_STEPS"] == 8 and by_sums["SHARED_STEPS"] == 5
-    assert w4a16_mma.mma_constexprs(MmaConfig(), 8, 128, 8, True)["SHARED_STEPS"] == 0
-
-
 _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
             MmaConfig(128, 128, 4, 4, 1, 16, x_shared=True), MmaConfig(256, 128, 2, 8, 0, 32),
             MmaConfig(64, 64, 1, 2, 1, 64), MmaConfig(256, 32, 3, 8, 1, 8),
@@ -136,16 +105,7 @@ _CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64
             MmaConfig(128, 64, 3, 4, params_ahead=True, paired_steps=True),
             MmaConfig(64, 32, 5, 2, params_ahead=True, paired_steps=True),
             # 2..8 rows on deep layers: a load ahead on 8 warps
-            MmaConfig(128, 128, 8, 8, vector_columns=False, params_ahead=True),
-            # every word of a split in shared memory before the wait: splits of 1-11
-            # steps (odd ones in a power-of-two buffer), summed by arrival, by the last
-            # split and through partials in thread order, paired flags overridden
-            MmaConfig(128, 128, 8, 4, words_in_shared=True),
-            MmaConfig(64, 128, 3, 2, words_in_shared=True, max_registers=80),
-            MmaConfig(256, 128, 16, 8, words_in_shared=True, last_split_reduces=True,
-                      linear_partials=True),
-            MmaConfig(128, 128, 16, 4, params_ahead=True, paired_steps=True,
-                      last_split_reduces=True, words_in_shared=True, max_registers=64)]
+            MmaConfig(128, 128, 8, 8, vector_columns=False, params_ahead=True)]
 
 
 @pytest.mark.gpu
@@ -264,7 +224,7 @@ def test_x_at_an_odd_element_offset_matches_the_reference():
 _BY_SUMS = [replace(c, zeros_by_x_sums=True)
             for c in _CONFIGS + [MmaConfig(256, 128, 16, 8, params_ahead=True,
                                            paired_steps=True, last_split_reduces=True)]
-            if c is not None and (c.paired_steps or c.words_in_shared)]
+            if c is not None and c.paired_steps]
 # ... and the same with each step's sums of x taken by an MMA on the x operand.
 _BY_SUMS += [replace(c, x_sums_by_mma=True) for c in _BY_SUMS]
 
@@ -338,13 +298,11 @@ _CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
                                            words_before_wait=True, max_registers=120)),
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
                                              words_before_wait=True, zeros_by_x_sums=True)),
-            # zero points by sums of x, each chunk's sums its column's (paired; shared);
+            # zero points by sums of x, each chunk's sums its column's;
             # the sums by a pass over x or by an MMA (each chunk's column summed by the
             # tensor cores)
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True)),
             (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True)),
-            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
-                                        zeros_by_x_sums=True)),
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True,
                                              x_sums_by_mma=True)),
             (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True,
@@ -355,12 +313,7 @@ _CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
             (2048, 520, 128, _paired_chunks(16, 128, 8, 16)),
             (4096, 4096, 128, _paired_chunks(32, 128, 16, 16)),
             (4096, 4096, 128, _paired_chunks(16, 128, 8, 16, zeros_by_x_sums=True,
-                                             x_sums_by_mma=True)),
-            # each chunk's words in shared memory before the wait (4, 1 and 9 steps)
-            (4096, 4096, 128, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8)),
-            (1024, 520, 1024, MmaConfig(32, 128, 1, 8, words_in_shared=True, k_chunks=8,
-                                        max_registers=96)),
-            (576, 136, 32, MmaConfig(32, 32, 1, 2, words_in_shared=True, k_chunks=2))]
+                                             x_sums_by_mma=True))]
 
 
 @pytest.mark.gpu
@@ -422,25 +375,6 @@ def test_one_row_default_sums_k_in_the_program_where_it_fills_one_wave(k, group_
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size)
-    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
-@pytest.mark.parametrize("how", [1, 2])
-@pytest.mark.parametrize("k,n,group_size", [(4096, 4096, 128), (4096, 6144, 128),
-                                            (2048, 4096, 64), (576, 136, 32)])
-def test_l2_prefetch_leaves_the_one_row_product_unchanged(how, k, n, group_size):
-    """The one-row default tile (split or chunked) with its split's bytes prefetched into
-    L2 before the wait (lines or bulk rows; skipped on the ragged 576 x 136) gives the
-    default's output bit for bit and matches the reference."""
-    _, qweight, scales, zeros = _operands(k, n, group_size, seed=k + n + how)
-    x = torch.randn(1, k, generator=torch.Generator().manual_seed(how)).to(torch.bfloat16)
-    packed = mma_pack(qweight.cuda(), k)
-    config = pick_mma_config(1, n, k, group_size)
-    args = (x.cuda(), packed, scales.cuda(), zeros.cuda(), group_size)
-    got = w4a16_gemm_mma(*args, replace(config, l2_prefetch=how))
-    assert torch.equal(got, w4a16_gemm_mma(*args, config))
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 

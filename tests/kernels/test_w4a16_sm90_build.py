@@ -296,52 +296,16 @@ def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, tri
 
 
 @needs_gluon
-@pytest.mark.parametrize("by_sums", [False, True])
-@pytest.mark.parametrize("k,n,split", [(4096, 4096, 16), (4096, 4096, 8), (4096, 6144, 8),
-                                       (4096, 6144, 16)])
-def test_words_in_shared_copies_every_word_before_the_wait(k, n, split, by_sums):
-    """``words_in_shared`` at one row: every word of the split is copied into shared
-    memory (16-byte cp.async) before griddepcontrol.wait, nothing is written before it,
-    each step reads its words back as 16-byte vectors, and under an 80-register cap the
-    tile builds without spills (6 programs of 4 warps a multiprocessor: two launches'
-    worth at 384 programs, as its design needs). With zero points by sums of x no
-    word's zero point is applied in bf16 (its unpack 8 instructions, not 12); that tile
-    needs more registers (113-115 at 4 steps, spilling under 80 and 88 caps), so it is
-    built under 128."""
-    cap = 128 if by_sums else 80
-    config = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
-                                 words_in_shared=True, split_k=split, max_registers=cap,
-                                 zeros_by_x_sums=by_sums)
-    build = mma_build(8, config, pdl_trigger=1, k=k)
-    assert build.registers <= cap and build.stack_bytes == 0
-    before = _before_the_wait(build)
-    assert not [op for op in before if op.split(".")[0] in _WRITES]
-    steps = k // split // config.block_k
-    vectors = config.block_n * config.block_k // 8 // (4 * 32 * config.num_warps)
-    opcodes = [i.opcode for i in build.instructions()]
-    copies = [op for op in opcodes if op.startswith("LDGSTS")]
-    assert copies == ["LDGSTS.E.BYPASS.128"] * (steps * vectors)
-    assert before.count("LDGSTS.E.BYPASS.128") == len(copies)
-    assert opcodes.count("LDS.128") >= steps * vectors
-    mmas = opcodes.count("HMMA.16816.F32.BF16")
-    assert mmas > 0
-    zero_points = opcodes.count("HADD2.BF16_V2")  # fma(v, 1, -(128 + z)): 4 a word
-    assert zero_points == (0 if by_sums else 4 * mmas)
-
-
-@needs_gluon
-@pytest.mark.parametrize("block_n,warps,chunks,shared,by_sums", [
-    (32, 8, 8, False, False), (16, 4, 8, False, False), (64, 4, 2, False, False),
-    (32, 8, 8, True, False), (32, 4, 8, False, True), (32, 8, 8, True, True)])
-def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums):
+@pytest.mark.parametrize("block_n,warps,chunks,by_sums", [
+    (32, 8, 8, False), (16, 4, 8, False), (64, 4, 2, False), (32, 4, 8, True)])
+def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, by_sums):
     """``k_chunks`` at one row: no split-K partials, counter or atomics (the chunks sum
     through shared memory in the program), words as 16-byte vectors with the first
-    step's (with ``words_in_shared`` every step's, as cp.async copies) before
-    griddepcontrol.wait and nothing written before it, x's chunks as 16-byte vectors,
-    no spills; by sums of x (each chunk's sums its column's) no zero point in bf16."""
-    config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=not shared,
-                                 paired_steps=not shared, k_chunks=chunks,
-                                 words_in_shared=shared, zeros_by_x_sums=by_sums)
+    step's before griddepcontrol.wait and nothing written before it, x's chunks as
+    16-byte vectors, no spills; by sums of x (each chunk's sums its column's) no zero
+    point in bf16."""
+    config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=True,
+                                 paired_steps=True, k_chunks=chunks, zeros_by_x_sums=by_sums)
     build = mma_build(8, config, pdl_trigger=1, k=4096)
     assert build.registers <= 128 and build.stack_bytes == 0
     full = [i.opcode for i in build.instructions()]
@@ -349,32 +313,12 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, shared, by_sums)
     assert not [op for op in opcodes if op in ("ATOM", "ATOMG", "RED", "REDG")]
     before = _before_the_wait(build)
     assert not [op for op in before if op.split(".")[0] in _WRITES]
-    if shared:  # 4 steps of 4 vectors a thread (256 rows x 16 words, 256 threads)
-        assert before.count("LDGSTS.E.BYPASS.128") == 16
-    else:
-        assert "LDG.E.128" in before, before
+    assert "LDG.E.128" in before, before
     # x's chunks too load as 16-byte vectors (told the chunk is whole steps)
     assert "LDG.E" not in full
     assert opcodes.count("HMMA") > 0 and opcodes.count("STS") > 0
     # by sums of x no word's zero point is applied in bf16
     assert (full.count("HADD2.BF16_V2") == 0) == by_sums
-
-
-@needs_gluon
-@pytest.mark.parametrize("how,opcode", [(1, "CCTL"), (2, "UBLKPF")])
-@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144)])
-def test_l2_prefetch_asks_for_the_split_before_the_wait(how, opcode, k, n):
-    """``l2_prefetch`` on the one-row defaults (split and chunked tiles): the prefetches
-    (``prefetch.global.L2``: CCTL; bulk: UBLKPF) all come before griddepcontrol.wait,
-    with nothing written there, within 128 registers and without spills."""
-    config = w4a16_mma.pick_mma_config(1, n, k, 128)
-    build = mma_build(8, dataclasses.replace(config, l2_prefetch=how), pdl_trigger=1, k=k)
-    plain = mma_build(8, config, pdl_trigger=1, k=k)
-    count = build.count(opcode) - plain.count(opcode)
-    before = [op.split(".")[0] for op in _before_the_wait(build)]
-    assert count > 0 and before.count(opcode) >= count
-    assert not [op for op in before if op in _WRITES]
-    assert build.registers <= 128 and build.stack_bytes == 0
 
 
 @needs_gluon
