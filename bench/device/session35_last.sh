@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 35's last call (about 300 s of device time left): on an H200 the M = 1 row the
+# Session 35's call for words_before_wait (it got no machine): on an H200 the M = 1 row the
 # issue's target is stated on; on any card the A/B of words_before_wait (each output
 # checked against the fp32 product before it is timed).
 source bench/device/carried.sh && tamis_env
