@@ -122,8 +122,9 @@ class MmaConfig:
     # block_n * k_chunks rows are (chunk, column) pairs, each loading its chunk's words:
     # a program sums all of its split itself (``_store_chunk_sums``: one cross-warp sum)
     # where split K would sum through global partials and a counter. Loads a step ahead
-    # (params_ahead; paired steps, or one or two steps a load), one split (split_k 1). With zeros_by_x_sums each
-    # chunk's step sums are column j's (the chunks read as rows of x).
+    # (params_ahead; paired steps, or one or two steps a load), one split (split_k 1).
+    # With zeros_by_x_sums each chunk's step sums are column j's (the chunks read as rows
+    # of x).
     k_chunks: int = 0
     # With zeros_by_x_sums: each step's sums of x taken by the tensor cores from the x
     # operand already in registers (``_x_sums_by_mma``: one MMA a 16 rows of K with an
@@ -462,6 +463,14 @@ if gluon is not None:
         words3, zp3, s3, x3 = _load_step(
             w_ptrs, x_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K, stride_qk, stride_sg, offs_wr,
             mask_wn, offs_zn, mask_zn, offs_cn, offs_xk, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
+        return _four_steps(acc, words0, x0, zp0, s0, words1, x1, zp1, s1, words2, x2, zp2, s2,
+                           words3, x3, zp3, s3, x_sums, BY_SUMS, A_LAYOUT, B_LAYOUT, ORDER)
+
+    @gluon.jit
+    def _four_steps(acc, words0, x0, zp0, s0, words1, x1, zp1, s1, words2, x2, zp2, s2,
+                    words3, x3, zp3, s3, x_sums, BY_SUMS: gl.constexpr,
+                    A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """acc + steps 0-3 of ``steps_up_front``'s chunk, every load given, in order."""
         acc = _paired_step(acc, words0, x0, zp0, s0, x_sums, 0, BY_SUMS, A_LAYOUT, B_LAYOUT,
                            ORDER)
         acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT, B_LAYOUT,
@@ -552,10 +561,10 @@ if gluon is not None:
                    GROUP_SIZE: gl.constexpr, EVEN: gl.constexpr, ORDER: gl.constexpr,
                    BY_SUMS: gl.constexpr):
         """(words, zero points (``_group_params``), s, x^T as bf16 pairs) of the one-step
-        load at row k of K."""
-        words = _load_words(w_ptrs, (k >> 3) * stride_qk, (k >> 3) + offs_wr, mask_wn, K, EVEN)
-        zp, s = _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_zn, mask_zn, offs_cn,
-                              GROUP_SIZE, ORDER, BY_SUMS)
+        load at row k of K: ``_step_params`` and x."""
+        words, zp, s = _step_params(w_ptrs, z_ptr, s_ptr, k, stride_qk, stride_sg, offs_wr,
+                                    mask_wn, offs_zn, mask_zn, offs_cn, K, GROUP_SIZE, EVEN,
+                                    ORDER, BY_SUMS)
         return words, zp, s, _load_x_words(x_ptrs, k, offs_xk, K, EVEN)
 
     @gluon.jit
@@ -746,14 +755,9 @@ if gluon is not None:
             x1 = _load_x_words(x_ptrs, k_lo + STEP_K, offs_xk, K, EVEN)
             x2 = _load_x_words(x_ptrs, k_lo + 2 * STEP_K, offs_xk, K, EVEN)
             x3 = _load_x_words(x_ptrs, k_lo + 3 * STEP_K, offs_xk, K, EVEN)
-            acc = _paired_step(acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, 0, BY_SUMS,
-                               A_LAYOUT, B_LAYOUT, ORDER)
-            acc = _paired_step(acc, words1, x1, zp1, s1, x_sums, 1, BY_SUMS, A_LAYOUT,
-                               B_LAYOUT, ORDER)
-            acc = _paired_step(acc, words2, x2, zp2, s2, x_sums, 2, BY_SUMS, A_LAYOUT,
-                               B_LAYOUT, ORDER)
-            acc = _paired_step(acc, words3, x3, zp3, s3, x_sums, 3, BY_SUMS, A_LAYOUT,
-                               B_LAYOUT, ORDER)
+            acc = _four_steps(acc, ahead, x_next, nzz_ahead, s_ahead, words1, x1, zp1, s1,
+                              words2, x2, zp2, s2, words3, x3, zp3, s3, x_sums, BY_SUMS,
+                              A_LAYOUT, B_LAYOUT, ORDER)
         elif PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
             acc = _four_steps_up_front(
                 acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
