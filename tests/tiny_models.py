@@ -55,22 +55,28 @@ def tiny_config(arch: str, **config_overrides):
     return config_cls(**kwargs)
 
 
+def tiny_model(arch: str, seed: int = 0, **config_overrides):
+    """A random tiny ``arch`` transformers model (fixed ``seed``), fp32, in eval mode."""
+    import torch
+
+    config = tiny_config(arch, **config_overrides)
+    _, model_cls = _classes(arch)
+    torch.manual_seed(seed)
+    return model_cls(config).to(torch.float32).eval()
+
+
 def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, with_tokenizer: bool = True,
                          **config_overrides) -> Path:
-    """Builds a random tiny ``arch`` model (fixed ``seed``) and saves it as an HF folder.
+    """Builds a random tiny ``arch`` model (``tiny_model``) and saves it as an HF folder.
     ``with_tokenizer=False`` skips the SmolLM2 tokenizer files (and the embedded model)."""
-    import torch
     from transformers.utils import logging as hf_logging
 
     from tamis.engine.embedded import default_model_path
 
     hf_logging.disable_progress_bar()   # one bar per saved tiny model drowns test output
     path = Path(path)
-    config = tiny_config(arch, **config_overrides)
-    _, model_cls = _classes(arch)
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32).eval()
-    config.dtype = "float32"
+    model = tiny_model(arch, seed, **config_overrides)
+    model.config.dtype = "float32"
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     if not with_tokenizer:

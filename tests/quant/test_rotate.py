@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tamis.quant.quantizer.rotate import residual_rotation, rotate_residual
-from tests.tiny_models import SUPPORTED_ARCHS, _classes, tiny_config
+from tests.tiny_models import SUPPORTED_ARCHS, tiny_model
 
 torch.set_num_threads(1)
 
@@ -24,9 +24,7 @@ def test_rotation_is_orthogonal_and_dense(size):
 
 
 def _tiny_model(arch: str, **overrides):
-    torch.manual_seed(0)
-    config = tiny_config(arch, num_hidden_layers=2, **overrides)
-    model = _classes(arch)[1](config).float().eval()
+    model = tiny_model(arch, num_hidden_layers=2, **overrides)
     with torch.no_grad():  # norms that are not all ones, so that folding them matters
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
