@@ -58,6 +58,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--structured-outputs-backend", default=_default("structured_outputs_backend"),
                    choices=("auto", "tamis", "xgrammar", "llguidance"),
                    help="constraint compiler: tamis (= auto); xgrammar / llguidance if installed")
+    _bool_flag(g, "structured_outputs_jump_forward",
+               "append the tokens a grammar forces without sampling them (fewer steps; such "
+               "requests leave the pipelined schedule and the decode CUDA graphs)")
     g.add_argument("--max-logprobs", type=int, default=_default("max_logprobs"))
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--kv-cache-dtype", default="auto", choices=cfg.KV_CACHE_DTYPES)

@@ -76,6 +76,10 @@ class EngineConfig:
     enforce_eager: bool = False
     attention_backend: str = "auto"
     structured_outputs_backend: str = "tamis"     # auto|tamis (ours), xgrammar|llguidance if installed
+    # Append the tokens a grammar forces without sampling them (fewer steps, but a step
+    # that feeds several tokens leaves the decode CUDA graphs, and such requests cannot be
+    # pipelined): off by default, as in vLLM.
+    structured_outputs_jump_forward: bool = False
     max_logprobs: int = 20
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"

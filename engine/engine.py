@@ -183,7 +183,7 @@ class LLMEngine:
         if child_params.max_tokens is not None:
             child.max_total_tokens = len(token_ids) + child_params.max_tokens
         child.max_total_tokens = min(child.max_total_tokens, self.max_model_len)
-        child.pipelinable = is_pipelinable(child_params)
+        child.pipelinable = is_pipelinable(child_params, self.config.structured_outputs_jump_forward)
         child.simple_append = (child.detokenizer is None and child.output_logprobs is None
                                and child_params.structured_outputs is None)
         return child
@@ -225,6 +225,10 @@ class LLMEngine:
         launched = self._launch(batch, previous)
         if previous is not None:
             self._finish_step(previous)
+        if launched.requests and launched.sampled is None:
+            # Constrained rows: their masks need the previous step's tokens, accepted just
+            # now, while the device runs this step's forward pass.
+            self._sample(launched)
         if launched.pipelined:
             self._inflight = launched
         else:
@@ -243,25 +247,35 @@ class LLMEngine:
         self._counters["prompt"] += num_prompt
 
     def _launch(self, batch: SchedulerOutput, previous: LaunchedStep | None) -> LaunchedStep:
-        """Queues the forward pass and the sampling of ``batch``; reads nothing back."""
+        """Queues the forward pass of ``batch`` and, unless a sampling row is constrained,
+        its sampling (``step`` samples constrained batches once the previous step's tokens
+        are accepted); reads nothing back."""
         inflight = previous.inflight_tokens(batch) if previous is not None else None
         result = self.runner.execute_model(batch, inflight)
         self.scheduler.update_after_step(batch)
         requests = [item.request for item in batch.scheduled if item.samples]
-        sampled = None
-        if requests:
-            meta = self._sampling_metadata(requests)
-            bitmask, rows = self._fill_bitmask(requests)
-            sampled = self.runner.sample(result.sample_logits, meta, bitmask, rows)
-        launched = LaunchedStep(batch, result, requests, sampled)
+        launched = LaunchedStep(batch, result, requests, None)
+        if requests and not self._any_constrained(requests):
+            self._sample(launched)
         # Counted when sampled (stats taken between pipelined steps see them); tokens
         # dropped later are taken back in _finish_step.
         self._counters["generation"] += len(requests)
-        if (self.async_scheduling and sampled is not None and not result.prompt_logits
+        if (self.async_scheduling and requests and not result.prompt_logits
                 and all(item.request.pipelinable for item in batch.scheduled)):
             launched.pipelined = True
             launched.mark_inflight()
         return launched
+
+    def _sample(self, launched: LaunchedStep) -> None:
+        """Queues the sampling of ``launched``'s rows, under their constraint masks."""
+        requests = launched.requests
+        meta = self._sampling_metadata(requests)
+        bitmask, rows = self._fill_bitmask(requests)
+        launched.sampled = self.runner.sample(launched.result.sample_logits, meta, bitmask, rows)
+
+    def _any_constrained(self, requests: list[Request]) -> bool:
+        return self._structured is not None and any(
+            r.sampling_params.structured_outputs is not None for r in requests)
 
     def _sampling_metadata(self, requests: list[Request]) -> SamplingMetadata:
         """Built once per batch composition: decode steps often repeat the last one."""
@@ -393,7 +407,8 @@ class LLMEngine:
                 from tamis.engine.structured_output import StructuredOutputManager
             except ImportError as exc:
                 raise ValueError(f"structured outputs are unavailable: {exc}") from exc
-            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.config)
+            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.config,
+                                                       eos_token_ids=self.eos_token_ids)
         return self._structured
 
     def _forget_grammar(self, request: Request) -> None:
@@ -423,22 +438,10 @@ class LLMEngine:
         rows = [i for i, r in enumerate(requests) if r.sampling_params.structured_outputs is not None]
         if not rows:
             return None, None
-        constrained = [requests[i] for i in rows]
-        bitmask = self._structured.fill_bitmask(constrained)
+        bitmask = self._structured.fill_bitmask([requests[i] for i in rows])
         if bitmask is None:
             return None, None
-        self._forbid_early_eos(constrained, bitmask)
-        return bitmask, rows
-
-    def _forbid_early_eos(self, requests: list[Request], bitmask: torch.Tensor) -> None:
-        """EOS may end a constrained output only once its grammar is complete."""
-        for row, request in enumerate(requests):
-            if request.sampling_params.ignore_eos or self._structured.is_terminated(request):
-                continue
-            for eos in self.eos_token_ids:
-                word, bit = divmod(eos, 32)
-                if word < bitmask.shape[1]:   # clear the bit; int32 holds bit 31 as the sign
-                    bitmask[row, word] &= ~(1 << bit) if bit < 31 else 0x7FFFFFFF
+        return bitmask, (None if len(rows) == len(requests) else rows)
 
     def _constraint_error(self, request: Request) -> str | None:
         """Why the request's constraint failed while decoding (the manager then allows EOS
@@ -456,6 +459,8 @@ class LLMEngine:
             return []
         if not self._structured.accept_token(request, token_id):
             logger.warning("request %s: token %d rejected by its grammar", request.request_id, token_id)
+            return []
+        if not self.config.structured_outputs_jump_forward:
             return []
         return list(self._structured.jump_forward_tokens(request) or [])
 

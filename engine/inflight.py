@@ -18,12 +18,15 @@ Consequences, all handled where the ids arrive (``LLMEngine._finish_step``):
 - a request preempted while its token is in flight gets the token appended (it was
   sampled from valid state) and recomputes it with the rest.
 
-Only requests whose sampling needs nothing from the host beyond their parameters are
-pipelined (``pipelinable``): structured outputs (bitmask from the grammar state),
-penalties and min_tokens (output tokens counted on the host), prompt logprobs. A step
-holding any other request is finished before the next is scheduled, so such requests
-never have a token in flight. A request known to finish by length at N gets none
-(nothing to schedule for it at N+1).
+Structured outputs are pipelined too: a step with constrained rows queues its forward
+pass, then reads the previous step's ids and advances the matchers, then fills the
+bitmasks and queues its sampling, so the grammar work runs while the device computes
+the forward pass. Not pipelined (``pipelinable`` is False): penalties and min_tokens
+(output tokens counted on the host while sampling), prompt logprobs, and constrained
+requests when jump-forward is on (it appends tokens the next step did not schedule). A
+step holding any such request is finished before the next is scheduled, so they never
+have a token in flight. A request known to finish by length at N gets none (nothing to
+schedule for it at N+1).
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ from tamis.engine.sampling_params import SamplingParams
 from tamis.engine.scheduler import SchedulerOutput
 
 
-def is_pipelinable(params: SamplingParams) -> bool:
-    """Whether a request with ``params`` samples correctly with its last token in flight."""
-    return (params.structured_outputs is None and params.min_tokens == 0
+def is_pipelinable(params: SamplingParams, jump_forward: bool = False) -> bool:
+    """Whether a request with ``params`` samples correctly with its last token in flight
+    (``jump_forward``: the engine appends forced tokens of constrained requests)."""
+    return ((params.structured_outputs is None or not jump_forward) and params.min_tokens == 0
             and params.prompt_logprobs is None and params.repetition_penalty == 1.0
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
 

@@ -74,7 +74,7 @@ class SamplingMetadata:
 
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return _to_device_async(torch.tensor(values, dtype=dtype), device)
 
 
 @dataclass
@@ -183,15 +183,28 @@ def apply_bias_and_allowed(logits: torch.Tensor, requests: list[Request]) -> Non
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None) -> None:
-    """Disallowed tokens -> -inf. Uses the kernels room's op when present."""
+    """Disallowed tokens -> -inf. Uses the kernels subpackage's op when present. A host
+    ``bitmask`` is uploaded without waiting for the device (through pinned memory on
+    CUDA): the forward pass queued before it keeps running while the host goes on."""
+    bitmask = _to_device_async(bitmask, logits.device)
     if rows is not None and len(rows) != logits.shape[0]:
         # The op masks row i of the logits with row i of the mask: gather, mask, scatter.
-        index = torch.tensor(rows, device=logits.device)
+        index = _to_device_async(torch.tensor(rows, dtype=torch.int64), logits.device)
         sub = logits[index].contiguous()
-        _apply_token_bitmask(sub, bitmask.to(logits.device))
+        _apply_token_bitmask(sub, bitmask)
         logits[index] = sub
         return
-    _apply_token_bitmask(logits, bitmask.to(logits.device))
+    _apply_token_bitmask(logits, bitmask)
+
+
+def _to_device_async(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device``; a CUDA upload goes through pinned memory, non-blocking (the
+    caching host allocator keeps the pinned copy until the transfer is done)."""
+    if host.device == device:
+        return host
+    if device.type == "cuda" and host.device.type == "cpu":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def _apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

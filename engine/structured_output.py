@@ -1,16 +1,19 @@
 """The engine's bridge to tamis.constrain (contract: docs/contracts.md).
 
-    StructuredOutputManager(tokenizer, vocab_size, config)
+    StructuredOutputManager(tokenizer, vocab_size, config, eos_token_ids=())
       .add_request(request)            starts compiling in the pool (cached); never blocks
       .is_ready(request) -> bool       True once compiled; raises StructuredOutputError if the
                                        compile failed or ran past the time limit
       .fill_bitmask(requests)          int32 [len(requests), ceil(V/32)] (bit set = allowed;
                                        unconstrained rows all ones) or None if none constrained;
-                                       the tensor is reused: valid until the next call
+                                       the tensor is reused: valid until the next call. The
+                                       EOS policy is applied here: ``eos_token_ids`` (the
+                                       engine's stop ids, which may include ids the grammar
+                                       sees as text) are allowed only where the output is a
+                                       complete match or the request ignores EOS
       .accept_token(request, tok)      advances the request's matcher; False = violation
       .is_terminated(request)          the output so far is a complete match: EOS may be
-                                       sampled now (the bitmask rows already allow EOS exactly
-                                       then; the engine uses this to keep EOS off otherwise)
+                                       sampled now
       .jump_forward_tokens(request)    tokens the constraint forces next, ALREADY ACCEPTED by
                                        the matcher: the engine appends them to the output and
                                        computes them in the next forward pass (no sampling)
@@ -45,7 +48,7 @@ class StructuredOutputError(ValueError):
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer, vocab_size: int, config=None):
+    def __init__(self, tokenizer, vocab_size: int, config=None, eos_token_ids=()):
         self.backend = check_installed(getattr(config, "structured_outputs_backend", None))
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -57,6 +60,7 @@ class StructuredOutputManager:
         self._matchers: dict = {}
         self._errors: dict = {}      # request id -> message: failed after it started
         self._bitmask = None
+        self._eos_words, self._eos_keep = _eos_clearing(eos_token_ids, self.info.num_words)
         self.mask_seconds = 0.0      # cumulative time filling bitmasks, for metrics
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -123,6 +127,8 @@ class StructuredOutputManager:
             self._bitmask = np.empty((max(len(requests), 8), words), dtype=np.int32)
         bitmask = self._bitmask[:len(requests)]
         start = time.perf_counter()
+        eos_off = []   # rows where EOS may not end the output yet
+        check_eos = len(self._eos_words) > 0
         for i, m in enumerate(rows):
             if m is None:
                 failed = requests[i].request_id in self._errors
@@ -133,6 +139,12 @@ class StructuredOutputManager:
             except Exception as exc:   # a lazy compile step failed: this request alone ends
                 self._fail(requests[i].request_id, exc)
                 bitmask[i] = self._eos_only_row()
+                continue
+            if check_eos and not (getattr(requests[i].sampling_params, "ignore_eos", False)
+                                  or m.finished or m.is_complete()):
+                eos_off.append(i)
+        if eos_off:
+            bitmask[np.ix_(eos_off, self._eos_words)] &= self._eos_keep
         self.mask_seconds += time.perf_counter() - start
         return torch.from_numpy(bitmask)
 
@@ -187,3 +199,15 @@ class StructuredOutputManager:
             m.rollback(1)
             accepted.pop()
         return accepted
+
+
+def _eos_clearing(eos_token_ids, num_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bitmask words holding EOS ids, and per word the int32 that clears their bits."""
+    keep: dict[int, int] = {}
+    for eos in eos_token_ids:
+        word, bit = divmod(int(eos), 32)
+        if word < num_words:
+            keep[word] = keep.get(word, -1) & ~(1 << bit)
+    words = np.asarray(sorted(keep), dtype=np.int64)
+    masks = np.asarray([keep[w] for w in words], dtype=np.int64).astype(np.int32)
+    return words, masks

@@ -1,0 +1,345 @@
+"""Structured generation on the GPU (W4): tamis against vLLM on the same requests.
+
+Workload: 256 requests, prompts of 128-512 random token ids (fresh each timed pass, the
+same for every engine), 256 output tokens, temperature 1.0, Llama-3.1-8B shape with
+dummy bf16 weights and SmolLM2's tokenizer (vocabulary 49,152). Variants:
+
+    unconstrained  EOS ignored
+    json           an object holding an array of at least 40 {name, qty, ok} items
+    regex          ``(([a-z]{2,10}) ){200}`` (a counted repetition)
+    gbnf / lark    the JSON variant's language as a GBNF / a Lark grammar
+
+None of the constrained outputs can complete inside 256 tokens, so every request of every
+variant generates 256 tokens and the figures compare equal work. Each finished output is
+checked (``jsonschema`` for JSON, ``re.fullmatch`` for the regex, tamis's matcher for the
+grammars); each unfinished one must be a valid prefix (tamis's matcher, byte by byte).
+
+    python bench/bench_structured_gpu.py --tokenizer DIR [--engines tamis,vllm]
+        [--variants unconstrained,json,regex,gbnf,lark] [--repeats 2] [--profile]
+
+Each engine runs in its own subprocess (``subprocess_runs.run_each``); vLLM is carried to
+the device as wheels (bench/device/carried.sh) and is not a dependency of tamis. A
+warm-up pass of 8 short requests per variant compiles the constraint first (both engines
+cache compiled constraints, as a server does); mask rows of the states the timed pass
+reaches first are computed during the timed pass. ``--profile`` adds tamis's host time
+per step phase (tamis only). ``--tokenizer`` defaults to the embedded SmolLM2's folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llama8b import make_prompts, write_llama8b_config  # noqa: E402
+from subprocess_runs import run_each  # noqa: E402
+
+VOCAB = 49152
+
+ITEMS_SCHEMA = {
+    "type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
+        "type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
+                                         "qty": {"type": "integer", "minimum": 0, "maximum": 999},
+                                         "ok": {"type": "boolean"}},
+        "required": ["name", "qty", "ok"], "additionalProperties": False}}},
+    "required": ["items"], "additionalProperties": False}
+
+WORDS_REGEX = r"(([a-z]{2,10}) ){200}"
+
+ITEMS_GBNF = r'''
+root ::= "{\"items\":[" item ("," item){39,} "]}"
+item ::= "{\"name\":\"" char{0,24} "\",\"qty\":" qty ",\"ok\":" ("true" | "false") "}"
+char ::= [^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
+qty ::= "0" | [1-9] [0-9]{0,2}
+'''
+
+ITEMS_LARK = r'''
+start: "{\"items\":[" item ("," item)~39 ("," item)* "]}"
+item: "{\"name\":" NAME ",\"qty\":" QTY ",\"ok\":" BOOL "}"
+NAME: /"([^"\\\x00-\x1f]|\\(["\\\/bfnrt]|u[0-9a-fA-F]{4})){0,24}"/
+QTY: /0|[1-9][0-9]{0,2}/
+BOOL: "true" | "false"
+'''
+
+VARIANTS = {"unconstrained": None, "json": {"json": ITEMS_SCHEMA},
+            "regex": {"regex": WORDS_REGEX}, "gbnf": {"grammar": ITEMS_GBNF},
+            "lark": {"grammar": ITEMS_LARK}}
+
+
+# ---- the engines --------------------------------------------------------------------------
+
+def model_folder(tokenizer_dir: str, tiny: bool) -> Path:
+    """The 8B shape (``tiny``: 2 layers of width 256, a CPU smoke test) with SmolLM2's
+    tokenizer files beside its config."""
+    shrink = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  torch_dtype="float32") if tiny else {}
+    folder = write_llama8b_config(tempfile.mkdtemp(), vocab_size=VOCAB, eos_token_id=2,
+                                  bos_token_id=1, **shrink)
+    for path in Path(tokenizer_dir).iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+class TamisRunner:
+    name = "tamis"
+
+    def __init__(self, folder: Path, args):
+        from tamis.engine.llm import LLM
+        self.llm = LLM(model=str(folder), load_format="dummy",
+                       dtype="float32" if args.tiny else "bfloat16",
+                       max_model_len=2048, max_num_seqs=256, gpu_memory_utilization=0.9,
+                       structured_outputs_jump_forward=args.jump_forward)
+
+    def generate(self, prompts, constraint, max_tokens):
+        from tamis.constrain import StructuredOutputsParams
+        from tamis.engine.sampling_params import SamplingParams
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0,
+                                ignore_eos=constraint is None,
+                                structured_outputs=(StructuredOutputsParams(**constraint)
+                                                    if constraint else None))
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+        return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                for o in outs]
+
+
+class VllmRunner:
+    name = "vllm"
+
+    def __init__(self, folder: Path, args):
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+        import vllm
+        self.name = f"vllm {vllm.__version__}"
+        self.llm = vllm.LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
+                            max_model_len=2048, max_num_seqs=256, gpu_memory_utilization=0.9)
+
+    def generate(self, prompts, constraint, max_tokens):
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+        params = SamplingParams(max_tokens=max_tokens, temperature=1.0,
+                                ignore_eos=constraint is None,
+                                structured_outputs=(StructuredOutputsParams(**constraint)
+                                                    if constraint else None))
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+        return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                for o in outs]
+
+
+# ---- tamis's step profile -----------------------------------------------------------------
+
+class HostProfile:
+    """Host wall time per engine step phase (tamis): forward queued, previous step read
+    (its wait for the ids included), masks filled, sampling queued; with the manager's
+    mask time and the number of mask rows built (first visits of automaton states)."""
+
+    def __init__(self, engine):
+        self.engine, self.totals, self.steps = engine, {}, 0
+        self._wrap(engine.runner, "execute_model", "forward_queued")
+        self._wrap(engine, "_finish_step", "read_and_append")
+        self._wrap(engine, "_fill_bitmask", "fill_bitmask")
+        self._wrap(engine.runner, "sample", "sample_queued")
+        self._wrap(engine.scheduler, "schedule", "schedule")
+        self._wrap(engine, "step", "step")
+
+    def _wrap(self, obj, method, label):
+        inner = getattr(obj, method)
+
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - t0
+                self.steps += label == "step"
+        setattr(obj, method, timed)
+
+    def summary(self, seconds: float) -> dict:
+        steps = max(self.steps, 1)
+        out = {f"{k}_ms_per_step": round(1e3 * v / steps, 3) for k, v in self.totals.items()}
+        manager = self.engine._structured
+        if manager is not None:
+            out["mask_rows_built"] = sum(len(getattr(c, "_rows", ())) for c in _compiled(manager))
+        out.update(steps=self.steps, seconds=round(seconds, 3))
+        return out
+
+
+def _compiled(manager) -> list:
+    cache = getattr(manager.compiler, "_cache", {})
+    found = []
+    for value in cache.values():
+        result = value.result() if hasattr(value, "result") else value
+        found.append(result)
+    return found
+
+
+# ---- one engine, every variant ---------------------------------------------------------------
+
+def run_engine(args) -> dict:
+    folder = model_folder(args.tokenizer, args.tiny)
+    t0 = time.perf_counter()
+    runner = (TamisRunner if args.engine == "tamis" else VllmRunner)(folder, args)
+    result = {"engine": runner.name, "startup_s": round(time.perf_counter() - t0, 1), "variants": {}}
+    for variant in args.variants.split(","):
+        constraint = VARIANTS[variant]
+        runner.generate(make_prompts(8, 16, 64, args.seed - 1, vocab=VOCAB), constraint, 16)
+        passes = []
+        for rep in range(args.repeats):
+            prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt,
+                                   args.seed + 1000 * rep + list(VARIANTS).index(variant), vocab=VOCAB)
+            profile = (HostProfile(runner.llm.llm_engine)
+                       if args.profile and args.engine == "tamis" else None)
+            t0 = time.perf_counter()
+            outs = runner.generate(prompts, constraint, args.output_len)
+            seconds = time.perf_counter() - t0
+            tokens = sum(n for _, n, _ in outs)
+            entry = {"seconds": round(seconds, 3), "output_tokens": tokens,
+                     "output_tok_s": round(tokens / seconds, 1)}
+            if profile is not None:
+                entry["profile"] = profile.summary(seconds)
+                _unwrap(runner.llm.llm_engine)
+            passes.append(entry)
+            print(runner.name, variant, entry, flush=True)
+        result["variants"][variant] = {"passes": passes, "outputs": [(t, r) for t, _, r in outs]}
+    return result
+
+
+def _unwrap(engine) -> None:
+    for obj in (engine, engine.runner, engine.scheduler):
+        for name in list(vars(obj)):
+            if name in ("execute_model", "_finish_step", "_fill_bitmask", "sample", "schedule", "step"):
+                delattr(obj, name)
+
+
+# ---- validity -------------------------------------------------------------------------------
+
+def check_outputs(variant: str, outputs: list, info) -> dict:
+    """Finished outputs must match; unfinished ones must be valid prefixes."""
+    from tamis.constrain import StructuredOutputsParams, compile_constraint
+    constraint = VARIANTS[variant]
+    if constraint is None:
+        return {}
+    compiled = compile_constraint(StructuredOutputsParams(**constraint), info)
+    finished = invalid = bad_prefix = 0
+    for text, reason in outputs:
+        matcher = compiled.matcher()
+        prefix_ok = matcher.accept_bytes(text.encode())
+        if reason == "stop":
+            finished += 1
+            invalid += not (prefix_ok and matcher.is_complete() and _independent_check(variant, text))
+        else:
+            bad_prefix += not prefix_ok
+    return {"finished": finished, "invalid_finished": invalid, "invalid_prefix": bad_prefix}
+
+
+def _independent_check(variant: str, text: str) -> bool:
+    if variant == "json":
+        import jsonschema
+        try:
+            jsonschema.validate(json.loads(text), ITEMS_SCHEMA)
+        except (ValueError, jsonschema.ValidationError):
+            return False
+        return True
+    if variant == "regex":
+        return re.fullmatch(WORDS_REGEX, text) is not None
+    return True
+
+
+# ---- parent: the table ------------------------------------------------------------------------
+
+def parent(args) -> None:
+    rows = run_each(__file__, "--engine", args.engines.split(","), args.out, "structured_gpu",
+                    "engine")
+    from transformers import AutoTokenizer
+
+    from tamis.constrain import TokenizerInfo
+    info = TokenizerInfo.from_hf(AutoTokenizer.from_pretrained(args.tokenizer), vocab_size=VOCAB)
+    by_engine = {r["engine"]: r for r in rows if "error" not in r}
+    print(f"\nW4 structured, {args.num_prompts} requests, prompts {args.min_prompt}-"
+          f"{args.max_prompt} random ids, {args.output_len} tokens out, temperature 1.0, "
+          f"Llama-3.1-8B shape (dummy bf16), SmolLM2 tokenizer")
+    names = list(by_engine)
+    print("| variant | " + " | ".join(f"{n} out tok/s (passes)" for n in names)
+          + " | tamis / own unconstrained | tamis / vLLM | finished / invalid / bad prefixes |")
+    print("|---" * (len(names) + 4) + "|")
+    for variant in args.variants.split(","):
+        cells, best = [], {}
+        for name in names:
+            passes = by_engine[name]["variants"].get(variant, {}).get("passes", [])
+            figures = [p["output_tok_s"] for p in passes]
+            best[name] = statistics.median(figures) if figures else None
+            cells.append(" / ".join(f"{f:,.0f}" for f in figures))
+        tamis = best.get("tamis")
+        own = by_engine.get("tamis", {}).get("variants", {}).get("unconstrained")
+        own_best = statistics.median(p["output_tok_s"] for p in own["passes"]) if own else None
+        peer = next((best[n] for n in names if n.startswith("vllm")), None)
+        ratio_own = f"{tamis / own_best:.2f}" if tamis and own_best else ""
+        ratio_peer = f"{tamis / peer:.2f}" if tamis and peer else ""
+        checks = []
+        for name in names:
+            outputs = by_engine[name]["variants"].get(variant, {}).get("outputs", [])
+            c = check_outputs(variant, outputs, info)
+            if c:
+                checks.append(f"{name}: {c['finished']} / {c['invalid_finished']} / {c['invalid_prefix']}")
+        print(f"| {variant} | " + " | ".join(cells) + f" | {ratio_own} | {ratio_peer} | "
+              + "; ".join(checks) + " |")
+    for row in rows:
+        if "error" in row:
+            print(f"{row['engine']}: failed ({row['error']})")
+    for name, row in by_engine.items():
+        for variant, data in row["variants"].items():
+            for p in data["passes"]:
+                if "profile" in p:
+                    print(f"profile {name} {variant}: {json.dumps(p['profile'])}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engines", default="tamis,vllm")
+    parser.add_argument("--engine", help=argparse.SUPPRESS)
+    parser.add_argument("--json", help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default="unconstrained,json,regex,gbnf,lark")
+    parser.add_argument("--tokenizer", default=None,
+                        help="folder with SmolLM2's tokenizer (default: the embedded model's)")
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--min-prompt", type=int, default=128)
+    parser.add_argument("--max-prompt", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--jump-forward", action="store_true",
+                        help="tamis appends forced tokens without sampling them")
+    parser.add_argument("--profile", action="store_true", help="tamis's host time per phase")
+    parser.add_argument("--tiny", action="store_true",
+                        help="a 2-layer model of width 256 (a smoke test of the script on CPU)")
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    args = parser.parse_args()
+    if args.tokenizer is None:
+        from tamis.engine.embedded import default_model_path
+        args.tokenizer = str(default_model_path())
+        sys.argv += ["--tokenizer", args.tokenizer]
+    if args.engine:
+        try:
+            result = run_engine(args)
+        except Exception as exc:   # a failed engine is a row that says why
+            import traceback
+            traceback.print_exc()
+            result = {"engine": args.engine, "error": f"{type(exc).__name__}: {exc}"}
+        Path(args.json).write_text(json.dumps(result))
+        return
+    if "--seed" not in sys.argv:   # every child gets the same fresh prompts
+        sys.argv += ["--seed", str(args.seed)]
+    parent(args)
+
+
+if __name__ == "__main__":
+    main()
