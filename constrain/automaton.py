@@ -381,7 +381,29 @@ class LazyDFA:
     """Subset construction on demand. Thread-safe: rows are built under a lock."""
 
     def __init__(self, node, allow_empty_language: bool = False):
-        self.nfa, nfa_start, self.nfa_accept = build_nfa(node)
+        nfa, nfa_start, nfa_accept = build_nfa(node)
+        self._setup(nfa, nfa_accept)
+        self.start = self._state_of(self._closure((nfa_start,)))
+        if self.start == DEAD and not allow_empty_language:
+            raise ConstraintError("the constraint matches no string at all")
+
+    @classmethod
+    def from_nfa(cls, nfa: NFA, nfa_accept: int) -> "LazyDFA":
+        """A DFA over an NFA built elsewhere (another process). It has no start state: its
+        states are added by ``state_of_set``, named by the NFA state sets of the DFA they
+        come from (each process numbers its DFA states in its own visit order)."""
+        dfa = cls.__new__(cls)
+        dfa._setup(nfa, nfa_accept)
+        dfa.start = DEAD
+        return dfa
+
+    def state_of_set(self, nfa_set: frozenset) -> int:
+        """The state whose NFA state set is ``nfa_set`` (``self.sets[state]``), added if new."""
+        with self._lock:
+            return self._state_of(nfa_set)
+
+    def _setup(self, nfa: NFA, nfa_accept: int) -> None:
+        self.nfa, self.nfa_accept = nfa, nfa_accept
         self._byte_class, self._class_of = _byte_classes(self.nfa)
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
@@ -393,9 +415,6 @@ class LazyDFA:
         self._accepting_array = np.zeros(0, dtype=bool)
         self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
-        self.start = self._state_of(self._closure((nfa_start,)))
-        if self.start == DEAD and not allow_empty_language:
-            raise ConstraintError("the constraint matches no string at all")
 
     # ---- public --------------------------------------------------------------------------
     @property

@@ -39,9 +39,17 @@ class CompiledRegex:
     def has_row(self, state: int) -> bool:
         return state in self._rows
 
+    def store_row(self, state: int, row: np.ndarray) -> None:
+        """Caches a row built elsewhere (``row_workers``) for ``state``."""
+        self._rows.setdefault(state, row)
+
     def _build_row(self, state: int) -> np.ndarray:
-        allowed = allowed_tokens(self.info.trie, self.dfa, state)
-        row = pack_bits(allowed, self.info.num_words)
-        if self.dfa.is_accepting(state):
-            row = row | self._eos_row
-        return row
+        return mask_row_of(self.info, self.dfa, state, self._eos_row)
+
+
+def mask_row_of(info, dfa, state: int, eos_row: np.ndarray) -> np.ndarray:
+    """The int32 bitmask row of ``state``: its allowed tokens, and EOS where it accepts."""
+    row = pack_bits(allowed_tokens(info.trie, dfa, state), info.num_words)
+    if dfa.is_accepting(state):
+        row = row | eos_row
+    return row

@@ -61,6 +61,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _bool_flag(g, "structured_outputs_jump_forward",
                "append the tokens a grammar forces without sampling them (fewer steps; such "
                "requests leave the pipelined schedule and the decode CUDA graphs)")
+    g.add_argument("--structured-outputs-workers", type=int, default=None,
+                   help="processes building grammar mask rows in parallel (default: on CUDA "
+                        "min(8, CPUs - 4), on CPU 0)")
     g.add_argument("--max-logprobs", type=int, default=_default("max_logprobs"))
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--kv-cache-dtype", default="auto", choices=cfg.KV_CACHE_DTYPES)

@@ -11,6 +11,7 @@ what to change.
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, fields
 from typing import Any
@@ -80,6 +81,10 @@ class EngineConfig:
     # that feeds several tokens leaves the decode CUDA graphs, and such requests cannot be
     # pipelined): off by default, as in vLLM.
     structured_outputs_jump_forward: bool = False
+    # Processes that build the mask rows of newly reached automaton states in parallel
+    # (tamis.constrain.row_workers); None: on CUDA min(8, CPUs - 4), on CPU none (the
+    # forward pass needs the cores there).
+    structured_outputs_workers: int | None = None
     max_logprobs: int = 20
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"
@@ -109,6 +114,9 @@ class EngineConfig:
 
     def _check_numbers(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size")
+        if self.structured_outputs_workers is not None and self.structured_outputs_workers < 0:
+            raise ValueError(f"{flag('structured_outputs_workers')} must be >= 0, "
+                             f"got {self.structured_outputs_workers}")
         _positive_or_none(self, "max_model_len", "max_num_batched_tokens",
                           "num_gpu_blocks_override", "kv_cache_memory_bytes")
         if self.block_size & (self.block_size - 1):
@@ -133,6 +141,11 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def resolved_structured_outputs_workers(self, device: torch.device) -> int:
+        if self.structured_outputs_workers is not None:
+            return self.structured_outputs_workers
+        return min(8, max(0, (os.cpu_count() or 1) - 4)) if device.type == "cuda" else 0
 
     def resolved_max_num_batched_tokens(self, device: torch.device) -> int:
         if self.max_num_batched_tokens is not None:

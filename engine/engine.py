@@ -407,8 +407,9 @@ class LLMEngine:
                 from tamis.engine.structured_output import StructuredOutputManager
             except ImportError as exc:
                 raise ValueError(f"structured outputs are unavailable: {exc}") from exc
-            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size, self.config,
-                                                       eos_token_ids=self.eos_token_ids)
+            self._structured = StructuredOutputManager(
+                self.tokenizer, self.vocab_size, self.config, eos_token_ids=self.eos_token_ids,
+                num_workers=self.config.resolved_structured_outputs_workers(self.device))
         return self._structured
 
     def _forget_grammar(self, request: Request) -> None:

@@ -18,6 +18,8 @@
                                        the matcher: the engine appends them to the output and
                                        computes them in the next forward pass (no sampling)
       .remove_request(request)         forgets the request's matcher (call when it finishes)
+      .close()                         stops the mask row worker processes (``num_workers``:
+                                       ``tamis.constrain.row_workers``), if any
       .error(request) -> str | None    set when a matcher failed mid-decode (a lazy compile
                                        step raised inside fill_bitmask): the request's rows
                                        then allow EOS only and is_terminated is True, so it
@@ -37,7 +39,10 @@ import numpy as np
 
 from tamis.constrain import StructuredOutputsParams, TokenizerInfo
 from tamis.constrain.backends import check_installed, make_compiler
+from tamis.constrain import prefetch
 from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
+from tamis.constrain.matcher import RegexMatcher
+from tamis.constrain.row_workers import RowWorkers
 
 
 logger = logging.getLogger(__name__)
@@ -48,7 +53,8 @@ class StructuredOutputError(ValueError):
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer, vocab_size: int, config=None, eos_token_ids=()):
+    def __init__(self, tokenizer, vocab_size: int, config=None, eos_token_ids=(),
+                 num_workers: int = 0):
         self.backend = check_installed(getattr(config, "structured_outputs_backend", None))
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -61,6 +67,12 @@ class StructuredOutputManager:
         self._errors: dict = {}      # request id -> message: failed after it started
         self._bitmask = None
         self._eos_words, self._eos_keep = _eos_clearing(eos_token_ids, self.info.num_words)
+        self.row_workers = None
+        if num_workers > 0:
+            self.row_workers = RowWorkers(self.info, num_workers)
+            # The workers build new rows at fill time; the prefetch thread would build the
+            # same rows at accept time, right before, competing for the GIL.
+            prefetch.set_enabled(False)
         self.mask_seconds = 0.0      # cumulative time filling bitmasks, for metrics
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -127,6 +139,8 @@ class StructuredOutputManager:
             self._bitmask = np.empty((max(len(requests), 8), words), dtype=np.int32)
         bitmask = self._bitmask[:len(requests)]
         start = time.perf_counter()
+        if self.row_workers is not None:
+            self._build_missing_rows(rows)
         eos_off = []   # rows where EOS may not end the output yet
         check_eos = len(self._eos_words) > 0
         for i, m in enumerate(rows):
@@ -147,6 +161,23 @@ class StructuredOutputManager:
             bitmask[np.ix_(eos_off, self._eos_words)] &= self._eos_keep
         self.mask_seconds += time.perf_counter() - start
         return torch.from_numpy(bitmask)
+
+    def _build_missing_rows(self, matchers) -> None:
+        """Rows of the states the batch reached for the first time, built side by side in
+        the worker processes (two or more of one constraint; one is built in place)."""
+        missing: dict[int, tuple] = {}
+        for m in matchers:
+            if type(m) is RegexMatcher and not m.finished and m.state >= 0 \
+                    and not m.compiled.has_row(m.state):
+                missing.setdefault(id(m.compiled), (m.compiled, set()))[1].add(m.state)
+        for compiled, states in missing.values():
+            if len(states) >= 2:
+                self.row_workers.build(compiled, sorted(states))
+
+    def close(self) -> None:
+        """Stops the row worker processes, if any."""
+        if self.row_workers is not None:
+            self.row_workers.close()
 
     def _fail(self, rid, exc: Exception) -> None:
         message = f"structured output failed while decoding: {exc}"

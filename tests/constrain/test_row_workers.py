@@ -1,0 +1,74 @@
+"""constrain/row_workers.py: mask rows built in worker processes equal the in-process ones,
+and a pool that loses a worker falls back to building rows in-process."""
+import random
+
+import numpy as np
+import pytest
+
+from conformance import smollm2
+from tamis.constrain import StructuredOutputsParams, compile_constraint
+from tamis.constrain.row_workers import RowWorkers
+
+ITEMS = {"type": "object", "properties": {"items": {"type": "array", "minItems": 3, "items": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                     "qty": {"type": "integer"}},
+    "required": ["name", "qty"], "additionalProperties": False}}},
+    "required": ["items"], "additionalProperties": False}
+
+
+def _reached_states(compiled, walks: int, steps: int) -> list[int]:
+    """States reached by random token walks (the rows they need are built in-process)."""
+    rng = random.Random(0)
+    info = compiled.info
+    states = set()
+    for _ in range(walks):
+        matcher = compiled.matcher()
+        for _ in range(steps):
+            row = np.zeros((1, info.num_words), dtype=np.int32)
+            matcher.fill_bitmask(row, 0)
+            bits = np.unpackbits(row[0].view(np.uint8), bitorder="little")[:info.vocab_size]
+            allowed = [t for t in np.flatnonzero(bits).tolist() if t not in info.eos_token_ids]
+            if not allowed:
+                break
+            assert matcher.accept(rng.choice(allowed))
+            states.add(matcher.state)
+    return sorted(states)
+
+
+@pytest.fixture(scope="module")
+def info():
+    return smollm2()[1]
+
+
+@pytest.mark.parametrize("params", [{"json": ITEMS}, {"regex": r"(([a-z]{2,6}) ){12}"}])
+def test_worker_rows_equal_in_process_rows(info, params):
+    reference = compile_constraint(StructuredOutputsParams(**params), info)
+    states = _reached_states(reference, walks=3, steps=12)
+    # A second compile of the same constraint: no row cached, states numbered anew.
+    fresh = compile_constraint(StructuredOutputsParams(**params), info)
+    sets = [reference.dfa.sets[s] for s in states]
+    fresh_states = [fresh.dfa.state_of_set(nfa_set) for nfa_set in sets]
+    workers = RowWorkers(info, 2)
+    try:
+        workers.build(fresh, fresh_states)
+        assert not workers.broken and workers.rows_built == len(states)
+        for ours, theirs in zip(states, fresh_states):
+            assert fresh.has_row(theirs)
+            np.testing.assert_array_equal(fresh.mask_row(theirs), reference.mask_row(ours))
+    finally:
+        workers.close()
+
+
+def test_a_dead_worker_falls_back_in_process(info):
+    compiled = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,5}-[0-9]{1,5}"), info)
+    start = compiled.dfa.start
+    row = compiled.dfa.row(start)
+    states = sorted({int(t) for t in row if t >= 0})[:2] + [start]
+    workers = RowWorkers(info, 1)
+    workers.build(compiled, states[:1])          # starts the worker
+    workers._workers[0].process.kill()
+    workers._workers[0].process.wait()
+    workers.build(compiled, states[1:])           # the pipe is gone: marked broken, no raise
+    assert workers.broken
+    for state in states:                          # the step path still builds every row
+        assert compiled.mask_row(state).shape == (info.num_words,)
