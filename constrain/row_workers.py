@@ -9,13 +9,18 @@ step over worker processes, each holding its own tokenizer tables and its own la
 each constraint (over the NFA, sent once), so the rows are built side by side and no
 worker takes the engine's GIL.
 
-Protocol, one pair of pipes per worker; the parent sends, then reads the answers in order:
+Protocol, one pair of pipes per worker:
 
-    ("tokenizer", token_bytes, eos_token_ids, vocab_size)   once, at start
-    ("nfa", key, edges, eps, accept)                         once per constraint and worker
-    ("rows", key, [NFA state set, ...])  -> [row bytes | None, ...]
-                                         or "unknown" (the worker dropped ``key``: the NFA
-                                         is sent again)
+    parent -> worker                         worker -> parent
+    ("tokenizer", token_bytes, eos, vocab)   (once, at start)
+    ("nfa", key, edges, eps, accept)         (once per constraint and worker)
+    ("rows", key, [NFA state set, ...])      [row bytes | None, ...], or "unknown" (the
+                                             worker dropped ``key``: the NFA is sent again)
+    ("expand", key, [NFA state set])         later: ("near", key, [NFA state set, ...])
+    ("ahead", key, [NFA state set])          later: ("ahead", key, NFA state set, row bytes)
+
+"rows" is answered at once, before any queued job; "expand" and "ahead" jobs are done while
+no message waits, and their answers are read whenever the parent next looks.
 
 A state is named by its NFA state set, not by its number: each process numbers its DFA
 states in its own visit order. A row that failed in a worker comes back as None and the
@@ -31,7 +36,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 
 import numpy as np
@@ -54,13 +59,13 @@ class _Worker:
         self.known: set[int] = set()
         self.send_end.send(("tokenizer", info.token_bytes, info.eos_token_ids, info.vocab_size))
 
-    def ask_rows(self, compiled, key: int, states: list[int]) -> None:
+    def send(self, kind: str, compiled, key: int, states: list[int]) -> None:
+        """Sends a job over ``states`` of ``compiled`` (its NFA first, if this worker lacks it)."""
         if key not in self.known:
             nfa = compiled.dfa.nfa
             self.send_end.send(("nfa", key, nfa.edges, nfa.eps, compiled.dfa.nfa_accept))
             self.known.add(key)
-        sets = [tuple(compiled.dfa.sets[s]) for s in states]
-        self.send_end.send(("rows", key, sets))
+        self.send_end.send((kind, key, [tuple(compiled.dfa.sets[s]) for s in states]))
 
     def close(self) -> None:
         for end in (self.send_end, self.recv_end):
@@ -69,8 +74,28 @@ class _Worker:
         self.process.wait()
 
 
+class _Tracked:
+    """What the parent knows of one constraint's states beyond its row cache."""
+    __slots__ = ("compiled", "expanded", "asked")
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self.expanded: set[int] = set()   # states whose neighbourhood was asked for
+        self.asked: set[int] = set()      # states whose row a worker builds ahead
+
+
 class RowWorkers:
-    """``count`` worker processes, started on first use."""
+    """``count`` worker processes, started on first use.
+
+    ``build`` (on the step path) builds the rows a batch needs now. ``expand`` asks, without
+    waiting, for the neighbourhood of the states requests reached: the states within
+    ``EXPAND_BYTES`` bytes of each (at most ``EXPAND_STATES``, nearest first), whose rows the
+    workers then build ahead, between steps; ``poll`` stores what arrived. Rows are only
+    ever built for states some request reached or can reach within one token's bytes of
+    one it reached, so the cache grows with the walks, not with the automaton."""
+
+    EXPAND_BYTES = 16
+    EXPAND_STATES = 48
 
     def __init__(self, info, count: int):
         if count < 1:
@@ -78,8 +103,11 @@ class RowWorkers:
         self.info, self.count = info, count
         self._workers: list[_Worker] | None = None
         self._keys = itertools.count()
+        self._tracked: dict[int, _Tracked] = {}
+        self._next = 0                      # round-robin of the rows built ahead
         self.broken = False
-        self.rows_built = 0
+        self.rows_built = 0                 # rows stored from the workers
+        self.rows_ahead = 0                 # of which built ahead of need
 
     def build(self, compiled, states: list[int]) -> None:
         """Builds the rows of ``states`` (states of ``compiled``, a ``CompiledRegex``) in
@@ -89,34 +117,42 @@ class RowWorkers:
             return
         try:
             workers = self._start()
-            key = _key_of(compiled, self._keys)
+            key = self._key_of(compiled)
             jobs = [(w, states[i::len(workers)]) for i, w in enumerate(workers)
                     if states[i::len(workers)]]
             for worker, chunk in jobs:
-                worker.ask_rows(compiled, key, chunk)
+                worker.send("rows", compiled, key, chunk)
             for worker, chunk in jobs:
-                answer = worker.recv_end.recv()
+                answer = self._answer(worker)
                 if answer == "unknown":
                     worker.known.discard(key)
-                    worker.ask_rows(compiled, key, chunk)
-                    answer = worker.recv_end.recv()
+                    worker.send("rows", compiled, key, chunk)
+                    answer = self._answer(worker)
                 self._store(compiled, chunk, answer)
         except (OSError, EOFError) as exc:
-            logger.warning("mask row workers stopped (%s): rows are built in-process from now on",
-                           exc)
-            self.broken = True
-            self.close()
+            self._break(exc)
 
-    def _store(self, compiled, states: list[int], answer: list) -> None:
-        for state, data in zip(states, answer):
-            if data is not None:
-                compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
-                self.rows_built += 1
+    def expand(self, compiled, states: list[int]) -> None:
+        """Asks (no wait) for the neighbourhoods of ``states`` not asked for before."""
+        if self.broken:
+            return
+        tracked = self._tracked.get(self._key_of(compiled))
+        fresh = [s for s in states if s not in tracked.expanded]
+        if not fresh:
+            return
+        tracked.expanded.update(fresh)
+        self._spread("expand", compiled, fresh)
 
-    def _start(self) -> list[_Worker]:
-        if self._workers is None:
-            self._workers = [_Worker(self.info) for _ in range(self.count)]
-        return self._workers
+    def poll(self) -> None:
+        """Stores the rows built ahead and sends out the neighbourhoods that arrived."""
+        if self.broken or self._workers is None:
+            return
+        try:
+            for worker in self._workers:
+                while worker.recv_end.poll(0):
+                    self._handle(worker, worker.recv_end.recv())
+        except (OSError, EOFError) as exc:
+            self._break(exc)
 
     def close(self) -> None:
         for worker in self._workers or ():
@@ -126,59 +162,179 @@ class RowWorkers:
                 pass
         self._workers = None
 
+    # ---- messages ------------------------------------------------------------------------
 
-def _key_of(compiled, keys) -> int:
-    key = getattr(compiled, "_row_worker_key", None)
-    if key is None:
-        key = compiled._row_worker_key = next(keys)
-    return key
+    def _answer(self, worker: _Worker):
+        """The worker's answer to a "rows" job, handling what it sent before it."""
+        while True:
+            message = worker.recv_end.recv()
+            if message == "unknown" or isinstance(message, list):
+                return message
+            self._handle(worker, message)
+
+    def _handle(self, worker: _Worker, message: tuple) -> None:
+        kind, key = message[0], message[1]
+        tracked = self._tracked.get(key)
+        if kind == "unknown":
+            worker.known.discard(key)
+        elif tracked is None:
+            return   # a constraint no longer followed
+        elif kind == "ahead":
+            _, _, nfa_set, data = message
+            state = tracked.compiled.dfa.state_of_set(frozenset(nfa_set))
+            if data is not None and not tracked.compiled.has_row(state):
+                tracked.compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
+                self.rows_built += 1
+                self.rows_ahead += 1
+        elif kind == "near":
+            compiled = tracked.compiled
+            wanted = []
+            for nfa_set in message[2]:
+                state = compiled.dfa.state_of_set(frozenset(nfa_set))
+                if state not in tracked.asked and not compiled.has_row(state):
+                    tracked.asked.add(state)
+                    wanted.append(state)
+            if wanted:
+                self._spread("ahead", compiled, wanted)
+
+    def _spread(self, kind: str, compiled, states: list[int]) -> None:
+        """Sends ``states`` one by one round the workers (jobs without an answer awaited)."""
+        try:
+            workers = self._start()
+            key = self._key_of(compiled)
+            for state in states:
+                workers[self._next % len(workers)].send(kind, compiled, key, [state])
+                self._next += 1
+        except (OSError, EOFError) as exc:
+            self._break(exc)
+
+    def _store(self, compiled, states: list[int], answer: list) -> None:
+        for state, data in zip(states, answer):
+            if data is not None:
+                compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
+                self.rows_built += 1
+
+    def _key_of(self, compiled) -> int:
+        key = getattr(compiled, "_row_worker_key", None)
+        if key is None:
+            key = compiled._row_worker_key = next(self._keys)
+            self._tracked[key] = _Tracked(compiled)
+            while len(self._tracked) > _KEEP:   # the oldest constraint is no longer followed
+                self._tracked.pop(next(iter(self._tracked)))
+        return key
+
+    def _start(self) -> list[_Worker]:
+        if self._workers is None:
+            self._workers = [_Worker(self.info) for _ in range(self.count)]
+        return self._workers
+
+    def _break(self, exc: Exception) -> None:
+        logger.warning("mask row workers stopped (%s): rows are built in-process from now on", exc)
+        self.broken = True
+        self.close()
 
 
 # ---- the worker side --------------------------------------------------------------------------
 
-def serve(recv_end: Connection, send_end: Connection) -> None:
-    """Answers the parent's messages (module docstring) until its pipe closes."""
-    from .automaton import NFA, LazyDFA
-    from .compiled import mask_row_of
-    from .token_masks import pack_bits
-    from .tokenizer_info import TokenizerInfo
+class _Serving:
+    """A worker's state: the tokenizer, the constraints' DFAs, jobs without an answer awaited."""
 
-    info = eos_row = None
-    dfas: OrderedDict[int, LazyDFA] = OrderedDict()
-    while True:
-        try:
-            message = recv_end.recv()
-        except EOFError:
-            return
-        if message[0] == "tokenizer":
-            _, token_bytes, eos_token_ids, vocab_size = message
-            info = TokenizerInfo(token_bytes, tuple(eos_token_ids), vocab_size)
-            eos = np.zeros(vocab_size, dtype=bool)
-            eos[list(info.eos_token_ids)] = True
-            eos_row = pack_bits(eos, info.num_words)
-        elif message[0] == "nfa":
-            _, key, edges, eps, accept = message
-            nfa = NFA()
-            nfa.edges, nfa.eps = edges, eps
-            dfas[key] = LazyDFA.from_nfa(nfa, accept)
-            while len(dfas) > _KEEP:
-                dfas.popitem(last=False)
-        else:
+    def __init__(self):
+        from .compiled import mask_row_of
+        self.mask_row_of = mask_row_of
+        self.info = self.eos_row = None
+        self.dfas: OrderedDict = OrderedDict()
+        self.near: deque = deque()       # (key, NFA set): neighbourhoods to send
+        self.ahead: deque = deque()      # (key, NFA set): rows to build ahead
+
+    def handle(self, message: tuple, send_end: Connection) -> None:
+        kind = message[0]
+        if kind == "tokenizer":
+            self._tokenizer(*message[1:])
+        elif kind == "nfa":
+            self._nfa(*message[1:])
+        elif kind == "rows":
             _, key, sets = message
-            dfa = dfas.get(key)
+            dfa = self.dfas.get(key)
             if dfa is None:
                 send_end.send("unknown")
+                return
+            self.dfas.move_to_end(key)
+            send_end.send([self._row_bytes(dfa, nfa_set) for nfa_set in sets])
+        else:   # "expand" / "ahead": queued, done while no other message waits
+            queue = self.near if kind == "expand" else self.ahead
+            queue.extend((message[1], nfa_set) for nfa_set in message[2])
+
+    def background_step(self, send_end: Connection) -> None:
+        """One queued job: a neighbourhood first (it feeds the rows ahead), else a row."""
+        queue = self.near if self.near else self.ahead
+        key, nfa_set = queue.popleft()
+        dfa = self.dfas.get(key)
+        if dfa is None:
+            send_end.send(("unknown", key))
+        elif queue is self.near:
+            send_end.send(("near", key, _neighbourhood(dfa, dfa.state_of_set(frozenset(nfa_set)))))
+        else:
+            send_end.send(("ahead", key, nfa_set, self._row_bytes(dfa, nfa_set)))
+
+    def has_background_work(self) -> bool:
+        return bool(self.near or self.ahead)
+
+    def _tokenizer(self, token_bytes, eos_token_ids, vocab_size) -> None:
+        from .token_masks import pack_bits
+        from .tokenizer_info import TokenizerInfo
+        self.info = TokenizerInfo(token_bytes, tuple(eos_token_ids), vocab_size)
+        eos = np.zeros(vocab_size, dtype=bool)
+        eos[list(self.info.eos_token_ids)] = True
+        self.eos_row = pack_bits(eos, self.info.num_words)
+
+    def _nfa(self, key, edges, eps, accept) -> None:
+        from .automaton import NFA, LazyDFA
+        nfa = NFA()
+        nfa.edges, nfa.eps = edges, eps
+        self.dfas[key] = LazyDFA.from_nfa(nfa, accept)
+        while len(self.dfas) > _KEEP:
+            self.dfas.popitem(last=False)
+
+    def _row_bytes(self, dfa, nfa_set) -> bytes | None:
+        try:
+            state = dfa.state_of_set(frozenset(nfa_set))
+            return self.mask_row_of(self.info, dfa, state, self.eos_row).tobytes()
+        except Exception:   # the parent builds this row itself and reports the error
+            return None
+
+
+def _neighbourhood(dfa, state: int) -> list[tuple]:
+    """NFA sets of the states within ``EXPAND_BYTES`` bytes of ``state``, nearest first, at
+    most ``EXPAND_STATES``."""
+    seen, frontier, out = {state}, [state], []
+    for _ in range(RowWorkers.EXPAND_BYTES):
+        following = []
+        for q in frontier:
+            for target in np.unique(dfa.row(q)).tolist():
+                if target >= 0 and target not in seen:
+                    seen.add(target)
+                    following.append(target)
+                    out.append(tuple(dfa.sets[target]))
+                    if len(out) >= RowWorkers.EXPAND_STATES:
+                        return out
+        frontier = following
+    return out
+
+
+def serve(recv_end: Connection, send_end: Connection) -> None:
+    """Answers the parent's messages (module docstring) until its pipe closes; between
+    messages, works through the jobs that need no prompt answer."""
+    serving = _Serving()
+    while True:
+        try:
+            if serving.has_background_work() and not recv_end.poll(0):
+                serving.background_step(send_end)
                 continue
-            dfas.move_to_end(key)
-            send_end.send([_row_bytes(info, dfa, nfa_set, eos_row, mask_row_of) for nfa_set in sets])
-
-
-def _row_bytes(info, dfa, nfa_set, eos_row, mask_row_of) -> bytes | None:
-    try:
-        state = dfa.state_of_set(frozenset(nfa_set))
-        return mask_row_of(info, dfa, state, eos_row).tobytes()
-    except Exception:   # the parent builds this row itself and reports the error
-        return None
+            message = recv_end.recv()
+        except (EOFError, OSError):
+            return
+        serving.handle(message, send_end)
 
 
 def _main() -> None:

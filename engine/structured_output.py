@@ -71,7 +71,9 @@ class StructuredOutputManager:
         if num_workers > 0:
             self.row_workers = RowWorkers(self.info, num_workers)
             # The workers build new rows at fill time; the prefetch thread would build the
-            # same rows at accept time, right before, competing for the GIL.
+            # same rows at accept time, right before, competing for the GIL (``close``
+            # turns it back on).
+            self._prefetch_was = prefetch.enabled()
             prefetch.set_enabled(False)
         self.mask_seconds = 0.0      # cumulative time filling bitmasks, for metrics
 
@@ -164,20 +166,26 @@ class StructuredOutputManager:
 
     def _build_missing_rows(self, matchers) -> None:
         """Rows of the states the batch reached for the first time, built side by side in
-        the worker processes (two or more of one constraint; one is built in place)."""
-        missing: dict[int, tuple] = {}
+        the worker processes (two or more of one constraint; one is built in place), and
+        the neighbourhoods of the states reached, asked for so their rows are built ahead."""
+        workers = self.row_workers
+        workers.poll()
+        reached: dict[int, tuple] = {}
         for m in matchers:
-            if type(m) is RegexMatcher and not m.finished and m.state >= 0 \
-                    and not m.compiled.has_row(m.state):
-                missing.setdefault(id(m.compiled), (m.compiled, set()))[1].add(m.state)
-        for compiled, states in missing.values():
-            if len(states) >= 2:
-                self.row_workers.build(compiled, sorted(states))
+            if type(m) is RegexMatcher and not m.finished and m.state >= 0:
+                reached.setdefault(id(m.compiled), (m.compiled, set()))[1].add(m.state)
+        for compiled, states in reached.values():
+            missing = sorted(s for s in states if not compiled.has_row(s))
+            if len(missing) >= 2:
+                workers.build(compiled, missing)
+            workers.expand(compiled, sorted(states))
 
     def close(self) -> None:
         """Stops the row worker processes, if any."""
         if self.row_workers is not None:
             self.row_workers.close()
+            prefetch.set_enabled(self._prefetch_was)
+            self.row_workers = None
 
     def _fail(self, rid, exc: Exception) -> None:
         message = f"structured output failed while decoding: {exc}"

@@ -1,6 +1,7 @@
 """constrain/row_workers.py: mask rows built in worker processes equal the in-process ones,
 and a pool that loses a worker falls back to building rows in-process."""
 import random
+import time
 
 import numpy as np
 import pytest
@@ -72,3 +73,26 @@ def test_a_dead_worker_falls_back_in_process(info):
     assert workers.broken
     for state in states:                          # the step path still builds every row
         assert compiled.mask_row(state).shape == (info.num_words,)
+
+
+def test_rows_ahead_cover_the_neighbourhood_and_match(info):
+    params = StructuredOutputsParams(json=ITEMS)
+    compiled = compile_constraint(params, info)
+    reference = compile_constraint(params, info)
+    start = compiled.dfa.start
+    workers = RowWorkers(info, 2)
+    try:
+        workers.expand(compiled, [start])
+        deadline = time.monotonic() + 60
+        while workers.rows_ahead < RowWorkers.EXPAND_STATES and time.monotonic() < deadline:
+            workers.poll()
+            time.sleep(0.01)
+        assert workers.rows_ahead == RowWorkers.EXPAND_STATES
+        workers.expand(compiled, [start])             # asked once per state
+        ahead = [s for s in range(compiled.dfa.num_states) if compiled.has_row(s)]
+        assert len(ahead) == RowWorkers.EXPAND_STATES and start not in ahead
+        for state in ahead:                           # the same rows as built in-process
+            same = reference.dfa.state_of_set(compiled.dfa.sets[state])
+            np.testing.assert_array_equal(compiled.mask_row(state), reference.mask_row(same))
+    finally:
+        workers.close()

@@ -114,6 +114,25 @@ def test_pipelined_outputs_equal_sequential(tiny_checkpoint, gpu_runner):
     assert engine.get_stats().num_generation_tokens == _num_tokens(want)
 
 
+def test_pipelined_grammars_with_row_workers_equal_sequential(tiny_checkpoint):
+    """Constrained requests keep the pipelined schedule (masks filled after the previous
+    step's tokens are accepted); mask rows built in worker processes change nothing."""
+    path = tiny_checkpoint("llama")
+    prompts = random_prompts(lengths=(3, 9, 14, 22, 5, 30), seed=4)
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {
+        "type": "string", "maxLength": 6}}, "required": ["n", "s"], "additionalProperties": False}
+    specs = [dict(json=schema), dict(regex=r"([a-z]{2,5} ){4}"), dict(choice=["alpha", "beta"])]
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=24,
+                             structured_outputs=StructuredOutputsParams(**specs[i % 3]))
+              for i in range(len(prompts))]
+    want, _ = _outputs(path, prompts, params, pipelined=False)
+    got, engine = _outputs(path, prompts, params, pipelined=True, gpu_runner=True,
+                           structured_outputs_workers=2)
+    _assert_same(got, want)
+    assert engine._structured.row_workers.rows_built > 0, "the workers must have built rows"
+    engine._structured.close()
+
+
 def test_pipelined_with_preemption_and_chunked_prefill(tiny_checkpoint):
     """A KV pool too small for the batch (recompute preemption while tokens are in
     flight) and a small token budget (prefill chunks next to decodes)."""
