@@ -194,6 +194,8 @@ def run_engine(args) -> dict:
     runner = (TamisRunner if args.engine == "tamis" else VllmRunner)(folder, args)
     result = {"engine": runner.name, "startup_s": round(time.perf_counter() - t0, 1), "variants": {}}
     for variant in args.variants.split(","):
+        if f"{args.engine}:{variant}" in args.skip.split(","):
+            continue
         try:
             result["variants"][variant] = run_variant(runner, variant, args)
         except Exception as exc:   # a failed variant is a row that says why
@@ -336,6 +338,8 @@ def main() -> None:
     parser.add_argument("--max-prompt", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--skip", default="",
+                        help="ENGINE:VARIANT pairs not to run, e.g. vllm:regex")
     parser.add_argument("--max-pass-seconds", type=float, default=60.0,
                         help="no further pass of a variant after one this slow")
     parser.add_argument("--jump-forward", action="store_true",
