@@ -123,7 +123,9 @@ def _size(node) -> int:
         return found[1]
     if len(_SIZES) > 100_000:
         _SIZES.clear()
-    size = ra.tree_size(node)
+    deadline.check()
+    # Children through the same cache: every node of a build asks for its size once.
+    size = 1 + sum(_size(child) for child in ra.children(node)) * ra.repeat_factor(node)
     _SIZES[id(node)] = (node, size)
     return size
 

@@ -49,7 +49,7 @@ def compile_constraint(params: StructuredOutputsParams, info):
 def _compile(params: StructuredOutputsParams, info):
     kind = params.kind
     if kind == "choice":
-        node = ra.alt(*(ra.literal(c) for c in params.choice))
+        node = ra.alt(*(_literal_checked(c, i) for i, c in enumerate(params.choice)))
         if node == ra.NOTHING or any(c == "" for c in params.choice) and len(params.choice) == 1:
             raise ConstraintError("structured_outputs.choice must contain a non-empty string")
         return CompiledRegex(node, info, "choice")
@@ -65,6 +65,12 @@ def _compile(params: StructuredOutputsParams, info):
     if kind == "grammar":
         return _compile_grammar(params.grammar, info)
     raise ConstraintError(f"structured_outputs.{kind} is not supported yet by tamis")
+
+
+def _literal_checked(text: str, index: int):
+    if index & 1023 == 1023:   # a long choice list stops at the deadline
+        deadline.check()
+    return ra.literal(text)
 
 
 def _whitespace(params: StructuredOutputsParams) -> str | None:

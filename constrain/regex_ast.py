@@ -14,6 +14,8 @@ reads bytes, which is what tokens are made of.
 """
 from __future__ import annotations
 
+from . import deadline
+
 MAX_CODE_POINT = 0x10FFFF
 SURROGATES = (0xD800, 0xDFFF)
 
@@ -50,15 +52,19 @@ def seq(*nodes) -> tuple:
 
 
 def alt(*nodes) -> tuple:
-    flat = []
+    # First occurrences in order, deduplicated through a dict: a list's ``in`` made a
+    # choice of n strings cost n^2 tuple comparisons.
+    flat: dict = {}
     for node in nodes:
         parts = node[1] if node[0] == "alt" else (node,)
         for part in parts:
-            if part != NOTHING and part not in flat:
-                flat.append(part)
+            if part != NOTHING:
+                flat.setdefault(part, None)
+        if len(flat) & 1023 == 1023:
+            deadline.check()
     if not flat:
         return NOTHING
-    return flat[0] if len(flat) == 1 else ("alt", tuple(flat))
+    return next(iter(flat)) if len(flat) == 1 else ("alt", tuple(flat))
 
 
 def rep(node, lo: int, hi: int | None) -> tuple:
@@ -172,12 +178,12 @@ def tree_size(node, memo: dict | None = None) -> int:
     key = id(node)
     size = memo.get(key)
     if size is None:
-        size = 1 + sum(tree_size(c, memo) * _repeat_factor(node) for c in children(node))
+        size = 1 + sum(tree_size(c, memo) * repeat_factor(node) for c in children(node))
         memo[key] = size
     return size
 
 
-def _repeat_factor(node) -> int:
+def repeat_factor(node) -> int:
     if node[0] == "rep":
         return max(node[2], 1 if node[3] is None else node[3], 1)
     return 1
