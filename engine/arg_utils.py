@@ -61,6 +61,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _bool_flag(g, "structured_outputs_jump_forward",
                "append the tokens a grammar forces without sampling them (fewer steps; such "
                "requests leave the pipelined schedule and the decode CUDA graphs)")
+    g.add_argument("--structured-outputs-time-limit", dest="structured_outputs_time_limit_s",
+                   type=float, default=_default("structured_outputs_time_limit_s"),
+                   help="seconds one constraint may take to compile (past it: HTTP 503 "
+                        "compile_time_limit)")
     g.add_argument("--structured-outputs-workers", type=int, default=None,
                    help="processes building grammar mask rows in parallel (default: on CUDA "
                         "min(8, CPUs - 4), on CPU 0)")

@@ -41,7 +41,13 @@ class EngineDeadError(RuntimeError):
 
 
 class RequestFailed(RuntimeError):
-    """The engine refused or failed this request (bad input, grammar compile error)."""
+    """The engine refused or failed this request (bad input, grammar compile error).
+    ``code`` names a server-side limit the request ran into ("compile_time_limit"), else
+    None: the request itself was wrong."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -320,7 +326,8 @@ def _latest(queue: asyncio.Queue, item):
 def _record_progress(stream: _Stream, output) -> None:
     error = getattr(output, "error", None)
     if error or any(c.finish_reason == "error" for c in output.outputs):
-        raise RequestFailed(error or "the request failed in the engine")
+        raise RequestFailed(error or "the request failed in the engine",
+                            getattr(output, "error_code", None))
     now = time.monotonic()
     times = stream.times
     num_tokens = sum(len(c.token_ids) for c in output.outputs)

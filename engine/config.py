@@ -85,6 +85,9 @@ class EngineConfig:
     # (tamis.constrain.row_workers); None: on CUDA min(8, CPUs - 4), on CPU none (the
     # forward pass needs the cores there).
     structured_outputs_workers: int | None = None
+    # Seconds one constraint may take to compile; past it the request fails with the
+    # "compile_time_limit" code (HTTP 503) and the compile stops.
+    structured_outputs_time_limit_s: float = 10.0
     max_logprobs: int = 20
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"
@@ -114,6 +117,9 @@ class EngineConfig:
 
     def _check_numbers(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size")
+        if not self.structured_outputs_time_limit_s > 0:
+            raise ValueError(f"{flag('structured_outputs_time_limit_s')} must be > 0, "
+                             f"got {self.structured_outputs_time_limit_s}")
         if self.structured_outputs_workers is not None and self.structured_outputs_workers < 0:
             raise ValueError(f"{flag('structured_outputs_workers')} must be >= 0, "
                              f"got {self.structured_outputs_workers}")

@@ -428,6 +428,7 @@ class LLMEngine:
             try:
                 ready = self._structured.is_ready(request)
             except Exception as exc:   # a failed compile fails this request alone
+                request.error_code = getattr(exc, "code", None)
                 self._finish(request, RequestStatus.FINISHED_ERROR, str(exc) or type(exc).__name__)
                 continue
             if ready:

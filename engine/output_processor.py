@@ -89,12 +89,13 @@ def make_request_output(group: RequestGroup) -> RequestOutput:
         completions.append(CompletionOutput(child.index, text, tokens, child.cumulative_logprob,
                                             logprobs, child.finish_reason, child.stop_reason))
     leader = group.children[0]
-    errors = [c.error for c in group.children if c.error]
+    failed = [c for c in group.children if c.error]
     return RequestOutput(
         request_id=group.request_id, prompt=group.prompt, prompt_token_ids=group.prompt_token_ids,
         prompt_logprobs=list(leader.prompt_logprobs) if leader.prompt_logprobs is not None else None,
         outputs=completions, finished=group.finished, metrics=leader.metrics,
-        error=errors[0] if errors else None, num_cached_tokens=leader.num_cached_tokens)
+        error=failed[0].error if failed else None, num_cached_tokens=leader.num_cached_tokens,
+        error_code=failed[0].error_code if failed else None)
 
 
 __all__ = ["OutputProcessor", "RequestGroup", "make_request_output"]

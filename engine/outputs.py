@@ -57,6 +57,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None
     num_cached_tokens: int = 0
+    error_code: str | None = None   # set with ``error`` for server-side limits ("compile_time_limit")
 
 
 __all__ = ["Logprob", "CompletionOutput", "RequestOutput", "RequestMetrics",

@@ -92,6 +92,7 @@ class Request:
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
         self.error: str | None = None
+        self.error_code: str | None = None   # e.g. "compile_time_limit": a server-side limit
         # The constrain room's per-request state (matcher, compile future); opaque here.
         self.grammar_state: Any = None
         self.generator: torch.Generator | None = None

@@ -39,7 +39,7 @@ import numpy as np
 
 from tamis.constrain import StructuredOutputsParams, TokenizerInfo
 from tamis.constrain.backends import check_installed, make_compiler
-from tamis.constrain import prefetch
+from tamis.constrain import CompileTimeout, prefetch
 from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
 from tamis.constrain.matcher import RegexMatcher
 from tamis.constrain.row_workers import RowWorkers
@@ -47,9 +47,17 @@ from tamis.constrain.row_workers import RowWorkers
 
 logger = logging.getLogger(__name__)
 
+COMPILE_TIME_LIMIT = "compile_time_limit"   # StructuredOutputError.code of a compile too slow
+
 
 class StructuredOutputError(ValueError):
-    """A request's constraint failed to compile; the message says why."""
+    """A request's constraint failed to compile; the message says why. ``code`` is
+    ``"compile_time_limit"`` when the compile ran past the server's time limit (a limit of
+    the server, reported apart from constraints that are wrong), else None."""
+
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 class StructuredOutputManager:
@@ -107,10 +115,14 @@ class StructuredOutputManager:
             if waited > self.time_limit_s * 1.5 + 1.0:
                 self._drop(rid)
                 raise StructuredOutputError(
-                    f"structured output compilation timed out after {waited:.1f}s")
+                    f"structured output compilation timed out after {waited:.1f}s",
+                    COMPILE_TIME_LIMIT)
             return False
         try:
             compiled = future.result()
+        except CompileTimeout as exc:
+            self._drop(rid)
+            raise StructuredOutputError(str(exc), COMPILE_TIME_LIMIT) from None
         except Exception as exc:
             self._drop(rid)
             raise StructuredOutputError(str(exc)) from None

@@ -98,7 +98,12 @@ def validation_error(errors) -> APIError:
 
 
 def engine_error(exc: Exception) -> APIError:
-    """Engine exceptions: refused request 400, full queue 503 + Retry-After, dead 503."""
+    """Engine exceptions: refused request 400, a compile past the time limit 503, full
+    queue 503 + Retry-After, dead 503."""
+    if isinstance(exc, RequestFailed) and exc.code == "compile_time_limit":
+        # A limit of this server, not a wrong request: 503, and worth a retry (slow
+        # compiles are not cached; a less busy server may finish it).
+        return APIError(str(exc), 503, code="compile_time_limit", type="server_error")
     if isinstance(exc, RequestFailed):
         return APIError(str(exc), 400)
     if isinstance(exc, EngineOverloaded):

@@ -48,7 +48,8 @@ def stream_error(exc: BaseException) -> dict:
     """The error event sent when a stream fails after its first byte."""
     from tamis.engine.async_engine import RequestFailed
 
-    kind = "invalid_request_error" if isinstance(exc, RequestFailed) else "server_error"
+    kind = ("invalid_request_error" if isinstance(exc, RequestFailed) and exc.code is None
+            else "server_error")
     return error_body(str(exc) or type(exc).__name__, kind)
 
 

@@ -100,8 +100,9 @@ class FakeEngine:
         finished = all(d is not None for d in req["done"])
         if getattr(params, "extra_args", None) and params.extra_args.get("fail_in_engine"):
             choices[0].finish_reason = "error"
+            code = params.extra_args.get("error_code")
             return RequestOutput(request_id, None, req["prompt"], None, choices, True,
-                                 error="grammar failed to compile (fake)")
+                                 error="grammar failed to compile (fake)", error_code=code)
         return RequestOutput(request_id, None, req["prompt"], None, choices, finished,
                              metrics=RequestMetrics(arrival_time=req["arrival"],
                                                     first_scheduled_time=req["arrival"]))

@@ -148,3 +148,24 @@ def test_crashed_step_loop_fails_requests_and_health(tokenizer):
     assert not engine.is_alive
     with pytest.raises(EngineDeadError):
         engine.check_health()
+
+
+def test_a_compile_time_limit_is_a_503_with_its_code(tokenizer):
+    from tamis.server.errors import engine_error
+    engine = AsyncEngine(FakeEngine(tokenizer))
+
+    async def main():
+        slow = SamplingParams(max_tokens=3, extra_args={"fail_in_engine": True,
+                                                         "error_code": "compile_time_limit"})
+        with pytest.raises(RequestFailed) as caught:
+            await anext(engine.generate([1], slow, "slow"))
+        return caught.value
+
+    try:
+        failed = _run(main())
+    finally:
+        engine.shutdown()
+    error = engine_error(failed)
+    assert (error.status, error.code, error.type) == (503, "compile_time_limit", "server_error")
+    wrong = engine_error(RequestFailed("bad schema"))
+    assert (wrong.status, wrong.type) == (400, "invalid_request_error")
