@@ -25,13 +25,14 @@ no message waits, and their answers are read whenever the parent next looks.
 A state is named by its NFA state set, not by its number: each process numbers its DFA
 states in its own visit order. A row that failed in a worker comes back as None and the
 step path builds it itself (and gets the error there). Workers are plain subprocesses
-(``python -m tamis.constrain.row_workers``): nothing of the engine process is forked or
+(``python -c`` importing this module): nothing of the engine process is forked or
 re-imported. A worker that dies marks the pool broken, and every row is built in-process
 from then on.
 """
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import subprocess
@@ -44,14 +45,17 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _KEEP = 64     # constraints a worker keeps (least recently used dropped first)
+_BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['TAMIS_ROW_WORKER_PATH']); "
+         "from tamis.constrain.row_workers import main; main()")
 
 
 class _Worker:
     def __init__(self, info):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self.process = subprocess.Popen(
-            [sys.executable, "-P", "-m", "tamis.constrain.row_workers"], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # The child imports from exactly the parent's sys.path (not from its working
+        # directory, which may hold another checkout's ``tamis``).
+        env = dict(os.environ, TAMIS_ROW_WORKER_PATH=json.dumps(sys.path))
+        self.process = subprocess.Popen([sys.executable, "-c", _BOOT], env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.send_end = Connection(os.dup(self.process.stdin.fileno()), readable=False)
         self.recv_end = Connection(os.dup(self.process.stdout.fileno()), writable=False)
         self.process.stdin.close()
@@ -337,7 +341,8 @@ def serve(recv_end: Connection, send_end: Connection) -> None:
         serving.handle(message, send_end)
 
 
-def _main() -> None:
+def main() -> None:
+    """The worker process's entry point (``_BOOT``)."""
     # The pipes are the protocol's; stray prints of imported code go to stderr instead.
     recv_end = Connection(os.dup(0), writable=False)
     send_end = Connection(os.dup(1), readable=False)
@@ -346,4 +351,4 @@ def _main() -> None:
 
 
 if __name__ == "__main__":
-    _main()
+    main()
