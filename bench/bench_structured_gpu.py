@@ -279,8 +279,12 @@ def _independent_check(variant: str, text: str) -> bool:
 # ---- parent: the table ------------------------------------------------------------------------
 
 def parent(args) -> None:
-    rows = run_each(__file__, "--engine", args.engines.split(","), args.out, "structured_gpu",
-                    "engine")
+    if args.report:   # the table of an earlier run, from the files its engines wrote
+        rows = [json.loads(path.read_text())
+                for path in sorted(Path(args.report).glob("structured_gpu_*.json"))]
+    else:
+        rows = run_each(__file__, "--engine", args.engines.split(","), args.out,
+                        "structured_gpu", "engine")
     from transformers import AutoTokenizer
 
     from tamis.constrain import TokenizerInfo
@@ -290,32 +294,13 @@ def parent(args) -> None:
           f"{args.max_prompt} random ids, {args.output_len} tokens out, temperature 1.0, "
           f"Llama-3.1-8B shape (dummy bf16), SmolLM2 tokenizer")
     names = list(by_engine)
-    print("| variant | " + " | ".join(f"{n} out tok/s (passes)" for n in names)
+    print("Passes in order: the first reaches most automaton states for the first time; "
+          "ratios are per pass.")
+    print("| variant | " + " | ".join(f"{n} out tok/s" for n in names)
           + " | tamis / own unconstrained | tamis / vLLM | finished / invalid / bad prefixes |")
     print("|---" * (len(names) + 4) + "|")
     for variant in args.variants.split(","):
-        cells, best = [], {}
-        for name in names:
-            data = by_engine[name]["variants"].get(variant, {})
-            figures = [p["output_tok_s"] for p in data.get("passes", [])]
-            best[name] = statistics.median(figures) if figures else None
-            cells.append(f"failed: {data['error'][:80]}" if "error" in data
-                         else " / ".join(f"{f:,.0f}" for f in figures))
-        tamis = best.get("tamis")
-        own = by_engine.get("tamis", {}).get("variants", {}).get("unconstrained")
-        own_best = (statistics.median(p["output_tok_s"] for p in own["passes"])
-                    if own and own.get("passes") else None)
-        peer = next((best[n] for n in names if n.startswith("vllm")), None)
-        ratio_own = f"{tamis / own_best:.2f}" if tamis and own_best else ""
-        ratio_peer = f"{tamis / peer:.2f}" if tamis and peer else ""
-        checks = []
-        for name in names:
-            outputs = by_engine[name]["variants"].get(variant, {}).get("outputs", [])
-            c = check_outputs(variant, outputs, info)
-            if c:
-                checks.append(f"{name}: {c['finished']} / {c['invalid_finished']} / {c['invalid_prefix']}")
-        print(f"| {variant} | " + " | ".join(cells) + f" | {ratio_own} | {ratio_peer} | "
-              + "; ".join(checks) + " |")
+        print(_table_row(variant, names, by_engine, info))
     for row in rows:
         if "error" in row:
             print(f"{row['engine']}: failed ({row['error']})")
@@ -324,6 +309,39 @@ def parent(args) -> None:
             for p in data["passes"]:
                 if "profile" in p:
                     print(f"profile {name} {variant}: {json.dumps(p['profile'])}")
+
+
+def _figures(row: dict | None, variant: str) -> list[float]:
+    data = (row or {}).get("variants", {}).get(variant, {})
+    return [p["output_tok_s"] for p in data.get("passes", [])]
+
+
+def _ratios(ours: list[float], theirs: list[float]) -> str:
+    """Pass i over pass i (over the one pass when the other side ran one)."""
+    if not ours or not theirs:
+        return ""
+    return " / ".join(f"{f / theirs[min(i, len(theirs) - 1)]:.2f}" for i, f in enumerate(ours))
+
+
+def _table_row(variant: str, names: list[str], by_engine: dict, info) -> str:
+    cells, checks = [], []
+    for name in names:
+        data = by_engine[name]["variants"].get(variant)
+        if data is None:
+            cells.append("not run")
+            continue
+        cells.append(f"failed: {data['error'][:80]}" if "error" in data
+                     else " / ".join(f"{f:,.0f}" for f in _figures(by_engine[name], variant)))
+        c = check_outputs(variant, data.get("outputs", []), info)
+        if c:
+            checks.append(f"{name}: {c['finished']} / {c['invalid_finished']} / "
+                          f"{c['invalid_prefix']}")
+    tamis = by_engine.get("tamis")
+    peer = next((by_engine[n] for n in names if n.startswith("vllm")), None)
+    ours = _figures(tamis, variant)
+    return (f"| {variant} | " + " | ".join(cells)
+            + f" | {_ratios(ours, _figures(tamis, 'unconstrained'))}"
+            + f" | {_ratios(ours, _figures(peer, variant))} | " + "; ".join(checks) + " |")
 
 
 def main() -> None:
@@ -352,6 +370,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="tamis's host time per phase")
     parser.add_argument("--tiny", action="store_true",
                         help="a 2-layer model of width 256 (a smoke test of the script on CPU)")
+    parser.add_argument("--report", default=None, metavar="DIR",
+                        help="print the table of the run whose files are in DIR; run nothing")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = parser.parse_args()
