@@ -52,19 +52,38 @@ def seq(*nodes) -> tuple:
 
 
 def alt(*nodes) -> tuple:
-    # First occurrences in order, deduplicated through a dict: a list's ``in`` made a
-    # choice of n strings cost n^2 tuple comparisons.
-    flat: dict = {}
+    """The alternation of ``nodes`` (nested alternations flattened), duplicates dropped.
+
+    Literal strings are deduplicated through a dict (a choice or an enum of n strings would
+    cost n^2 comparisons in a list); other parts by identity, then by equality against the
+    list, since hashing a node walks its whole sub-DAG (shared sub-nodes again and again)
+    where comparing it stops at the first shared one."""
+    flat: list = []
+    seen: set[int] = set()
+    strings: set = set()
     for node in nodes:
         parts = node[1] if node[0] == "alt" else (node,)
         for part in parts:
-            if part != NOTHING:
-                flat.setdefault(part, None)
-        if len(flat) & 1023 == 1023:
-            deadline.check()
+            if id(part) in seen or part == NOTHING:
+                continue
+            if _is_string(part):
+                if part in strings:
+                    continue
+                strings.add(part)
+            elif part in flat:
+                continue
+            seen.add(id(part))
+            flat.append(part)
+            if len(flat) & 1023 == 1023:
+                deadline.check()
     if not flat:
         return NOTHING
-    return next(iter(flat)) if len(flat) == 1 else ("alt", tuple(flat))
+    return flat[0] if len(flat) == 1 else ("alt", tuple(flat))
+
+
+def _is_string(node) -> bool:
+    """A literal (``literal``'s form: one character, or a sequence of characters)."""
+    return node[0] == "chars" or (node[0] == "seq" and all(c[0] == "chars" for c in node[1]))
 
 
 def rep(node, lo: int, hi: int | None) -> tuple:
