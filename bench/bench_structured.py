@@ -1,12 +1,15 @@
 """Structured-output benchmark (BENCHMARKS.md W4, model-free part + optional throughput).
 
-    python bench/bench_structured.py [--per-subset 40] [--backend tamis|xgrammar|llguidance|all]
+    python bench/bench_structured.py [--data DIR] [--per-subset 40]
+                                     [--backend tamis|xgrammar|llguidance|all]
                                      [--throughput [--batch 32 --max-tokens 64 --repeats 2
                                                     --no-jump-forward]]
                                      [--skip-maskbench] [--engine-masks]
 
 - coverage, cold compile time and accept/reject agreement over the maskbench-dev sample of
-  BENCHMARKS.md (up to N files per subset, sorted, ``random.Random(0).shuffle``); instances
+  BENCHMARKS.md (``--data DIR``: the whole dev half, one folder per subset, from a checkout of
+  the public jsonschemabench repository; without it, the 8-per-subset sample kept in
+  tests/data/conformance) (up to N files per subset, sorted, ``random.Random(0).shuffle``); instances
   serialised compactly and walked token by token (SmolLM2 tokenizer), the mask filled at
   every step; the same sample and walk for every backend asked for (xgrammar / llguidance
   only where installed: ``tamis.constrain.backends``);
@@ -276,6 +279,9 @@ def throughput_rows(backend: str, runs: dict) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=None,
+                        help="maskbench-dev folder, one subfolder per subset (default: the "
+                             "sample in tests/data/conformance, 8 per subset)")
     parser.add_argument("--per-subset", type=int, default=40)
     parser.add_argument("--backend", default="tamis",
                         choices=("all",) + backend_registry.CHOICES,
@@ -295,6 +301,9 @@ def main() -> None:
     parser.add_argument("--prefetch", choices=("on", "off"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.data:
+        import conformance
+        conformance.MASKBENCH = Path(args.data).resolve()
     if args.prefetch:              # a child of --engine-masks
         import structured_engine_masks as engine_masks
         engine_masks.write_json(engine_masks.run(args.prefetch == "on", args.batch, args.max_tokens,

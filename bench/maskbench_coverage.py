@@ -1,6 +1,11 @@
 """JSON-schema coverage on ALL maskbench-dev schemas (model-free), with refusal reasons.
 
-    python bench/maskbench_coverage.py [--jobs 2] [--out /tmp/maskbench.jsonl] [--limit N] [--every K]
+    python bench/maskbench_coverage.py --data DIR [--jobs 2] [--out /tmp/maskbench.jsonl]
+                                       [--limit N] [--every K]
+
+DIR holds the maskbench-dev schemas, one folder per subset (a checkout of the public
+jsonschemabench repository, its maskbench data grouped by subset); without ``--data`` the
+168-schema sample kept in tests/data/conformance is measured.
 
 Every schema is compiled (``compile_constraint``, SmolLM2 tokenizer, 10 s limit) and each of
 its test instances is walked token by token (compact JSON, then EOS) through a fresh matcher:
@@ -149,6 +154,9 @@ def main() -> None:
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return
     parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default=None,
+                        help="maskbench-dev folder, one subfolder per subset (default: the sample "
+                             "in tests/data/conformance)")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="/tmp/maskbench_coverage")
     parser.add_argument("--limit", type=int, default=None, help="first N schemas only (smoke run)")
@@ -156,6 +164,8 @@ def main() -> None:
                         help="every K-th schema of the sorted list: a spread sample of all subsets")
     parser.add_argument("--report-only", action="store_true", help="re-print from --out files")
     args = parser.parse_args()
+    if args.data:   # read by tests/constrain/conformance.py here and in the worker processes
+        os.environ["TAMIS_MASKBENCH_DIR"] = str(Path(args.data).resolve())
     outs = [f"{args.out}.{k}.jsonl" for k in range(args.jobs)]
     if args.report_only:
         report(outs)

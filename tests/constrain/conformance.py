@@ -3,15 +3,18 @@ where the external data lives, the SmolLM2 tokenizer info, and the token walk.""
 from __future__ import annotations
 
 import json
+import os
 import random
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-CONFORMANCE = Path(__file__).resolve().parents[2] / ".." / "shared" / "conformance"
+CONFORMANCE = Path(__file__).resolve().parents[1] / "data" / "conformance"
 SUITE = CONFORMANCE / "json-schema-test-suite" / "tests" / "draft2020-12"
-MASKBENCH = CONFORMANCE / "maskbench-dev"
+# The sample kept in the repository; TAMIS_MASKBENCH_DIR (or a benchmark's --data) points at
+# the whole dev half (one folder per subset).
+MASKBENCH = Path(os.environ.get("TAMIS_MASKBENCH_DIR") or CONFORMANCE / "maskbench-dev-sample")
 
 
 @lru_cache(maxsize=1)
@@ -103,11 +106,18 @@ def walk(compiled, text: str, check_mask: bool = False) -> tuple[bool, int]:
     return True, outside
 
 
-def maskbench_sample(per_subset: int = 40, seed: int = 0) -> list[tuple[str, Path]]:
-    """BENCHMARKS.md's sample: up to ``per_subset`` files per subset, sorted then shuffled."""
+def maskbench_sample(per_subset: int = 40, seed: int = 0,
+                     root: Path | None = None) -> list[tuple[str, Path]]:
+    """BENCHMARKS.md's sample: up to ``per_subset`` files per subset, sorted then shuffled
+    with ``seed``. A subset folder with an ``ORDER.txt`` (the repository's sample) lists its
+    files in the whole set's seed-0 order, so the same files come first either way."""
     out = []
-    for subset in sorted(p for p in MASKBENCH.iterdir() if p.is_dir()):
-        files = sorted(subset.glob("*.json"))
-        random.Random(seed).shuffle(files)
+    for subset in sorted(p for p in (root or MASKBENCH).iterdir() if p.is_dir()):
+        order = subset / "ORDER.txt"
+        if order.exists() and seed == 0:
+            files = [subset / name for name in order.read_text().split()]
+        else:
+            files = sorted(subset.glob("*.json"))
+            random.Random(seed).shuffle(files)
         out += [(subset.name, f) for f in files[:per_subset]]
     return out

@@ -1,4 +1,4 @@
-"""Validate response bodies against OpenAI's OpenAPI subset in ../shared/conformance.
+"""Validate response bodies against OpenAI's OpenAPI subset in tests/data/conformance.
 
 The spec is OpenAPI 3.1 but still marks some fields ``nullable: true`` (3.0 style),
 which plain JSON Schema ignores; those are rewritten to also accept ``null``.
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import jsonschema
 
-SPEC = (Path(__file__).resolve().parents[2].parent / "shared" / "conformance" /
-        "openai-openapi" / "openapi.subset-chat-completions-models.patched.json")
+SPEC = (Path(__file__).resolve().parents[1] / "data" / "conformance" / "openai-openapi" /
+        "openapi.subset-chat-completions-models.patched.json")
 
 
 def _allow_null(node):
