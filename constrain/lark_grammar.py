@@ -17,6 +17,9 @@ _KNOWN_TERMINALS = {
     "ESCAPED_STRING": r'"([^"\\\n]|\\[^\n])*"',
     "_STRING_ESC_INNER": r'([^"\\\n]|\\[^\n])*',
 }
+# ... and where another terminal uses ESCAPED_STRING, Lark pastes its pattern in: the
+# string body with the look-behind, replaced by the same language without it.
+_ESC_INNER_LOOKBEHIND = r'.*?(?<!\\)(\\\\)*?'
 
 
 def parse_lark(text: str) -> tuple[dict, str, list]:
@@ -64,8 +67,9 @@ def _terminal_node(term) -> tuple:
         raise GrammarError(f"terminal {term.name}: regex flags {sorted(unsupported)} are not supported")
     if pattern.type == "str":
         return _literal(pattern.value, "i" in flags)
+    value = pattern.value.replace(_ESC_INNER_LOOKBEHIND, _KNOWN_TERMINALS["_STRING_ESC_INNER"])
     try:
-        return parse_regex(pattern.value, ignorecase="i" in flags, dotall="s" in flags)
+        return parse_regex(value, ignorecase="i" in flags, dotall="s" in flags)
     except ConstraintError as exc:
         raise GrammarError(f"terminal {term.name}: {exc}") from None
 

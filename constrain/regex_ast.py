@@ -54,22 +54,23 @@ def seq(*nodes) -> tuple:
 def alt(*nodes) -> tuple:
     """The alternation of ``nodes`` (nested alternations flattened), duplicates dropped.
 
-    Literal strings are deduplicated through a dict (a choice or an enum of n strings would
-    cost n^2 comparisons in a list); other parts by identity, then by equality against the
-    list, since hashing a node walks its whole sub-DAG (shared sub-nodes again and again)
-    where comparing it stops at the first shared one."""
+    Small parts (literal strings, numbers: at most ``_HASHED_NODES`` nodes) are deduplicated
+    through a set (a choice or an enum of n values would cost n^2 comparisons in a list);
+    larger ones by identity, then by equality against the list, since hashing a node walks
+    its whole sub-DAG (shared sub-nodes again and again) where comparing it stops at the
+    first shared one."""
     flat: list = []
     seen: set[int] = set()
-    strings: set = set()
+    small: set = set()
     for node in nodes:
         parts = node[1] if node[0] == "alt" else (node,)
         for part in parts:
             if id(part) in seen or part == NOTHING:
                 continue
-            if _is_string(part):
-                if part in strings:
+            if _is_small(part):
+                if part in small:
                     continue
-                strings.add(part)
+                small.add(part)
             elif part in flat:
                 continue
             seen.add(id(part))
@@ -81,9 +82,22 @@ def alt(*nodes) -> tuple:
     return flat[0] if len(flat) == 1 else ("alt", tuple(flat))
 
 
-def _is_string(node) -> bool:
-    """A literal (``literal``'s form: one character, or a sequence of characters)."""
-    return node[0] == "chars" or (node[0] == "seq" and all(c[0] == "chars" for c in node[1]))
+_HASHED_NODES = 64
+
+
+def _is_small(node) -> bool:
+    """True when ``node``'s tree has at most ``_HASHED_NODES`` nodes (walked with that budget)."""
+    stack, budget = [node], _HASHED_NODES
+    while stack:
+        budget -= 1
+        if budget < 0:
+            return False
+        stack.extend(children(stack.pop()))
+    try:
+        hash(node)
+    except TypeError:   # a node holding a list: compared, never hashed
+        return False
+    return True
 
 
 def rep(node, lo: int, hi: int | None) -> tuple:

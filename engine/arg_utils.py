@@ -56,7 +56,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--attention-backend", default="auto", choices=cfg.ATTENTION_BACKENDS)
     g.add_argument("--structured-outputs-backend", default=_default("structured_outputs_backend"),
-                   choices=("auto", "tamis", "xgrammar", "llguidance"),
+                   choices=("auto", "tamis", "xgrammar", "llguidance", "guidance"),
                    help="constraint compiler: tamis (= auto); xgrammar / llguidance if installed")
     _bool_flag(g, "structured_outputs_jump_forward",
                "append the tokens a grammar forces without sampling them (fewer steps; such "

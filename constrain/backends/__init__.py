@@ -2,7 +2,7 @@
 
     "tamis" (= "auto")  tamis's own compiler (constrain/compiler.py); always available
     "xgrammar"          xgrammar, when installed (optional yardstick)
-    "llguidance"        llguidance, when installed (optional yardstick)
+    "llguidance"        llguidance, when installed (optional yardstick); "guidance" as vLLM names it
 
 A backend is built once per tokenizer: ``load_backend(name, tokenizer, vocab_size, info)``;
 ``backend.compile(params)`` returns a compiled constraint whose ``matcher()`` follows the
@@ -18,8 +18,8 @@ import importlib.util
 from ..errors import ConstraintError
 
 BACKENDS = ("tamis", "xgrammar", "llguidance")
-ALIASES = {"auto": "tamis"}
-CHOICES = ("auto",) + BACKENDS
+ALIASES = {"auto": "tamis", "guidance": "llguidance"}   # vLLM spells llguidance "guidance"
+CHOICES = ("auto",) + BACKENDS + ("guidance",)
 
 
 def resolve_name(name: str | None) -> str:

@@ -18,6 +18,10 @@ def test_auto_and_default_mean_tamis():
     assert EngineConfig().structured_outputs_backend == "tamis"
 
 
+def test_guidance_is_vllms_name_for_llguidance():
+    assert backends.resolve_name("guidance") == "llguidance"
+
+
 def test_unknown_name_names_the_flag():
     with pytest.raises(ValueError, match="--structured-outputs-backend.*outlines"):
         EngineConfig(structured_outputs_backend="outlines")

@@ -71,8 +71,8 @@ def test_recursion_limit_is_a_clear_error_not_a_crash():
 
 def test_huge_enum_is_refused_quickly():
     start = time.monotonic()
-    with pytest.raises(SchemaError, match="enum with 100000 values"):
-        _compile(json={"enum": list(range(100_000))})
+    with pytest.raises(SchemaError, match="enum with 100001 values"):
+        _compile(json={"enum": list(range(100_001))})
     assert time.monotonic() - start < 5
 
 
@@ -90,4 +90,14 @@ def test_time_limit_fails_the_compile_not_the_process():
         future.result(timeout=30)
     ok = compiler.submit(StructuredOutputsParams(regex="ok"), smollm2()[1]).result(timeout=30)
     assert ok.matcher().accept_bytes(b"ok")
+    compiler.shutdown()
+
+
+def test_an_enum_of_ten_thousand_strings_compiles_within_the_limit():
+    values = [f"value-{i}" for i in range(10_000)]
+    compiler = ConstraintCompiler(time_limit_s=10.0)
+    compiled = compiler.submit(StructuredOutputsParams(json={"enum": values}), smollm2()[1]).result()
+    for text, ok in [('"value-9999"', True), ('"value-0"', True), ('"value-10000"', False)]:
+        matcher = compiled.matcher()
+        assert (matcher.accept_bytes(text.encode()) and matcher.is_complete()) == ok, text
     compiler.shutdown()

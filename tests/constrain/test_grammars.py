@@ -67,3 +67,14 @@ def test_gbnf_is_detected_by_its_rule_arrow():
 def test_invalid_grammars_fail_with_a_clear_error(text, fragment):
     with pytest.raises(GrammarError, match=fragment):
         _grammar(text)
+
+
+def test_escaped_string_inside_another_terminal():
+    """Lark pastes common.ESCAPED_STRING's look-behind pattern into the terminals that use it."""
+    compiled = _grammar('%import common.ESCAPED_STRING\n'
+                        'start: PAIR ("," PAIR)*\n'
+                        'PAIR: ESCAPED_STRING ":" ESCAPED_STRING\n')
+    for text, ok in [('"a":"b"', True), ('"a\\"":"b","c":"d"', True), ('"a":b', False),
+                     ('"a\\":"b"', False), ('"a\nb":"c"', False)]:
+        matcher = compiled.matcher()
+        assert (matcher.accept_bytes(text.encode()) and matcher.is_complete()) == ok, text
