@@ -18,7 +18,8 @@ from tiny_models import make_tiny_checkpoint  # noqa: E402
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (run on the lent GPU)")
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "network: installs a package from PyPI on first use")
 
 
 @pytest.fixture(scope="session")

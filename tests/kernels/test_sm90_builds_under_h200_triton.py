@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.network   # that Triton is installed from PyPI on first use
 H200_TRITON = "3.6.0"  # the H200 image's, in every device run of this project so far
 BUILD_TESTS = Path(__file__).with_name("test_w4a16_sm90_build.py")
 
