@@ -222,8 +222,17 @@ class StructuredOutputManager:
                 "structured_output_mask_seconds": self.mask_seconds}
 
     def accept_token(self, request, token_id: int) -> bool:
+        """Advances the request's matcher. A matcher that fails while advancing (a lazily
+        built part of its grammar ran into a limit) fails its request alone, as in
+        ``fill_bitmask``: False now, ``error`` set, EOS-only rows from then on."""
         m = self._matchers.get(request.request_id)
-        return True if m is None else m.accept(int(token_id))
+        if m is None:
+            return True
+        try:
+            return m.accept(int(token_id))
+        except Exception as exc:
+            self._fail(request.request_id, exc)
+            return False
 
     def is_terminated(self, request) -> bool:
         if request.request_id in self._errors:

@@ -86,3 +86,33 @@ def test_a_matcher_failing_mid_decode_ends_its_request_alone():
     assert manager.error(requests[1]) is None
     manager.remove_request(requests[0])
     assert manager.error(requests[0]) is None
+
+
+def test_a_matcher_failing_in_accept_ends_its_request_alone():
+    """The same for a lazy step that raises while the matcher advances over a token."""
+    import time
+    from types import SimpleNamespace
+
+    from conformance import smollm2
+
+    from tamis.constrain import ConstraintError, StructuredOutputsParams
+    from tamis.engine.structured_output import StructuredOutputManager
+    tokenizer, info = smollm2()
+    manager = StructuredOutputManager(tokenizer, info.vocab_size, None)
+    requests = [SimpleNamespace(request_id=rid, sampling_params=SimpleNamespace(
+        structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))) for rid in "ab"]
+    for request in requests:
+        manager.add_request(request)
+        while not manager.is_ready(request):
+            time.sleep(0.05)
+
+    def explode(token_id):
+        raise ConstraintError("constraint too large")
+    manager.matcher(requests[0]).accept = explode
+    token = tokenizer.encode("yes", add_special_tokens=False)[0]
+    assert manager.accept_token(requests[0], token) is False
+    assert "too large" in manager.error(requests[0]) and manager.is_terminated(requests[0])
+    assert manager.accept_token(requests[1], token) is True and manager.error(requests[1]) is None
+    bitmask = manager.fill_bitmask(requests).numpy()
+    allowed = np.unpackbits(bitmask.view(np.uint8), bitorder="little", axis=1).astype(bool)
+    assert set(np.flatnonzero(allowed[0])) == set(info.eos_token_ids)
