@@ -13,7 +13,9 @@ One step::
 
 With pipelining (``async_scheduling``, on by default on CUDA) "update" handles the
 *previous* step's ids, after this step was queued, so the device works while the host
-appends and schedules (``engine/inflight.py``). Outputs are the same, one step later.
+appends and schedules (``engine/inflight.py``). Outputs are the same, one step later. A
+step with constrained rows queues its forward pass first and samples after the previous
+step's tokens are appended: the bitmasks need the matchers advanced over them.
 
 A request with ``n > 1`` becomes n sequences (``Request``) under one id; they share the
 prompt's KV blocks through the prefix cache and report together in one ``RequestOutput``.
