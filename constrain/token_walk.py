@@ -234,7 +234,12 @@ _SKIP_MIN_ITEMS = 24
 def _skip_runs(table, dfa, tok, at, st, ends):
     """Moves every item whose state has a chain over its run of class bytes."""
     low, high = int(st.min()), int(st.max())
-    states = [low] if low == high else np.unique(st).tolist()
+    if low == high:
+        states = [low]
+    elif high - low < 4 * len(st) + 4096:   # a dense range: counting beats sorting
+        states = (np.flatnonzero(np.bincount(st - low)) + low).tolist()
+    else:
+        states = np.unique(st).tolist()
     st = st.copy()
     at = at.copy()
     for state in states:
