@@ -37,6 +37,7 @@ import logging
 import os
 import subprocess
 import sys
+import weakref
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
 
@@ -159,11 +160,8 @@ class RowWorkers:
             self._break(exc)
 
     def close(self) -> None:
-        for worker in self._workers or ():
-            try:
-                worker.close()
-            except OSError:
-                pass
+        if self._workers is not None:
+            self._finalizer()
         self._workers = None
 
     # ---- messages ------------------------------------------------------------------------
@@ -230,12 +228,22 @@ class RowWorkers:
     def _start(self) -> list[_Worker]:
         if self._workers is None:
             self._workers = [_Worker(self.info) for _ in range(self.count)]
+            # Processes end with their pool, even one nobody closed (an engine dropped).
+            self._finalizer = weakref.finalize(self, _close_all, self._workers)
         return self._workers
 
     def _break(self, exc: Exception) -> None:
         logger.warning("mask row workers stopped (%s): rows are built in-process from now on", exc)
         self.broken = True
         self.close()
+
+
+def _close_all(workers: list[_Worker]) -> None:
+    for worker in workers:
+        try:
+            worker.close()
+        except OSError:
+            pass
 
 
 # ---- the worker side --------------------------------------------------------------------------

@@ -96,3 +96,16 @@ def test_rows_ahead_cover_the_neighbourhood_and_match(info):
             np.testing.assert_array_equal(compiled.mask_row(state), reference.mask_row(same))
     finally:
         workers.close()
+
+
+def test_workers_end_with_their_pool(info):
+    import gc
+    compiled = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,5}-[0-9]{1,5}"), info)
+    workers = RowWorkers(info, 2)
+    row = compiled.dfa.row(compiled.dfa.start)
+    workers.build(compiled, sorted({int(t) for t in row if t >= 0})[:2])
+    processes = [w.process for w in workers._workers]
+    del workers
+    gc.collect()
+    for process in processes:
+        assert process.wait(timeout=10) is not None
