@@ -101,6 +101,12 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=None)
+            if not -2**63 <= self.seed < 2**63:   # vLLM's bound: a 64-bit signed integer
+                raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not -100.0 <= bias <= 100.0:   # OpenAI's bound
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for "
+                                 f"token {token}")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("min_tokens", self.min_tokens, minimum=0)
