@@ -15,6 +15,15 @@ logger = logging.getLogger("tamis.server.access")
 _QUIET_PATHS = ("/health", "/metrics")  # probes and scrapers: logged at DEBUG when fine
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped: a client's path or request id (``%0a``
+    decodes to a newline) cannot start a forged line of the log."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 class AccessLogMiddleware:
     def __init__(self, app, on_status=None):
         self.app = app
@@ -24,7 +33,9 @@ class AccessLogMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers", ()))
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1") or uuid.uuid4().hex
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")
+        if not (request_id.isprintable() and 0 < len(request_id) <= 256):
+            request_id = uuid.uuid4().hex   # echoed in a header: none with control characters
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         start = time.monotonic()
@@ -50,7 +61,8 @@ class AccessLogMiddleware:
                   f" completion_tokens={usage.get('completion_tokens', 0)}" if usage else "")
         status_text = status or "disconnected"
         quiet = scope.get("path") in _QUIET_PATHS and status == 200
-        logger.log(logging.DEBUG if quiet else logging.INFO, "%s %s %s status=%s%s latency=%.3fs", request_id, scope.get("method"),
-                    scope.get("path"), status_text, tokens, elapsed)
+        logger.log(logging.DEBUG if quiet else logging.INFO, "%s %s %s status=%s%s latency=%.3fs",
+                   printable(request_id), printable(scope.get("method") or ""),
+                   printable(scope.get("path") or ""), status_text, tokens, elapsed)
         if self.on_status is not None and status >= 400:
             self.on_status(status)
