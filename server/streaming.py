@@ -165,7 +165,10 @@ async def cancel_on_disconnect(request: Request, handler):
         if not work.done():
             work.cancel()
         watcher.cancel()
-    if work.cancelled():
+    if not work.done() or work.cancelled():
+        # A cancelled task is done only once it ran its cleanup: wait for that, quietly
+        # (reading its result before then raised InvalidStateError, logged as an ERROR).
+        await asyncio.gather(work, return_exceptions=True)
         return None
     return work.result()
 

@@ -1,4 +1,5 @@
-"""server/access_log.py: one line per request, whatever the client puts in its path or id."""
+"""Hostile or departing clients: the access log stays one line per request, and a client
+that leaves cancels its handler quietly."""
 import asyncio
 import logging
 
@@ -26,3 +27,21 @@ def test_a_forged_line_stays_on_its_own_line(caplog):
     (record,) = caplog.records
     assert "\n" not in record.getMessage()
     assert "status=404" in record.getMessage() and "r1" not in record.getMessage()
+
+
+def test_a_client_leaving_cancels_the_handler_quietly():
+    from tamis.server.streaming import cancel_on_disconnect
+    cleaned = []
+
+    class Gone:
+        async def receive(self):
+            return {"type": "http.disconnect"}
+
+    async def handler():
+        try:
+            await asyncio.sleep(30)
+        finally:
+            cleaned.append(True)   # where the engine requests are aborted
+
+    assert asyncio.run(cancel_on_disconnect(Gone(), handler())) is None
+    assert cleaned == [True]
