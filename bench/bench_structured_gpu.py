@@ -40,16 +40,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import make_prompts, write_llama8b_config  # noqa: E402
 from subprocess_runs import run_each  # noqa: E402
+from bench_structured import THROUGHPUT_SCHEMA  # noqa: E402
 
 VOCAB = 49152
 
-ITEMS_SCHEMA = {
-    "type": "object", "properties": {"items": {"type": "array", "minItems": 40, "items": {
-        "type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
-                                         "qty": {"type": "integer", "minimum": 0, "maximum": 999},
-                                         "ok": {"type": "boolean"}},
-        "required": ["name", "qty", "ok"], "additionalProperties": False}}},
-    "required": ["items"], "additionalProperties": False}
+ITEMS_SCHEMA = THROUGHPUT_SCHEMA   # an object holding an array of 40+ {name, qty, ok} items
 
 WORDS_REGEX = r"(([a-z]{2,10}) ){200}"
 
@@ -89,51 +84,45 @@ def model_folder(tokenizer_dir: str, tiny: bool) -> Path:
     return folder
 
 
-class TamisRunner:
+class Runner:
+    """One engine (``llm``: its ``LLM``) and its ``SamplingParams`` / ``StructuredOutputsParams``
+    classes: both engines take vLLM's names."""
+    name = "?"
+
+    def generate(self, prompts, constraint, max_tokens):
+        params = self.sampling_params(
+            max_tokens=max_tokens, temperature=1.0, ignore_eos=constraint is None,
+            structured_outputs=self.structured_params(**constraint) if constraint else None)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                 use_tqdm=False)
+        return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                for o in outs]
+
+
+class TamisRunner(Runner):
     name = "tamis"
 
     def __init__(self, folder: Path, args):
+        from tamis.constrain import StructuredOutputsParams
         from tamis.engine.llm import LLM
+        from tamis.engine.sampling_params import SamplingParams
+        self.sampling_params, self.structured_params = SamplingParams, StructuredOutputsParams
         self.llm = LLM(model=str(folder), load_format="dummy",
                        dtype="float32" if args.tiny else "bfloat16",
                        max_model_len=2048, max_num_seqs=256, gpu_memory_utilization=0.9,
                        structured_outputs_jump_forward=args.jump_forward,
                        structured_outputs_workers=args.workers)
 
-    def generate(self, prompts, constraint, max_tokens):
-        from tamis.constrain import StructuredOutputsParams
-        from tamis.engine.sampling_params import SamplingParams
-        params = SamplingParams(max_tokens=max_tokens, temperature=1.0,
-                                ignore_eos=constraint is None,
-                                structured_outputs=(StructuredOutputsParams(**constraint)
-                                                    if constraint else None))
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                 use_tqdm=False)
-        return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
-                for o in outs]
 
-
-class VllmRunner:
-    name = "vllm"
-
+class VllmRunner(Runner):
     def __init__(self, folder: Path, args):
         os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
         import vllm
+        from vllm.sampling_params import StructuredOutputsParams
         self.name = f"vllm {vllm.__version__}"
+        self.sampling_params, self.structured_params = vllm.SamplingParams, StructuredOutputsParams
         self.llm = vllm.LLM(model=str(folder), load_format="dummy", dtype="bfloat16",
                             max_model_len=2048, max_num_seqs=256, gpu_memory_utilization=0.9)
-
-    def generate(self, prompts, constraint, max_tokens):
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
-        params = SamplingParams(max_tokens=max_tokens, temperature=1.0,
-                                ignore_eos=constraint is None,
-                                structured_outputs=(StructuredOutputsParams(**constraint)
-                                                    if constraint else None))
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                                 use_tqdm=False)
-        return [(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
-                for o in outs]
 
 
 # ---- tamis's step profile -----------------------------------------------------------------

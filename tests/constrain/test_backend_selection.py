@@ -55,15 +55,14 @@ def test_tamis_backend_compiles_through_the_common_interface():
     assert matcher.is_complete()
 
 
-def test_a_matcher_failing_mid_decode_ends_its_request_alone():
-    """A lazy compile step that raises inside fill_bitmask must not escape the manager
-    (it would take the engine step, and every other request, down)."""
+def _manager_with_two_choices():
+    """(tokenizer, info, manager, two requests constrained to "yes"/"no", both compiled)."""
     import time
     from types import SimpleNamespace
 
     from conformance import smollm2
 
-    from tamis.constrain import ConstraintError, StructuredOutputsParams
+    from tamis.constrain import StructuredOutputsParams
     from tamis.engine.structured_output import StructuredOutputManager
     tokenizer, info = smollm2()
     manager = StructuredOutputManager(tokenizer, info.vocab_size, None)
@@ -73,6 +72,14 @@ def test_a_matcher_failing_mid_decode_ends_its_request_alone():
         manager.add_request(request)
         while not manager.is_ready(request):
             time.sleep(0.05)
+    return tokenizer, info, manager, requests
+
+
+def test_a_matcher_failing_mid_decode_ends_its_request_alone():
+    """A lazy compile step that raises inside fill_bitmask must not escape the manager
+    (it would take the engine step, and every other request, down)."""
+    from tamis.constrain import ConstraintError
+    tokenizer, info, manager, requests = _manager_with_two_choices()
 
     def explode(bitmask, row):
         raise ConstraintError("constraint too large")
@@ -90,21 +97,8 @@ def test_a_matcher_failing_mid_decode_ends_its_request_alone():
 
 def test_a_matcher_failing_in_accept_ends_its_request_alone():
     """The same for a lazy step that raises while the matcher advances over a token."""
-    import time
-    from types import SimpleNamespace
-
-    from conformance import smollm2
-
-    from tamis.constrain import ConstraintError, StructuredOutputsParams
-    from tamis.engine.structured_output import StructuredOutputManager
-    tokenizer, info = smollm2()
-    manager = StructuredOutputManager(tokenizer, info.vocab_size, None)
-    requests = [SimpleNamespace(request_id=rid, sampling_params=SimpleNamespace(
-        structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))) for rid in "ab"]
-    for request in requests:
-        manager.add_request(request)
-        while not manager.is_ready(request):
-            time.sleep(0.05)
+    from tamis.constrain import ConstraintError
+    tokenizer, info, manager, requests = _manager_with_two_choices()
 
     def explode(token_id):
         raise ConstraintError("constraint too large")
