@@ -8,13 +8,47 @@ against OpenAI's OpenAPI schemas.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, data: Any) -> Any:
+        """JSON's ``"\\ud800"`` escape decodes to a lone UTF-16 surrogate, which no text
+        encoding can carry (the tokenizer and the response would fail on it)."""
+        where = _surrogate_path(data, "")
+        if where is not None:
+            raise ValueError(f"{where or 'the body'} holds a lone UTF-16 surrogate "
+                             f"(an unpaired \\ud800-\\udfff escape)")
+        return data
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        return path if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            inner = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return inner
+            found = _surrogate_path(item, inner)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _surrogate_path(item, f"{path}.{index}" if path else str(index))
+            if found is not None:
+                return found
+    return None
 
 
 class StreamOptions(_Body):

@@ -171,6 +171,21 @@ def test_malformed_json_body_is_400(app_factory):
     assert_error(asyncio.run(go()), 400)
 
 
+def test_lone_surrogate_is_400_naming_the_field(app_factory):
+    app = app_factory()
+
+    async def go(raw: bytes):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/chat/completions", content=raw,
+                                     headers={"content-type": "application/json"})
+    bad = b'{"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "a \\ud800"}]}'
+    error = assert_error(asyncio.run(go(bad)), 400)
+    assert "messages.0.content" in error["message"] and "surrogate" in error["message"]
+    good = b'{"model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": "a \\ud83d\\ude00"}]}'
+    assert asyncio.run(go(good)).status_code == 200
+
+
 def test_engine_failure_is_400_before_streaming(app_factory):
     app = app_factory()
     app.state.ctx.engine.engine.fail_token = 7
