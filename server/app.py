@@ -8,6 +8,7 @@ aborting whatever is still running.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.metadata
 
@@ -99,10 +100,11 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise APIError("send exactly one of `prompt` or `messages`", 400, param="prompt")
         if body.messages is not None:
-            text = render_chat(ctx, _ChatView(body))
-            ids = ctx.tokenizer.encode(text, add_special_tokens=False)
+            text, special = render_chat(ctx, _ChatView(body)), False
         else:
-            ids = ctx.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            text, special = body.prompt, body.add_special_tokens
+        # Off the event loop: a long text takes seconds to tokenize.
+        ids = await asyncio.to_thread(ctx.tokenizer.encode, text, add_special_tokens=special)
         return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids}
 
     @app.post("/detokenize")

@@ -90,12 +90,12 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
     if ctx.metrics is not None:
         ctx.metrics.observe_constraint(constraint)
     logprobs = chat_logprobs_count(ctx, body)
-    prompt_ids = ctx.tokenizer.encode(render_chat(ctx, body),
-                                      add_special_tokens=body.add_special_tokens)
+    prompt_ids = await ctx.encode(render_chat(ctx, body), "messages",
+                                  add_special_tokens=body.add_special_tokens)
     budget, param = ((body.max_completion_tokens, "max_completion_tokens")
                      if body.max_completion_tokens is not None else
                      (body.max_tokens, "max_tokens"))
-    max_tokens = max_tokens_for(budget, len(prompt_ids), ctx.max_model_len, param)
+    max_tokens = max_tokens_for(budget, len(prompt_ids), ctx.max_model_len, param, "messages")
     params = build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
                                    structured_outputs=constraint)
     request_id = new_id("chatcmpl")

@@ -22,7 +22,8 @@ from tamis.server.streaming import Cursor, merge, sse_body, start_generations
 from tamis.server.structured import resolve_structured_outputs
 
 
-def completion_prompts(ctx: ServerContext, body: CompletionRequest) -> list[tuple[str, list[int]]]:
+async def completion_prompts(ctx: ServerContext,
+                             body: CompletionRequest) -> list[tuple[str, list[int]]]:
     """Every prompt as (text, token ids); 400 for an empty or malformed prompt."""
     prompt = body.prompt
     if isinstance(prompt, str):
@@ -34,7 +35,7 @@ def completion_prompts(ctx: ServerContext, body: CompletionRequest) -> list[tupl
     out = []
     for item in prompt:
         if isinstance(item, str):
-            ids = ctx.tokenizer.encode(item, add_special_tokens=body.add_special_tokens)
+            ids = await ctx.encode(item, "prompt", add_special_tokens=body.add_special_tokens)
             text = item
         else:
             ids = list(item)
@@ -53,7 +54,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
         raise invalid("suffix is not supported: the served model has no fill-in-the-middle "
                       "template; put the text in the prompt instead", "suffix")
     ctx.check_logprobs(body.logprobs, "logprobs")
-    prompts = completion_prompts(ctx, body)
+    prompts = await completion_prompts(ctx, body)
     constraint = resolve_structured_outputs(body)
     if ctx.metrics is not None:
         ctx.metrics.observe_constraint(constraint)

@@ -1,6 +1,8 @@
 """What every handler needs: the engine, its tokenizer and the served names."""
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +40,21 @@ class ServerContext:
         if value is not None and not 0 <= value <= self.max_logprobs:
             raise invalid(f"{param} must be between 0 and {self.max_logprobs} "
                           f"(--max-logprobs), got {value}", param)
+
+    async def encode(self, text: str, param: str, **kwargs) -> list[int]:
+        """``text``'s token ids, tokenized off the event loop (a long prompt takes seconds);
+        400 naming ``param`` when it cannot fit the context, decided first from its length
+        where that alone proves it (no token spans more than ``max_token_chars`` characters)."""
+        if len(text) > self.max_model_len * self.max_token_chars:
+            raise invalid(f"{param} is too long: {len(text):,} characters cannot fit this "
+                          f"model's maximum context length of {self.max_model_len} tokens", param)
+        return await asyncio.to_thread(self.tokenizer.encode, text, **kwargs)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token's text can hold (its vocabulary form, whose every
+        character stands for at least one character of text)."""
+        return max((len(token) for token in self.tokenizer.get_vocab()), default=1)
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = len(self.tokenizer)

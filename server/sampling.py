@@ -20,12 +20,13 @@ _PASSTHROUGH = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed"
 
 
 def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
-                   param: str = "max_tokens") -> int:
-    """The output budget; 400 if the prompt or the requested budget does not fit."""
+                   param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+    """The output budget; 400 if the prompt (``prompt_param``: "prompt", or "messages" for
+    chat) or the requested budget does not fit."""
     if prompt_len >= max_model_len:
         raise invalid(f"This model's maximum context length is {max_model_len} tokens, "
                       f"but the prompt has {prompt_len} tokens. Please shorten the prompt.",
-                      "messages" if param == "max_completion_tokens" else "prompt")
+                      prompt_param)
     room = max_model_len - prompt_len
     if request_max is None:
         return room

@@ -6,6 +6,7 @@ The same behaviour is checked end to end against a real `tamis serve` in
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 
 import httpx
@@ -283,3 +284,21 @@ def test_continuous_usage_stats(app_factory):
     counts = [e["usage"]["completion_tokens"] for e in events[:-1]]
     assert counts == sorted(counts) and counts[-1] == 3
     assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+
+
+def test_prompts_too_long_are_refused_before_tokenizing_naming_the_field(app_factory):
+    app = app_factory()                      # max_model_len 256
+    huge = "word " * 200_000                 # 1 MB: more characters than 256 tokens can hold
+    started = time.monotonic()
+    error = assert_error(call(app, "POST", "/v1/completions",
+                              {"model": "smol", "prompt": huge, "max_tokens": 2}), 400)
+    assert error["param"] == "prompt" and "too long" in error["message"]
+    assert time.monotonic() - started < 2, "the length alone decides: no tokenizing"
+    error = assert_error(call(app, "POST", "/v1/chat/completions", {
+        "model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": huge}]}), 400)
+    assert error["param"] == "messages"
+    long_chat = "word " * 300                # under the character bound, over 256 tokens
+    error = assert_error(call(app, "POST", "/v1/chat/completions", {
+        "model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": long_chat}]}),
+        400)
+    assert error["param"] == "messages" and "maximum context length" in error["message"]
