@@ -21,7 +21,7 @@ from tamis.server.auth import ApiKeyMiddleware, BodyLimitMiddleware
 from tamis.server.chat import create_chat_completion, render_chat
 from tamis.server.completions import create_completion
 from tamis.server.context import ServerContext
-from tamis.server.errors import APIError, install_error_handlers
+from tamis.server.errors import ERROR_RESPONSES, APIError, install_error_handlers
 from tamis.server.metrics import ServerMetrics
 from tamis.server.protocol import (ChatCompletionRequest, CompletionRequest,
                                    DetokenizeRequest, TokenizeRequest)
@@ -53,6 +53,7 @@ def build_app(ctx: ServerContext, api_key: str | None = None,
                   lifespan=lifespan)
     app.state.ctx = ctx
     install_error_handlers(app)
+    _document_validation_as_400(app)
     _add_routes(app, ctx)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -81,20 +82,20 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     async def list_models():
         return {"object": "list", "data": [_model_card(ctx, n) for n in ctx.model_names]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", responses={404: ERROR_RESPONSES[404]})
     async def get_model(model: str):
         ctx.check_model(model)
         return _model_card(ctx, model)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):
         return await _guarded(raw, create_completion(ctx, body, raw))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         return await _guarded(raw, create_chat_completion(ctx, body, raw))
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize(body: TokenizeRequest):
         ctx.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
@@ -107,7 +108,7 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
         ids = await asyncio.to_thread(ctx.tokenizer.encode, text, add_special_tokens=special)
         return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids}
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize(body: DetokenizeRequest):
         ctx.check_model(body.model)
         ctx.check_token_ids(body.tokens, "tokens")
@@ -135,3 +136,16 @@ async def _guarded(raw: Request, handler):
     if response is None:  # the client is gone; nobody reads this
         return JSONResponse({}, status_code=499)
     return response
+
+
+def _document_validation_as_400(app: FastAPI) -> None:
+    """FastAPI documents a 422 for bad bodies; this server answers those with OpenAI's 400."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        spec = build()
+        for operations in spec.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        return spec
+    app.openapi = openapi

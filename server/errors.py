@@ -17,6 +17,7 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tamis.engine.async_engine import EngineDeadError, EngineOverloaded, RequestFailed
@@ -31,6 +32,30 @@ _TYPE_BY_STATUS = {
     405: "invalid_request_error",
     413: "invalid_request_error",
     503: "service_unavailable_error",
+}
+
+
+class _ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error response body."""
+    error: _ErrorDetail
+
+
+# What the API routes answer besides 200, for openapi.json.
+ERROR_RESPONSES = {
+    400: {"model": ErrorBody, "description": "A field of the request is wrong (``param`` "
+                                             "names it), or the constraint cannot compile"},
+    401: {"model": ErrorBody, "description": "Missing or wrong API key (--api-key)"},
+    404: {"model": ErrorBody, "description": "The request names a model not served here"},
+    413: {"model": ErrorBody, "description": "The body is larger than --max-request-body-bytes"},
+    503: {"model": ErrorBody, "description": "Overloaded (Retry-After), engine down, or a "
+                                             "constraint past --structured-outputs-time-limit"},
 }
 
 

@@ -302,3 +302,14 @@ def test_prompts_too_long_are_refused_before_tokenizing_naming_the_field(app_fac
         "model": "smol", "max_tokens": 2, "messages": [{"role": "user", "content": long_chat}]}),
         400)
     assert error["param"] == "messages" and "maximum context length" in error["message"]
+
+
+def test_openapi_documents_the_error_answers(app_factory):
+    spec = call(app_factory(), "GET", "/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        answers = spec["paths"][path]["post"]["responses"]
+        assert {"400", "401", "404", "413", "503"} <= set(answers), sorted(answers)
+        assert "422" not in answers, "bad bodies are answered 400, as OpenAI does"
+        schema = answers["400"]["content"]["application/json"]["schema"]
+        assert schema["$ref"].endswith("/ErrorBody")
+    assert "ErrorBody" in spec["components"]["schemas"]
