@@ -24,6 +24,7 @@ from . import regex_ast as ra
 from .compiled import CompiledRegex
 from .errors import ConstraintError, GrammarError
 from .gbnf import is_gbnf, parse_gbnf
+from .structural_tag import compile_structural_tag
 from .grammar import build_grammar
 from .grammar_matcher import CompiledGrammar
 from .json_schema import DEFAULT_WHITESPACE, compile_json_schema
@@ -55,6 +56,9 @@ def _compile(params: StructuredOutputsParams, info):
         return CompiledRegex(node, info, "choice")
     if kind == "regex":
         return CompiledRegex(parse_regex(params.regex), info, "regex")
+    if kind == "structural_tag":
+        node, rules = compile_structural_tag(params.structural_tag, _whitespace(params))
+        return _from_rules(node, rules, info, kind)
     if kind in ("json", "json_object"):
         schema = {"type": "object"} if kind == "json_object" else params.json
         if isinstance(schema, str):

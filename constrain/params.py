@@ -24,7 +24,7 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
     whitespace_pattern: str | None = None
-    structural_tag: str | None = None
+    structural_tag: str | dict | None = None   # tamis.constrain.structural_tag
 
     def __post_init__(self):
         if self.json is not None and not isinstance(self.json, (str, dict, bool)):
@@ -64,8 +64,8 @@ class StructuredOutputsParams:
     def validate(self) -> None:
         """Cheap checks for ``add_request``: types, JSON syntax, non-empty choice; raises ValueError."""
         if self.structural_tag is not None:
-            raise ValueError("structured_outputs.structural_tag is not supported yet by tamis; "
-                             "use json, regex, choice or grammar")
+            from .structural_tag import parse_structural_tag
+            parse_structural_tag(self.structural_tag)   # ConstraintError (a ValueError) naming it
         if self.choice is not None:
             if not isinstance(self.choice, (list, tuple)) or not self.choice:
                 raise ValueError("structured_outputs.choice must be a non-empty list of strings")

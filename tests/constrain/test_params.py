@@ -38,7 +38,7 @@ def test_pydantic_model_becomes_schema():
     ({"choice": ["a", 3]}, "only strings"),
     ({"json": "{not json"}, "not valid JSON"),
     ({"grammar": "   "}, "non-empty string"),
-    ({"structural_tag": "{}"}, "not supported yet"),
+    ({"structural_tag": "{}"}, "structures must be a list"),
 ])
 def test_validate_rejects_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):

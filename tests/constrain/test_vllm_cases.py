@@ -82,10 +82,11 @@ def test_invalid_grammars_raise(path):
         _compile(grammar=(CASES / path).read_text())
 
 
-def test_structural_tag_is_not_supported_yet():
+def test_structural_tag_compiles_and_holds():
     tag = (CASES / "structural_tag" / "legacy_structures_get_weather.json").read_text()
-    with pytest.raises(ValueError, match="not supported yet"):
-        _compile(structural_tag=tag)
+    matcher = _compile(structural_tag=tag).matcher()
+    assert matcher.accept_bytes(b'ok <function=get_weather>{"city":"Oslo"}</function>')
+    assert matcher.is_complete()
 
 
 def test_min_max_length_50_accepts_exactly_50_characters():
