@@ -26,7 +26,8 @@ Policies (each tested in tests/constrain/test_json_policies.py):
 - **long bounds**: ``maxLength`` above 256 and ``maxItems`` above 128 are enforced as 256 / 128
   (sound: outputs still satisfy the schema; longer valid values are refused).
 
-Keywords that constrain values but cannot be enforced (``uniqueItems: true``, ``contains``,
+Keywords that constrain values but cannot be enforced (``uniqueItems: true`` beyond arrays of
+one item or items of at most ``MAX_UNIQUE_VALUES`` enumerated values, ``contains``,
 ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats of the specification tamis has no
 regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
 annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
@@ -65,6 +66,7 @@ MAX_DEPTH = 60
 MAX_STRING_LENGTH = 256
 MAX_ARRAY_ITEMS = 128
 MAX_ENUM = 100_000           # an enum compiles in linear time; the compile time limit still holds
+MAX_UNIQUE_VALUES = 6        # uniqueItems over a finite item domain: every ordering (1,957 at 6)
 MAX_MEMBER_CHOICES = 64      # maxProperties below the declared count: alternatives enumerated
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
@@ -239,9 +241,11 @@ class _SchemaCompiler:
                     continue
                 raise SchemaError(f"JSON-schema keyword {key!r} is not supported by tamis "
                                   "(it cannot be enforced while generating)", f"{path}/{key}")
-        if schema.get("uniqueItems") is True:
-            raise SchemaError("JSON-schema keyword 'uniqueItems' is not supported by tamis "
-                              "(it cannot be enforced while generating)", f"{path}/uniqueItems")
+        if schema.get("uniqueItems") is True and _unique_domain(schema) is None:
+            raise SchemaError(f"JSON-schema keyword 'uniqueItems' is enforced only where it is "
+                              f"bounded: arrays of at most one item, or items of at most "
+                              f"{MAX_UNIQUE_VALUES} enumerated values (enum, const, boolean, "
+                              f"null)", f"{path}/uniqueItems")
 
     def _not(self, schema: dict, path: str, depth: int) -> tuple:
         """Regular schema and a negated schema whose language holds *every* text of its values
@@ -721,11 +725,27 @@ class _SchemaCompiler:
         prefix = schema.get("prefixItems", [])
         if isinstance(items, list):          # draft 7 tuple form
             prefix, items = items, schema.get("additionalItems", True)
+        domain = _unique_domain(schema) if schema.get("uniqueItems") is True else None
+        if domain:   # every ordering of distinct values, spelled out
+            return self._distinct_values(domain, schema, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
         rest = self.value(items, f"{path}/items", depth + 1)
         sep = ra.seq(self.ws, ra.char(","), self.ws)
         body = _list_body(prefix_nodes, rest, lo, hi, sep)
         return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _distinct_values(self, domain: list, schema: dict, lo: int, hi: int | None) -> tuple:
+        """``uniqueItems`` over a small domain: arrays of distinct values, lo..hi of them."""
+        values = [v for v in domain if self._valid(v, schema["items"])]
+        top = len(values) if hi is None else min(hi, len(values))
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        arrays = []
+        for size in range(lo, top + 1):
+            for chosen in itertools.permutations(values, size):
+                body = [self._literal(v) if i == 0 else ra.seq(sep, self._literal(v))
+                        for i, v in enumerate(chosen)]
+                arrays.append(ra.seq(ra.char("["), self.ws, *body, self.ws, ra.char("]")))
+        return ra.alt(*arrays)
 
     def _object(self, schema: dict, path: str, depth: int) -> tuple:
         props = schema.get("properties", {})
@@ -1123,3 +1143,32 @@ def _canonical_literal(value) -> tuple:
         text = format(Decimal(repr(value) if isinstance(value, float) else value).normalize(), "f")
         return ra.literal("0" if text in ("-0", "0") else text)
     return ra.literal(json.dumps(value, ensure_ascii=False))
+
+
+def _unique_domain(schema: dict) -> list | None:
+    """What makes ``uniqueItems`` enforceable for this array schema: [] when at most one item
+    fits (nothing to enforce), the item values when the items are a small finite set of
+    scalars, else None."""
+    if "prefixItems" in schema or isinstance(schema.get("items"), list):
+        return None
+    if isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1:
+        return []
+    items = schema.get("items")
+    if not isinstance(items, dict) or set(items) - {"enum", "const", "type"} - ANNOTATIONS:
+        return None
+    if "const" in items:
+        values = [items["const"]]
+    elif "enum" in items and isinstance(items["enum"], list):
+        values = items["enum"]
+    elif items.get("type") == "boolean":
+        values = [True, False]
+    elif items.get("type") == "null":
+        values = [None]
+    else:
+        return None
+    if not all(v is None or isinstance(v, (bool, int, str)) for v in values):
+        return None
+    distinct = list(dict.fromkeys((type(v) is bool, v) for v in values))   # 1 and True differ
+    if len(distinct) > MAX_UNIQUE_VALUES:
+        return None
+    return [v for _, v in distinct] or None

@@ -101,3 +101,17 @@ def test_an_enum_of_ten_thousand_strings_compiles_within_the_limit():
         matcher = compiled.matcher()
         assert (matcher.accept_bytes(text.encode()) and matcher.is_complete()) == ok, text
     compiler.shutdown()
+
+
+def test_unique_items_enforced_where_bounded():
+    compiled = _compile(json={"type": "array", "items": {"enum": ["a", "b", 1, True]},
+                              "uniqueItems": True, "minItems": 1})
+    for text, ok in [('["a",1]', True), ('[1,true,"b","a"]', True), ('["a","a"]', False),
+                     ('[1,1]', False), ('[]', False), ('[true,1,true]', False)]:
+        matcher = compiled.matcher()
+        assert (matcher.accept_bytes(text.encode()) and matcher.is_complete()) == ok, text
+    one = _compile(json={"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                         "maxItems": 1}).matcher()
+    assert one.accept_bytes(b'["x"]') and one.is_complete()
+    with pytest.raises(SchemaError, match="uniqueItems.*bounded"):
+        _compile(json={"type": "array", "items": {"type": "string"}, "uniqueItems": True})
