@@ -14,20 +14,22 @@ def _runaway(seed: int) -> StructuredOutputsParams:
     return StructuredOutputsParams(choice=[f"w{seed}x{i}y" for i in range(60_000)])
 
 
-def _slowest_of(engine, prompt, repeats: int = 3) -> float:
-    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+def _latency(engine, prompt, repeats: int = 5) -> float:
+    """The fastest of ``repeats`` runs: noise on a shared machine only adds time, while a
+    compile still running (holding the GIL) would slow every run."""
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     times = []
     for r in range(repeats):
         start = time.perf_counter()
         run_to_completion(engine, [prompt], params, prefix=f"plain{time.monotonic_ns()}-")
         times.append(time.perf_counter() - start)
-    return max(times)
+    return min(times)
 
 
 def test_runaway_compiles_stop_at_the_limit_and_spare_the_rest(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint("llama"), structured_outputs_time_limit_s=LIMIT_S)
     prompt = random_prompts(lengths=(12,), seed=2)[0]
-    before = _slowest_of(engine, prompt)
+    before = _latency(engine, prompt)
 
     start = time.perf_counter()
     outputs = run_to_completion(engine, [prompt, prompt], [
@@ -45,6 +47,6 @@ def test_runaway_compiles_stop_at_the_limit_and_spare_the_rest(tiny_checkpoint):
     while compiler.num_compiles < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert compiler.num_compiles == 2, "a compile past its limit must stop, not run on"
-    after = _slowest_of(engine, prompt)
+    after = _latency(engine, prompt)
     assert after <= 2 * before, f"an ordinary request took {after:.2f}s after, {before:.2f}s before"
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
