@@ -211,6 +211,8 @@ def tree_size(node, memo: dict | None = None) -> int:
     key = id(node)
     size = memo.get(key)
     if size is None:
+        if len(memo) & 1023 == 1023:
+            deadline.check()
         size = 1 + sum(tree_size(c, memo) * repeat_factor(node) for c in children(node))
         memo[key] = size
     return size

@@ -115,8 +115,8 @@ class StructuredOutputManager:
             if waited > self.time_limit_s * 1.5 + 1.0:
                 self._drop(rid)
                 raise StructuredOutputError(
-                    f"structured output compilation timed out after {waited:.1f}s",
-                    COMPILE_TIME_LIMIT)
+                    f"structured output compilation ran past the time limit of "
+                    f"{self.time_limit_s:g}s ({waited:.1f}s without a result)", COMPILE_TIME_LIMIT)
             return False
         try:
             compiled = future.result()
