@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,10 @@ class SamplingParams:
 
     def _verify_args(self) -> None:
         _check_int("n", self.n, minimum=1)
+        max_n = _max_n_sequences()
+        if self.n > max_n:
+            raise ValueError(f"n must be at most {max_n}, got {self.n} (TAMIS_MAX_N_SEQUENCES "
+                             f"raises the limit)")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError(f"best_of is not supported (it must be unset or equal n={self.n}), "
                              f"got {self.best_of}")
@@ -152,6 +157,12 @@ class SamplingParams:
             self.structured_outputs = spec
         twin.structured_outputs = spec
         return twin
+
+
+def _max_n_sequences() -> int:
+    """The most sequences one request may ask for: vLLM's default, 16,384, or
+    ``TAMIS_MAX_N_SEQUENCES``."""
+    return int(os.environ.get("TAMIS_MAX_N_SEQUENCES", "16384"))
 
 
 def _check_int(name: str, value: Any, minimum: int | None, hint: str = "") -> None:

@@ -42,7 +42,7 @@ def test_greedy_resets_filters():
     ({"stop_token_ids": [-1]}, "stop_token_ids"), ({"allowed_token_ids": []}, "allowed_token_ids"),
     ({"logit_bias": {"a": 1}}, "logit_bias"), ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"best_of": 2}, "best_of"), ({"output_kind": "delta"}, "output_kind"),
-    ({"seed": 2**63}, "seed"), ({"seed": -2**63 - 1}, "seed"),
+    ({"seed": 2**63}, "seed"), ({"seed": -2**63 - 1}, "seed"), ({"n": 16385}, "n"),
     ({"logit_bias": {5: 100.5}}, "logit_bias"), ({"logit_bias": {5: -101}}, "logit_bias"),
 ])
 def test_invalid_values_name_the_field(kwargs, field):
