@@ -112,6 +112,11 @@ def validation_error(errors) -> APIError:
     if not errors:
         return invalid("invalid request body")
     first = errors[0]
+    if first.get("type") == "json_invalid":   # loc holds the character position, not a field
+        position = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
+        where = f" at character {position}" if position is not None else ""
+        return APIError(f"the request body is not valid JSON{where}: "
+                        f"{(first.get('ctx') or {}).get('error', first.get('msg', ''))}", 400)
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
     message = first.get("msg", "invalid value")

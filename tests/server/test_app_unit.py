@@ -169,7 +169,8 @@ def test_malformed_json_body_is_400(app_factory):
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return await client.post("/v1/completions", content=b"{not json",
                                      headers={"content-type": "application/json"})
-    assert_error(asyncio.run(go()), 400)
+    error = assert_error(asyncio.run(go()), 400)
+    assert error["param"] is None and "not valid JSON at character 1" in error["message"]
 
 
 def test_lone_surrogate_is_400_naming_the_field(app_factory):
