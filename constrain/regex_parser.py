@@ -5,7 +5,8 @@ ECMAScript (what JSON-schema ``pattern`` uses):
   (ASCII meaning) and their negations, ``.``, ``[...]`` with ranges and negation;
 - groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, ``(?<name>...)``; alternation ``|``;
 - quantifiers ``* + ? {m} {m,} {m,n}`` with an optional lazy ``?`` (same language);
-- ``^`` at the start and ``$`` at the end of the whole pattern or of a top-level branch.
+- ``^`` at the start and ``$`` at the end of the whole pattern or of a top-level branch, also
+  inside a group that is a whole top-level branch (``^$|(^a+$)``).
 
 Refused with a ``RegexError`` naming the construct (a matcher over a regular language cannot
 enforce them): backreferences, look-ahead/look-behind, word boundaries, mid-pattern anchors,
@@ -81,6 +82,10 @@ class _Parser:
             self.pos = end + 1
 
     def _top_branch(self) -> tuple:
+        inner = self._whole_branch_group()
+        if inner is not None:   # "(^a$)|b": the group's own branches, with their anchors
+            return _Parser(inner, self.universe, self.anchored, self.ignorecase,
+                           self.dotall).parse()
         start_anchor = self._eat("^")
         items = self._sequence(top=True)
         end_anchor = False
@@ -92,6 +97,19 @@ class _Parser:
             anything = ("rep", ra.chars(self.universe), 0, None)
             node = ra.seq(EMPTY_IF(start_anchor, anything), node, EMPTY_IF(end_anchor, anything))
         return node
+
+    def _whole_branch_group(self) -> str | None:
+        """The inside of a plain or non-capturing group that makes up this whole top-level
+        branch (consumed), or None (nothing consumed)."""
+        text, start = self.text, self.pos
+        if not text.startswith("(", start) or text.startswith("(?", start) \
+                and not text.startswith("(?:", start):
+            return None
+        close = _closing_paren(text, start)
+        if close is None or not (close + 1 == len(text) or text[close + 1] == "|"):
+            return None
+        self.pos = close + 1
+        return text[start + (3 if text.startswith("(?:", start) else 1):close]
 
     # ---- sequences and atoms -----------------------------------------------------------
     def _sequence(self, top=False) -> list:
@@ -343,3 +361,29 @@ class _Parser:
 
 def EMPTY_IF(condition: bool, node) -> tuple:
     return ra.EMPTY if condition else node
+
+
+def _closing_paren(text: str, start: int) -> int | None:
+    """The index of the ``)`` closing the ``(`` at ``start`` (escapes and classes skipped)."""
+    depth, i = 0, start
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i += 1
+            if i < len(text) and text[i] == "^":
+                i += 1
+            if i < len(text) and text[i] == "]":
+                i += 1
+            while i < len(text) and text[i] != "]":
+                i += 2 if text[i] == "\\" else 1
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None

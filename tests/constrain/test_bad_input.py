@@ -1,4 +1,5 @@
 """Bad constraints fail at compile time, fast, with a message naming the problem."""
+import json
 import time
 
 import pytest
@@ -115,3 +116,16 @@ def test_unique_items_enforced_where_bounded():
     assert one.accept_bytes(b'["x"]') and one.is_complete()
     with pytest.raises(SchemaError, match="uniqueItems.*bounded"):
         _compile(json={"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+
+
+def test_anchors_inside_a_group_that_is_a_whole_branch():
+    """maskbench's '^$|(^(?:\\S+\\s+){0,19}\\S+$)': the group's anchors are the branch's."""
+    import re
+    pattern = r"^$|(^(?:\S+\s+){0,19}\S+$)"
+    compiled = _compile(json={"type": "string", "pattern": pattern})
+    for text in ["", "one", "one two", " one", "one ", "a b c d"]:
+        matcher = compiled.matcher()
+        accepted = matcher.accept_bytes(json.dumps(text).encode()) and matcher.is_complete()
+        assert accepted == (re.search(pattern, text) is not None), text
+    with pytest.raises(RegexError, match="anchor in the middle"):
+        _compile(regex="(^a)b")
