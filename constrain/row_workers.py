@@ -108,7 +108,8 @@ class RowWorkers:
         self.info, self.count = info, count
         self._workers: list[_Worker] | None = None
         self._keys = itertools.count()
-        self._tracked: dict[int, _Tracked] = {}
+        self._key_by_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._tracked: dict[int, _Tracked] = {}   # key -> constraint followed, oldest first
         self._next = 0                      # round-robin of the rows built ahead
         self.broken = False
         self.rows_built = 0                 # rows stored from the workers
@@ -184,10 +185,7 @@ class RowWorkers:
         elif kind == "ahead":
             _, _, nfa_set, data = message
             state = tracked.compiled.dfa.state_of_set(frozenset(nfa_set))
-            if data is not None and not tracked.compiled.has_row(state):
-                tracked.compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
-                self.rows_built += 1
-                self.rows_ahead += 1
+            self.rows_ahead += self._store_row(tracked.compiled, state, data)
         elif kind == "near":
             compiled = tracked.compiled
             wanted = []
@@ -212,16 +210,25 @@ class RowWorkers:
 
     def _store(self, compiled, states: list[int], answer: list) -> None:
         for state, data in zip(states, answer):
-            if data is not None:
-                compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
-                self.rows_built += 1
+            self._store_row(compiled, state, data)
+
+    def _store_row(self, compiled, state: int, data: bytes | None) -> bool:
+        """Caches a row a worker built (None: it failed); True if the row was new."""
+        if data is None or compiled.has_row(state):
+            return False
+        compiled.store_row(state, np.frombuffer(data, dtype=np.int32))
+        self.rows_built += 1
+        return True
 
     def _key_of(self, compiled) -> int:
-        key = getattr(compiled, "_row_worker_key", None)
+        """This pool's key for ``compiled`` (its workers know the NFA by it); a constraint
+        dropped from those followed (the oldest beyond ``_KEEP``) is followed again."""
+        key = self._key_by_compiled.get(compiled)
         if key is None:
-            key = compiled._row_worker_key = next(self._keys)
+            key = self._key_by_compiled[compiled] = next(self._keys)
+        if key not in self._tracked:
             self._tracked[key] = _Tracked(compiled)
-            while len(self._tracked) > _KEEP:   # the oldest constraint is no longer followed
+            while len(self._tracked) > _KEEP:
                 self._tracked.pop(next(iter(self._tracked)))
         return key
 

@@ -109,3 +109,22 @@ def test_workers_end_with_their_pool(info):
     gc.collect()
     for process in processes:
         assert process.wait(timeout=10) is not None
+
+
+def test_constraints_past_the_followed_ones_are_followed_again(info, monkeypatch):
+    from tamis.constrain import row_workers
+    monkeypatch.setattr(row_workers, "_KEEP", 1)
+    first = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,4}"), info)
+    second = compile_constraint(StructuredOutputsParams(regex=r"[0-9]{1,4}"), info)
+    workers = RowWorkers(info, 1)
+    try:
+        for compiled in (first, second, first):   # first is dropped, then asked for again
+            workers.expand(compiled, [compiled.dfa.start])
+        deadline = time.monotonic() + 60
+        while not first.has_row(first.dfa.row(first.dfa.start).max()) \
+                and time.monotonic() < deadline:
+            workers.poll()
+            time.sleep(0.01)
+        assert not workers.broken and workers.rows_ahead > 0
+    finally:
+        workers.close()
