@@ -445,7 +445,7 @@ class LLMEngine:
         bitmask = self._structured.fill_bitmask([requests[i] for i in rows])
         if bitmask is None:
             return None, None
-        return bitmask, (None if len(rows) == len(requests) else rows)
+        return bitmask, rows
 
     def _constraint_error(self, request: Request) -> str | None:
         """Why the request's constraint failed while decoding (the manager then allows EOS

@@ -37,9 +37,8 @@ import time
 
 import numpy as np
 
-from tamis.constrain import StructuredOutputsParams, TokenizerInfo
+from tamis.constrain import CompileTimeout, StructuredOutputsParams, TokenizerInfo, prefetch
 from tamis.constrain.backends import check_installed, make_compiler
-from tamis.constrain import CompileTimeout, prefetch
 from tamis.constrain.compiler import DEFAULT_TIME_LIMIT_S
 from tamis.constrain.matcher import RegexMatcher
 from tamis.constrain.row_workers import RowWorkers

@@ -19,6 +19,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+
+class _RequestBody(_Body):
+    """A whole request body: checked once here, nested parts with it."""
+
     @model_validator(mode="before")
     @classmethod
     def _no_lone_surrogates(cls, data: Any) -> Any:
@@ -68,7 +72,7 @@ class ResponseFormat(_Body):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingFields(_Body):
+class SamplingFields(_RequestBody):
     """Fields shared by both endpoints: OpenAI's, then vLLM's extras."""
     model: str | None = None
     n: int = 1
@@ -146,7 +150,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -154,6 +158,6 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(_RequestBody):
     model: str | None = None
     tokens: list[int]
