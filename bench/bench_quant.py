@@ -355,7 +355,10 @@ def fp8_sweep_configs(m: int = 1):
             for prefetch in (False, True)]
 
 
-def _rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Max error over the largest reference value; inf where anything is NaN."""
+    if torch.isnan(got).any():
+        return float("inf")
     return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
 
 
@@ -386,12 +389,12 @@ def run_gemm(args) -> None:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             # Correctness first: W4A16 against the fp32 product with its dequantized weight;
             # FP8 against W8A16 (GEMV rows) or the W8A8 fp32 emulation (_scaled_mm rows).
-            err = _rel_err(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128,
-                                            interleaved=interleaved), x.float() @ dense_w4)
+            err = relative_error(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128,
+                                                 interleaved=interleaved), x.float() @ dense_w4)
             assert err < 2e-2, f"W4A16 mismatch at M={m} {k}x{n}: rel err {err}"
             ref8 = (x.float() @ dense_w8.t() if m <= fp8.GEMV_DISPATCH_M
                     else fp8.fp8_linear_ref(x.float(), w8, w8_scale))
-            err8 = _rel_err(fp8.fp8_linear(x, w8, w8_scale), ref8)
+            err8 = relative_error(fp8.fp8_linear(x, w8, w8_scale), ref8)
             assert err8 < 2e-2, f"FP8 mismatch at M={m} {k}x{n}: rel err {err8}"
             t_bf16 = timer(cycling([lambda c=c: F.linear(x, c[0]) for c in copies]))
             t_w4_modes, t_fp8_modes = [], []
@@ -490,7 +493,7 @@ def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
         return fn(x, qweight, scales, zeros, 128, 4, config=c)
 
     (m, k), n = x.shape, qweight.shape[1]
-    candidates = [(_label(c), (lambda c=c: run(c)), lambda got: _rel_err(got, ref))
+    candidates = [(_label(c), (lambda c=c: run(c)), lambda got: relative_error(got, ref))
                   for c in sweep_configs(m, n, k)]
     return _best(candidates, timer)
 
@@ -499,7 +502,7 @@ def _sweep_fp8(x, w8, w8_scale, dense, timer) -> tuple[float, str]:
     from tamis.kernels import fp8
     ref = x.float() @ dense.t()
     candidates = [(_label(c), (lambda c=c: fp8.fp8_gemv_triton(x, w8, w8_scale, config=c)),
-                   lambda got: _rel_err(got, ref)) for c in fp8_sweep_configs(x.shape[0])]
+                   lambda got: relative_error(got, ref)) for c in fp8_sweep_configs(x.shape[0])]
     return _best(candidates, timer)
 
 

@@ -27,8 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
-                         start_on_gpu, w4a16_operands, weight_copies)
-from tile_sweep import relative_error  # noqa: E402
+                         relative_error, start_on_gpu, w4a16_operands, weight_copies)
 
 GROUP = 128
 COPIES = 16

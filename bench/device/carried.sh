@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Device-side helpers for the peers' wheels, which are too big for one call of the device
-# tool (64 MiB a call). Sourced by a device command, never run in CI.
+# GPU-machine helpers for the peers' wheels, for a GPU machine that has no package index
+# and takes uploads of at most 64 MiB at a time. Sourced by the command run there, never in CI.
 #
-#   stash N    copy the N-th carried part (.device_carry/pN) to /tmp/parts: one call per part,
-#              back to back, while the machine stays warm
+#   stash N    copy the N-th uploaded part (.device_carry/pN) to /tmp/parts: one upload per
+#              part, back to back, on the same machine
 #   assemble   join the parts, check the sha256, unpack vLLM (xz tarball of its wheel without
 #              FA2, which Hopper does not use) into /tmp/vsite, install the small wheels
 #              (vLLM's and the server's dependencies) into /tmp/vdeps; the parts are
-#              built here by bench/device/make_bundle.py
-#   use_src    run from the committed tree carried as .device_carry/src.tar
-#   tamis_env  link the rooms into a `tamis` package under /tmp/pkg and set PYTHONPATH
-#   ab_one_row SECONDS ARGS...
-#              bench/ab_w4a16_one_row.py ARGS under a time limit, Triton's warnings dropped
+#              built by bench/device/make_bundle.py
+#   use_src    run from the committed tree uploaded as .device_carry/src.tar
+#   tamis_env  link the subpackages into a `tamis` package under /tmp/pkg and set PYTHONPATH
 set -o pipefail
 
 stash() {
@@ -21,12 +19,8 @@ stash() {
 tamis_env() {
     local pkg=/tmp/pkg/tamis
     mkdir -p "$pkg" && cp -r tamis/. "$pkg"/
-    for room in engine kernels quant constrain server; do ln -sfn "$PWD/$room" "$pkg/$room"; done
+    for sub in engine kernels quant constrain server; do ln -sfn "$PWD/$sub" "$pkg/$sub"; done
     export PYTHONPATH=/tmp/pkg:/tmp/vsite:/tmp/vdeps PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
-}
-
-ab_one_row() {
-    timeout "$1" python3 -P bench/ab_w4a16_one_row.py "${@:2}" 2>&1 | grep -v Warning
 }
 
 assemble() {
@@ -40,7 +34,7 @@ assemble() {
         /tmp/bundle/deps/*.whl || return 1
     tamis_env
     python3 -c "import vllm, fastapi, uvicorn; print('vllm', vllm.__version__, 'fastapi', fastapi.__version__)"
-    if [ -f /tmp/bundle/smol.gguf ]; then   # bundles of session 2 carried the whole GGUF
+    if [ -f /tmp/bundle/smol.gguf ]; then   # older bundles carried the whole GGUF
         python3 -P -c "from pathlib import Path; from tamis.engine.embedded import convert_gguf; \
 convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
     fi
@@ -48,7 +42,7 @@ convert_gguf(Path('/tmp/bundle/smol.gguf'), Path('/tmp/smol'))" && ls /tmp/smol
 
 # llama8b_served DIR: the Llama-3.1-8B shape (dummy weights) with SmolLM2's tokenizer beside
 # it, so `tamis serve` can detokenize (W3); needs `assemble` (the bundle's smol_tokenizer,
-# or /tmp/smol converted from a carried GGUF).
+# or /tmp/smol converted from an uploaded GGUF).
 llama8b_served() {
     mkdir -p "$1" && cp /tmp/bundle/smol_tokenizer/* "$1"/ 2>/dev/null || \
         cp /tmp/smol/tokenizer* /tmp/smol/chat_template.jinja "$1"/ || return 1
@@ -56,18 +50,18 @@ llama8b_served() {
 write_llama8b_config('$1', vocab_size=49152, eos_token_id=2, bos_token_id=1)" && ls "$1"
 }
 
-# use_src: run from the committed tree (`git archive HEAD`, carried as .device_carry/src.tar)
+# use_src: run from the committed tree (`git archive HEAD`, uploaded as .device_carry/src.tar)
 # rather than the working tree, which other developers' unfinished edits may share.
 use_src() {
     rm -rf /tmp/src && mkdir -p /tmp/src && tar xf .device_carry/src.tar -C /tmp/src && cd /tmp/src && \
         tamis_env && git_rev=$(cat .device_carry_rev 2>/dev/null) && echo "source: ${git_rev:-?}"
 }
 
-# The embedded SmolLM2 alone (98 MB GGUF, over one call's 64 MiB), for the trained-weights
+# The embedded SmolLM2 alone (98 MB GGUF, over one upload's 64 MiB), for the trained-weights
 # greedy check without the vLLM bundle. Here: `split_smol` writes .device_carry/s1 (first
-# half + the gguf wheel) and .device_carry/s2 (second half). On the device, two calls back
-# to back (the machine is released after 30 s idle): `smol_stash` with carry
-# [".device_carry/s1"], then `smol_assemble` with carry [".device_carry/s2"], which leaves
+# half + the gguf wheel) and .device_carry/s2 (second half). On the GPU machine, two runs
+# back to back: `smol_stash` with .device_carry/s1 uploaded, then `smol_assemble` with
+# .device_carry/s2 uploaded, which leaves
 # the converted checkpoint in /tmp/smol (needs tamis importable: PYTHONPATH=/tmp/site after
 # `pip install --no-deps --no-build-isolation --target /tmp/site .`).
 split_smol() {

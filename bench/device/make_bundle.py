@@ -6,11 +6,10 @@ Run here (a machine with PyPI), never in CI:
 
 It downloads ``vllm==0.26.0`` for the device's Python 3.12, drops FA2's 123 MB library
 (Hopper runs FA3; vLLM imports FA2 only when it is there), xz-compresses the rest, and
-downloads every wheel vLLM and tamis's server need that the device image lacks (the
-closure of ``Requires-Dist`` without extras, minus the image's packages listed in the
-device tool's KINDS.md). With SmolLM2's tokenizer files (for W3's detokenizing server),
-they go into one tar, split into parts of 56 MiB (one device call carries one, with the
-working tree): ``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads
+downloads every wheel vLLM and tamis's server need that the GPU machine's image lacks
+(the closure of ``Requires-Dist`` without extras, minus ``IMAGE_PACKAGES``). With SmolLM2's
+tokenizer files (for W3's detokenizing server), they go into one tar, split into parts of
+56 MiB (each uploaded on its own, with the working tree, under a 64 MiB limit): ``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads
 and the compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
 """
 from __future__ import annotations
@@ -28,8 +27,8 @@ from pathlib import Path
 
 VLLM = "vllm==0.26.0"
 FA2_LIBRARY = "vllm_flash_attn/_vllm_fa2_C.abi3.so"
-PART_BYTES = 56 * 1024 * 1024   # the working tree (2 MB in session 23) travels in the same 64 MiB
-# On the device image (KINDS.md, "Python packages already there"): not carried.
+PART_BYTES = 56 * 1024 * 1024   # the working tree (~2 MB) travels in the same 64 MiB
+# Already installed on the GPU machine's image: not bundled.
 IMAGE_PACKAGES = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs
 certifi charset-normalizer click cloudpickle cmake colorama filelock frozenlist fsspec h11
@@ -42,7 +41,7 @@ yarl zipp shellingham llvmlite mpmath einops pybind11
 """.split())
 # Required by vLLM's metadata but not imported by its offline path with the flags
 # carried.sh sets (FlashInfer sampler off, FA3 attention), or already on the image under
-# another wheel: 525 MB that would not fit the calls.
+# another wheel: 525 MB that would not fit the uploads.
 EXCLUDE = set("""
 flashinfer-python tokenspeed-triton tokenspeed-mla nvidia-cutlass-dsl
 nvidia-cutlass-dsl-libs-cu12 nvidia-cutlass-dsl-libs-base nvidia-cutlass-dsl-libs-core
