@@ -20,7 +20,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                    description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                        help="HF model folder or .gguf file (default: embedded SmolLM2)")
+                        help="HF model folder, .gguf file or Hub model id such as "
+                             "Qwen/Qwen2.5-0.5B-Instruct (default: embedded SmolLM2)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=8000)
@@ -52,7 +53,12 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("tamis serve: give the model either as MODEL or --model, not both")
         args.model = args.model_tag
     api_key = args.api_key or os.environ.get("TAMIS_API_KEY") or None
-    app = build_server_app(args, api_key)
+    from tamis.engine.hub import HubModelError
+
+    try:
+        app = build_server_app(args, api_key)
+    except HubModelError as exc:   # the message says what to do; a traceback would bury it
+        raise SystemExit(f"tamis serve: {exc}") from None
     logging.getLogger("tamis.server").info(
         "serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host, args.port,
         " (API key required)" if api_key else "")
