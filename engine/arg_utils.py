@@ -28,8 +28,17 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Adds every engine flag to ``parser`` (in an "engine" group) and returns it."""
     g = parser.add_argument_group("engine")
     g.add_argument("--model", default=None,
-                   help="HF model folder or .gguf file; default: the embedded SmolLM2-135M-Instruct")
-    g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+                   help="HF model folder, .gguf file or Hub model id (org/name); default: the "
+                        "embedded SmolLM2-135M-Instruct")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer folder or Hub id (default: the model's)")
+    g.add_argument("--revision", default=None,
+                   help="branch, tag or commit of a Hub model id (default: main)")
+    g.add_argument("--tokenizer-revision", default=None,
+                   help="branch, tag or commit of a Hub tokenizer id (default: main)")
+    g.add_argument("--download-dir", default=None,
+                   help="where Hub models are cached (default: $HF_HUB_CACHE, "
+                        "~/.cache/huggingface/hub)")
     g.add_argument("--dtype", default="auto", choices=cfg.DTYPES,
                    help="auto = float32 on CPU, the checkpoint's bf16/fp16 on GPU")
     g.add_argument("--seed", type=int, default=0)

@@ -59,8 +59,11 @@ def parse_size(value: int | float | str, name: str = "kv_cache_memory_bytes") ->
 
 @dataclass
 class EngineConfig:
-    model: str | None = None                 # None = the embedded SmolLM2
+    model: str | None = None                 # None = the embedded SmolLM2; a folder, .gguf or Hub id
     tokenizer: str | None = None             # None = the model's folder
+    revision: str | None = None              # branch, tag or commit of a Hub model id (None = main)
+    tokenizer_revision: str | None = None    # the same for a Hub tokenizer id
+    download_dir: str | None = None          # Hub cache folder (None = HF_HUB_CACHE)
     dtype: str = "auto"                      # auto: float32 on CPU, checkpoint's bf16/fp16 on GPU
     seed: int = 0
     max_model_len: int | None = None        # None = the model's max_position_embeddings
@@ -101,6 +104,13 @@ class EngineConfig:
             self.kv_cache_memory_bytes = parse_size(self.kv_cache_memory_bytes)
         self._check_choices()
         self._check_numbers()
+        self._check_names()
+
+    def _check_names(self) -> None:
+        for name in ("model", "tokenizer", "revision", "tokenizer_revision", "download_dir"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (str, os.PathLike)) and str(value).strip()):
+                raise ValueError(f"{flag(name)} must be a non-empty string, got {value!r}")
 
     def _check_choices(self) -> None:
         choices = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "device": DEVICES,

@@ -34,6 +34,7 @@ from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
 from tamis.engine.inflight import LaunchedStep, is_pipelinable
 from tamis.engine.kv_cache import KVCacheManager
+from tamis.engine.loader import model_path, tokenizer_path
 from tamis.engine.output_processor import OutputProcessor, RequestGroup
 from tamis.engine.outputs import Logprob, RequestOutput
 from tamis.engine.request import Request, RequestStatus
@@ -55,10 +56,10 @@ class LLMEngine:
         self.runner = make_runner(self.config, self.device)
         self.hf_config = self.runner.hf_config
         self.vocab_size = self.runner.vocab_size
-        self.model_dir = _model_dir(self.config.model)
+        self.model_dir = model_path(self.config)
         self.tokenizer = None
         if not self.config.skip_tokenizer_init:
-            self.tokenizer = load_tokenizer(self.config.tokenizer or self.model_dir,
+            self.tokenizer = load_tokenizer(tokenizer_path(self.config, self.model_dir),
                                             self.config.trust_remote_code)
         self.eos_token_ids = eos_token_ids(self.tokenizer, self.hf_config, self.model_dir)
         self._token_decoder = TokenDecoder(self.tokenizer) if self.tokenizer is not None else None
@@ -492,11 +493,6 @@ def _async_scheduling_default(device: torch.device) -> bool:
     if value is not None:
         return value.strip().lower() not in ("0", "false", "no", "off", "")
     return device.type == "cuda"
-
-
-def _model_dir(model: str | None):
-    from tamis.engine.loader import resolve_model_path
-    return resolve_model_path(model)
 
 
 __all__ = ["LLMEngine"]

@@ -4,6 +4,10 @@
 ``config.dtype``, ``config.load_format``, ``config.quantization``, ``config.seed``
 (and ``config.attention_backend`` when present) from any object with those fields.
 
+``config.model`` is a local folder, a ``.gguf`` file, or a Hugging Face Hub model id
+(``org/name``, at ``config.revision``, cached under ``config.download_dir``: see
+``tamis.engine.hub``).
+
 Load formats:
 - ``auto``: a folder's ``*.safetensors`` (a ``.gguf`` path is converted first);
 - ``safetensors``: the same, but a folder without safetensors files is an error;
@@ -59,18 +63,47 @@ def kv_cache_spec(hf_config) -> KVCacheSpec:
 
 # ---------------------------------------------------------------- model paths
 
-def resolve_model_path(model: str | Path | None) -> Path:
+def model_path(config: Any) -> Path:
+    """The local folder of ``config.model`` (``config.revision`` and ``config.download_dir``
+    apply to a Hub model id; configs without them mean the default branch and cache)."""
+    return resolve_model_path(config.model, getattr(config, "revision", None),
+                              getattr(config, "download_dir", None))
+
+
+def tokenizer_path(config: Any, model_dir: Path) -> Path:
+    """The folder to load the tokenizer from: ``config.tokenizer`` (a folder, or a Hub id
+    at ``config.tokenizer_revision``), else ``model_dir`` (the model's folder)."""
+    from tamis.engine import hub
+
+    tokenizer = getattr(config, "tokenizer", None)
+    if tokenizer is None:
+        return model_dir
+    path = Path(tokenizer).expanduser()
+    if path.exists() or not hub.is_hub_model_id(str(tokenizer)):
+        return path
+    return hub.download_tokenizer(str(tokenizer), getattr(config, "tokenizer_revision", None),
+                                  getattr(config, "download_dir", None))
+
+
+def resolve_model_path(model: str | Path | None, revision: str | None = None,
+                       download_dir: str | Path | None = None) -> Path:
     """None -> the embedded SmolLM2 folder; an HF folder -> itself; a ``.gguf`` file ->
-    its converted folder (converted once, cached). Raises FileNotFoundError naming a
-    missing path, ValueError for a file that is not GGUF."""
+    its converted folder (converted once, cached); a Hub model id that is no local path
+    (``org/name``) -> its snapshot at ``revision`` in the Hub cache (``download_dir``, else
+    ``HF_HUB_CACHE``), downloaded once. Raises FileNotFoundError naming a missing path,
+    ValueError for a file that is not GGUF, ``tamis.engine.hub.HubModelError`` when the
+    Hub cannot provide the model."""
+    from tamis.engine import hub
     from tamis.engine.embedded import default_model_path
 
     if model is None:
         return default_model_path()
     path = Path(model).expanduser()
+    if not path.exists() and hub.is_hub_model_id(str(model)):
+        return hub.download_model(str(model), revision, download_dir)
     if not path.exists():
-        raise FileNotFoundError(f"model path {str(model)!r} does not exist "
-                                f"(expected a Hugging Face model folder or a .gguf file)")
+        raise FileNotFoundError(f"model path {str(model)!r} does not exist (expected a Hugging "
+                                f"Face model folder, a .gguf file or a Hub model id org/name)")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
@@ -117,7 +150,7 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     if load_format == "gguf" and not str(config.model or "").lower().endswith(".gguf"):
         raise ValueError(f"load_format 'gguf' needs a .gguf file as the model, "
                          f"got {config.model!r}")
-    model_dir = resolve_model_path(config.model)
+    model_dir = model_path(config)
     hf_config = AutoConfig.from_pretrained(model_dir)
     model_cls = get_model_class(hf_config)
     dtype = _compute_dtype(config, device, hf_config)
