@@ -27,7 +27,7 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
   on the H200: add+RMSNorm 0.07 ms against 0.49, rotary 0.06 against 0.53, SiLU-and-mul
   0.18 against 1.57; bench_kernels.py). The layers take the same path on CUDA tensors
   themselves; the switch points each instance's ``forward`` at its ``forward_fused``
-  whatever the device (CPU tests check the kernels room's dispatchers that way).
+  whatever the device (CPU tests check the kernels subpackage's dispatchers that way).
 
 The pure parts (``capture_sizes``, ``padded_size``, ``is_graph_step``,
 ``build_host_batch``, ``BlockTableRows``) take plain Python values and are tested on

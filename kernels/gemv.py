@@ -56,15 +56,14 @@ GEMV_MAX_M = 4      # rows the GEMV kernel takes
 
 def pick_gemv_tiles(m: int, n: int, k: int, num_sms: int = 132,
                     weight_bytes: int = 1) -> GemvTiles:
-    """From the H200 sweeps (bench/results/quant.md, gpu.md).
+    """Tiles from sweeps of this kernel on an H200 (FP8 figures: bench/results/quant.md).
 
-    One row of fp8 weights read from DRAM (session 15, ``bench/sweep_fp8_gemv.py``, 16
-    weight copies cycled): 8 rows per program and 1024 K per step, K unsplit, the
-    programs all resident at once: 4 warps where the 8-row blocks are at most 4 per SM
-    (116 registers: 4 programs an SM), else 2 warps while they are at most 6 per SM (168
-    registers: 6 an SM). 4096 x 4096 6.1-6.3 against 6.9-7.2 us, 14336 x 4096 15.8
-    against 16.5, 4096 x 6144 (2 warps) 8.6 against 9.2-9.4. Wider layers keep the
-    rule below (4096 x 28672: 29.9 us, no candidate faster).
+    One row of fp8 weights read from DRAM (16 weight copies cycled): 8 rows per program
+    and 1024 K per step, K unsplit, the programs all resident at once: 4 warps where the
+    8-row blocks are at most 4 per SM (116 registers: 4 programs an SM), else 2 warps
+    while they are at most 6 per SM (168 registers: 6 an SM). 4096 x 4096 6.1-6.3
+    against 6.9-7.2 us, 14336 x 4096 15.8 against 16.5, 4096 x 6144 (2 warps) 8.6 against
+    9.2-9.4. Wider layers keep the rule below (4096 x 28672: 29.9 us, no candidate faster).
 
     Otherwise: 16 rows per program; 512 K per step unless N alone gives 8 programs per SM
     (then 256, fewer live registers); K split until the programs' tiles hold 2 SMs' worth
@@ -257,8 +256,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            ) -> torch.Tensor:
     """``F.linear``, except a single row of bf16 / fp16 on CUDA (batch-1 decode), which
     runs ``gemv_triton``: on the H200 it beat cuBLAS at M = 1 on every Llama-3.1-8B layer
-    shape (bench/sweep_bf16_gemv.py; cuBLAS splits K there with a second reduction
-    kernel). Layers with a bias keep cuBLAS, which adds it in the same call."""
+    shape (cuBLAS splits K there with a second reduction kernel). Layers with a bias keep
+    cuBLAS, which adds it in the same call."""
     if (bias is None and x.numel() == x.shape[-1] and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x)):
         return gemv_triton(x.reshape(1, -1), weight).reshape(*x.shape[:-1], weight.shape[0])

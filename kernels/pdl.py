@@ -38,10 +38,9 @@ except ImportError:
 # the next GEMM's weight loads overlap this one's whole run) or "late" (after the main
 # loop: they overlap the epilogue); "exit" launches with PDL but leaves the trigger
 # implicit, at each program's exit; "off" launches as before. "auto" (the default) is
-# "early" for launches of one row of x and "exit" for more: on the H200 (session 11,
-# bench/results/quant.md) early triggers gained 0.4-0.9 us per GEMM at one row and
-# cost up to 9 us at 16-32 rows, where the next kernel's early programs slowed the
-# running one.
+# "early" for launches of one row of x and "exit" for more: on the H200 early triggers
+# gained 0.4-0.9 us per GEMM at one row and cost up to 9 us at 16-32 rows, where the next
+# kernel's early programs slowed the running one.
 MODES = ("off", "exit", "late", "early", "auto")
 _mode = "off" if os.environ.get("TAMIS_DISABLE_PDL", "0") not in ("", "0") else "auto"
 
@@ -80,7 +79,7 @@ def lets_next_launch(device: torch.device, rows: int = 1) -> bool:
     SiLU-and-mul, the decode attention's merge), which are not themselves launched with
     PDL: whether they trigger as they start, so that the GEMM after them starts loading
     its weights while they run (modes "late" and "early", and "auto" for one row: at 64
-    rows the AWQ decode of session 11 ran 3% slower with it, within noise)."""
+    rows the AWQ decode on an H200 ran 3% slower with it, within noise)."""
     return launch(device) and (_mode in ("late", "early") or (_mode == "auto" and rows == 1))
 
 

@@ -1,4 +1,4 @@
-"""Session fixtures shared by every test room.
+"""Session-scoped fixtures shared by every test subpackage.
 
 - ``tiny_checkpoint(arch, **overrides) -> Path``: a tiny random checkpoint
   (see ``tests/tiny_models.py``), built once per (arch, overrides) per session.

@@ -9,8 +9,9 @@ It downloads ``vllm==0.26.0`` for the device's Python 3.12, drops FA2's 123 MB l
 downloads every wheel vLLM and tamis's server need that the GPU machine's image lacks
 (the closure of ``Requires-Dist`` without extras, minus ``IMAGE_PACKAGES``). With SmolLM2's
 tokenizer files (for W3's detokenizing server), they go into one tar, split into parts of
-56 MiB (each uploaded on its own, with the working tree, under a 64 MiB limit): ``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads
-and the compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
+56 MiB (each uploaded on its own, with the working tree, under a 64 MiB limit):
+``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads and the
+compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
 """
 from __future__ import annotations
 

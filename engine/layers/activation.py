@@ -17,7 +17,7 @@ class SiluAndMul(nn.Module):
         return F.silu(gate) * up
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        """``forward`` through the kernels room (Triton on CUDA, its reference elsewhere)."""
+        """``forward`` through the kernels subpackage (Triton on CUDA, its reference elsewhere)."""
         from tamis.kernels.activation import silu_and_mul
         return silu_and_mul(x)
 

@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
         return self._norm(x), x
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """``forward`` through the kernels room (Triton on CUDA, its reference elsewhere)."""
+        """``forward`` through the kernels subpackage (Triton on CUDA, its reference elsewhere)."""
         from tamis.kernels.norm import fused_add_rms_norm, rms_norm
         if residual is None:
             return rms_norm(x, self.weight, self.eps)

@@ -171,8 +171,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward_fused(self, positions: torch.Tensor, q: torch.Tensor,
                       k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The kernels room's in-place rotary (Triton on CUDA, its reference elsewhere), with
-        the cos/sin table [T, rotary_dim // 2] computed once per pass and shared by the layers."""
+        """The kernels subpackage's in-place rotary (Triton on CUDA, its reference
+        elsewhere), with the cos/sin table [T, rotary_dim // 2] computed once per pass and
+        shared by the layers."""
         from tamis.kernels.rotary import rotary_cos_sin, rotary_embedding_
         if q.stride(-1) != 1 or k.stride(-1) != 1:
             q, k = q.contiguous(), k.contiguous()

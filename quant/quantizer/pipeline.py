@@ -169,7 +169,7 @@ def _defaults_gptq(options: QuantizeOptions) -> dict:
     runs = options.desc_act and options.act_order_block > 1 and not options.sym
     # Rotating the residual stream lowered all four GPTQ g128 rows on SmolLM2 at 16 x 512
     # (sym +11.5% -> +9.6%, sym act order +14.8% -> +8.5%, asym +9.6% -> +8.7%, asym act
-    # order +9.2% -> +7.5%; session 34 in bench/results/quant.md).
+    # order +9.2% -> +7.5%; bench/results/quant.md).
     return dict(output_clip=not options.rtn, static_groups=static,
                 refine=1 if static or runs else 0, descent=0, rotate=not options.rtn)
 
