@@ -27,12 +27,12 @@ def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
         raise invalid(f"This model's maximum context length is {max_model_len} tokens, "
                       f"but the prompt has {prompt_len} tokens. Please shorten the prompt.",
                       prompt_param)
-    room = max_model_len - prompt_len
+    tokens_left = max_model_len - prompt_len
     if request_max is None:
-        return room
+        return tokens_left
     if request_max < 1:
         raise invalid(f"{param} must be at least 1, got {request_max}", param)
-    if request_max > room:
+    if request_max > tokens_left:
         raise invalid(f"'{param}' is too large: {request_max}. This model's maximum context "
                       f"length is {max_model_len} tokens and your request has {prompt_len} "
                       f"input tokens ({request_max} > {max_model_len} - {prompt_len}).", param)

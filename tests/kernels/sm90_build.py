@@ -9,7 +9,7 @@ register hazard below) is checked in CI this way.
 The hazard (``inflight_clobbers``): ``wgmma`` reads its A operand from registers
 asynchronously until a ``wgmma.wait_group`` retires it; the compiler does not know, so
 an instruction that writes one of those registers before the wait corrupts the product.
-Seen on the H200 (bench/results/quant.md, session 9): the next step's address arithmetic
+Seen on the H200: the next step's address arithmetic
 reused the A registers of a wgmma left in flight across a loop's back edge.
 """
 from __future__ import annotations

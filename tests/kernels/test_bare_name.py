@@ -1,6 +1,6 @@
-"""The kernels room under its bare name. A Python started in a checkout (a REPL, ``python
--c``, pytest with ``pythonpath = ["."]``) finds the room as ``kernels``, first on
-``sys.path``; the PyPI package ``kernels`` (Hugging Face's hub kernels, which transformers
+"""The kernels subpackage under its bare name. A Python started in a checkout (a REPL,
+``python -c``, pytest with ``pythonpath = ["."]``) finds the subpackage as ``kernels``,
+first on ``sys.path``; the PyPI package ``kernels`` (Hugging Face's hub kernels, which transformers
 >= 5.25 requires and imports as it loads a model) must still be what that name imports."""
 from __future__ import annotations
 
@@ -23,16 +23,16 @@ def _python_in_checkout(code: str, extra_path: Path | None = None) -> str:
     return run.stdout.strip()
 
 
-def test_an_installed_kernels_package_wins_over_the_room(tmp_path):
+def test_an_installed_kernels_package_wins_over_the_subpackage(tmp_path):
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "__init__.py").write_text("OWNER = 'installed'\n")
     out = _python_in_checkout(
-        "import kernels, tamis.kernels as room; print(kernels.OWNER, room.rms_norm.__name__)",
+        "import kernels, tamis.kernels as sub; print(kernels.OWNER, sub.rms_norm.__name__)",
         tmp_path)
     assert out == "installed rms_norm"
 
 
-def test_without_one_the_bare_name_is_the_room():
+def test_without_one_the_bare_name_is_the_subpackage():
     out = _python_in_checkout(
         "import importlib.machinery as m, sys\n"
         "sys.path[:] = [p for p in sys.path if m.PathFinder.find_spec('kernels', [p]) is None"

@@ -1,9 +1,9 @@
 """The sm_90 build checks (``test_w4a16_sm90_build.py``: registers, stack, the wgmma
-operands in flight) again under the Triton the lent H200 runs, not only under the one
-torch's pins install here.
+operands in flight) again under Triton 3.6, which the H200 machine's image runs, not only
+under the one torch's pins install here.
 
-Both versions build the same Gluon source to different machine code: in session 22 a
-refactor left Triton 3.9's builds byte-identical and took 3.6's 2-split 128-row tile
+Both versions build the same Gluon source to different machine code: a refactor (426ac62,
+reverted) left Triton 3.9's builds byte-identical and took 3.6's 2-split 128-row tile
 from 148 registers to 189, one program a multiprocessor fewer (4096 x 6144 at 200 rows
 26.9 -> 34.9 us on the H200); the register test below would have failed under 3.6.
 
