@@ -85,7 +85,7 @@ PPL_METHODS = {
     "fp8-dynamic-rtn": ["--method", "fp8", "--rtn"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
     # The residual stream rotated before quantizing (quant/quantizer/rotate.py): the
-    # default of calibrated GPTQ since session 34 (the four gptq rows above), opt-in elsewhere.
+    # default of calibrated GPTQ (the four gptq rows above), opt-in elsewhere.
     "gptq-4bit-g128-no-rotate": [*_GPTQ, "--no-rotate"],
     "gptq-4bit-g128-act-order-no-rotate": [*_GPTQ, "--desc-act", "--no-rotate"],
     "gptq-4bit-g128-asym-no-rotate": [*_GPTQ, "--no-sym", "--no-rotate"],

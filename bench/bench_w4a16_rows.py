@@ -1,5 +1,5 @@
 """W4A16 at 65..256 rows of x (a busy decode batch, a short prefill chunk) on a Hopper GPU:
-the TMA wgmma kernel over 64-row blocks of x (``w4a16_gemm``'s dispatch since session 16)
+the TMA wgmma kernel over row blocks of x (``w4a16_gemm``'s dispatch there)
 against bf16 ``F.linear`` and the kernels that had these rows before it (the tl.dot kernel
 below ``DEQUANT_MIN_M`` rows, dequantize + cuBLAS from there), on the interleaved words a
 model's layers hold, 16 weight copies cycled, CUDA-graph replay; each output checked
