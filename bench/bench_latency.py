@@ -1,7 +1,7 @@
 """W2 decode latency at batch 1 on the GPU (tamis against transformers, one process),
 and greedy equality of the two on the same weights.
 
-Workload (BENCHMARKS.md W2): one request, a 128-token random prompt, 256 output tokens,
+Workload (W2 of bench/RESULTS.md): one request, a 128-token random prompt, 256 output tokens,
 EOS ignored, greedy; Llama-3.1-8B shape, random bf16 weights. Figure: output tokens /
 end-to-end seconds (prefill included), median of ``--repeats``.
 
@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import write_llama8b_config  # noqa: E402
 
-RECORDED_PEERS = {"transformers": 11.5, "vllm": 196.0}   # BENCHMARKS.md, same H200 kind
+RECORDED_PEERS = {"transformers": 11.5, "vllm": 196.0}   # measured once on an H200
 
 
 def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
@@ -306,7 +306,7 @@ def main() -> None:
                   f"{1000 / rate:.2f} | {tamis_rate / rate:.2f} |")
             peers.pop("vllm")
     for name, figure in peers.items():
-        print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure} | "
+        print(f"| {name} (RECORDED on an H200, not measured here) | {figure} | "
               f"{1000 / figure:.2f} | {tamis_rate / figure:.2f} |")
 
 

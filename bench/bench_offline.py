@@ -1,15 +1,15 @@
 """W1 offline throughput on the GPU: tamis against transformers on the same workload, one call.
 
-Workload (BENCHMARKS.md W1): 256 requests, prompts of 128-1024 random token ids (fresh
+Workload (W1 of bench/RESULTS.md): 256 requests, prompts of 128-1024 random token ids (fresh
 each run, the same for every engine), 256 output tokens each, EOS ignored, greedy,
 Llama-3.1-8B shape with dummy bf16 weights.
 
     python bench/bench_offline.py [--engines tamis,transformers] [--num-prompts 256]
 
 Each engine runs in its own subprocess (clean GPU memory, its own warm-up) and writes
-JSON; the parent prints the table last. ``--engines tamis,vllm`` runs vLLM (carried to the
-device as wheels) on the same prompts through bench_vllm.py, which also times vLLM's W2 in
-the same process; a peer that was not run shows the figure recorded in BENCHMARKS.md,
+JSON; the parent prints the table last. ``--engines tamis,vllm`` runs vLLM (installed beside
+tamis from wheels) on the same prompts through bench_vllm.py, which also times vLLM's W2 in
+the same process; a peer that was not run shows the figure recorded on an H200,
 labelled as recorded, not measured.
 
 Extra checks in the tamis subprocess (``--checks``): allocated bytes before/after a
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import add_w1_workload_args, make_prompts, write_llama8b_config  # noqa: E402
 from subprocess_runs import run_each  # noqa: E402
 
-RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # BENCHMARKS.md, same H200 kind
+RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # measured once on an H200
 
 
 class StepProfiler:
@@ -207,7 +207,7 @@ def print_table(rows: list[dict], args) -> None:
         if name in measured:
             continue
         ratio = f"{tamis['output_tok_s'] / figure:.2f}" if tamis else ""
-        print(f"| {name} (RECORDED in BENCHMARKS.md, not measured here) | {figure:,.0f} | | {ratio} |")
+        print(f"| {name} (RECORDED on an H200, not measured here) | {figure:,.0f} | | {ratio} |")
     for r in rows:
         if "w2" in r:
             print(f"{r['engine']} W2 (batch 1, prompt 128, 256 out, median of 3): "

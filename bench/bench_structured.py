@@ -1,4 +1,4 @@
-"""Structured-output benchmark (BENCHMARKS.md W4, model-free part + optional throughput).
+"""Structured-output benchmark (W4 of bench/RESULTS.md, model-free part + optional throughput).
 
     python bench/bench_structured.py [--data DIR] [--per-subset 40]
                                      [--backend tamis|xgrammar|llguidance|all]
@@ -6,8 +6,8 @@
                                                     --no-jump-forward]]
                                      [--skip-maskbench] [--engine-masks]
 
-- coverage, cold compile time and accept/reject agreement over the maskbench-dev sample of
-  BENCHMARKS.md (``--data DIR``: the whole dev half, one folder per subset, from a checkout of
+- coverage, cold compile time and accept/reject agreement over the maskbench-dev
+  schemas (``--data DIR``: the whole dev half, one folder per subset, from a checkout of
   the public jsonschemabench repository; without it, the 8-per-subset sample kept in
   tests/data/conformance) (up to N files per subset, sorted, ``random.Random(0).shuffle``); instances
   serialised compactly and walked token by token (SmolLM2 tokenizer), the mask filled at

@@ -1,9 +1,10 @@
 """vLLM as the peer in the GPU benchmarks: W1 offline throughput and W2 batch-1 latency on
 the same workloads as bench_offline.py / bench_latency.py, one vLLM instance for both.
 
-vLLM is not a dependency of tamis: it is carried to the device as wheels
-(BENCHMARKS.md says how) and imported only here. Its defaults are kept (torch.compile,
-CUDA graphs, prefix caching, chunked prefill) except what the workload fixes: dummy
+vLLM is not a dependency of tamis: it is installed beside it from wheels
+(``bench/device/make_bundle.py`` and ``carried.sh`` for a machine without a package
+index) and imported only here. Its defaults are kept (torch.compile, CUDA graphs, prefix
+caching, chunked prefill) except what the workload fixes: dummy
 bf16 weights at the Llama-3.1-8B shape, token-id prompts (no tokenizer), greedy, EOS
 ignored, ``max_model_len`` and ``max_num_seqs`` as tamis gets them. Prompts are fresh
 for every timed pass, so vLLM's prefix cache cannot inflate its figure.
@@ -31,7 +32,7 @@ def _prompts(num: int, lo: int, hi: int, seed: int) -> list[dict]:
 
 
 def build_vllm(max_model_len: int, max_num_seqs: int, enforce_eager: bool = False):
-    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not in the bundle
     from vllm import LLM
     model_dir = write_llama8b_config(tempfile.mkdtemp())
     t0 = time.perf_counter()

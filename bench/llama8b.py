@@ -41,7 +41,7 @@ def make_prompts(num: int, lo: int, hi: int, seed: int, vocab: int = 128000,
 
 
 def add_w1_workload_args(parser) -> None:
-    """W1's workload (BENCHMARKS.md): 256 requests, prompts of 128-1024 ids, 256 tokens out."""
+    """W1's workload (bench/RESULTS.md): 256 requests, prompts of 128-1024 ids, 256 tokens out."""
     parser.add_argument("--num-prompts", type=int, default=256)
     parser.add_argument("--min-prompt", type=int, default=128)
     parser.add_argument("--max-prompt", type=int, default=1024)

@@ -3,7 +3,7 @@
 Used by ``bench_structured.py --engine-masks [--engine-masks-kind json|regex|grammar]``:
 SmolLM2 on CPU, one batch of ``batch`` requests, temperature 1.0, one seed per request.
 ``json``: each request constrained by a *different* maskbench-dev schema (the first
-``batch`` of the BENCHMARKS.md sample that tamis compiles); ``regex``: each by a different
+``batch`` of the maskbench-dev sample that tamis compiles); ``regex``: each by a different
 regex (``regexes``: eight families, each with its own bounds per request); ``grammar``: the
 llama.cpp GBNF grammars of the conformance data, in turn (several requests share one
 compiled grammar but walk it with their own samples). Every
