@@ -42,7 +42,7 @@ from tamis.engine.runner import RunnerOutput, make_runner
 from tamis.engine.sampler import SamplingMetadata, TopLogprobs, gather_logprobs
 from tamis.engine.sampling_params import RequestOutputKind, SamplingParams
 from tamis.engine.scheduler import Scheduler, SchedulerOutput
-from tamis.engine.stats import EngineStats
+from tamis.engine.stats import ITERATION_TOKEN_BUCKETS, CumulativeHistogram, EngineStats
 from tamis.engine.tokenizer import TokenDecoder, eos_token_ids, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class LLMEngine:
         self.outputs = OutputProcessor()
         self._structured = None
         self._counters = {"prompt": 0, "generation": 0, "finished": 0}
+        self._iteration_tokens = CumulativeHistogram(ITERATION_TOKEN_BUCKETS)
         self.async_scheduling = _async_scheduling_default(self.device)
         self._inflight: LaunchedStep | None = None        # a pipelined step not read yet
         self._last_sampling: SamplingMetadata | None = None
@@ -248,6 +249,7 @@ class LLMEngine:
                     request.metrics.first_scheduled_time = now
                 num_prompt += min(item.start + item.num_new_tokens, request.num_prompt_tokens) - item.start
         self._counters["prompt"] += num_prompt
+        self._iteration_tokens.observe(batch.num_scheduled_tokens)
 
     def _launch(self, batch: SchedulerOutput, previous: LaunchedStep | None) -> LaunchedStep:
         """Queues the forward pass of ``batch`` and, unless a sampling row is constrained,
@@ -480,6 +482,9 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_prompt_tokens=self._counters["prompt"], num_generation_tokens=self._counters["generation"],
             num_finished_requests=self._counters["finished"],
+            num_waiting_for_grammar=sum(r.status == RequestStatus.WAITING_FOR_GRAMMAR
+                                        for r in self.scheduler.waiting),
+            iteration_tokens=self._iteration_tokens.copy(),
             **(self._structured.stats() if self._structured is not None else {}))
 
     def reset_prefix_cache(self) -> bool:

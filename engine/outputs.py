@@ -44,6 +44,7 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_tokens: int = 0        # prompt tokens served from the prefix cache
     num_preemptions: int = 0
+    max_tokens: int | None = None     # the request's max_tokens parameter
 
 
 @dataclass

@@ -108,7 +108,8 @@ class Request:
         self.pipelinable = False      # may sample with its last token in flight
         self.max_total_tokens = sys.maxsize   # prompt + max_tokens, capped by max_model_len
         self.simple_append = False    # no grammar, logprobs or text to update per token
-        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time,
+                                      max_tokens=sampling_params.max_tokens)
 
     @property
     def num_output_tokens(self) -> int:

@@ -12,7 +12,8 @@ import time
 import uuid
 
 logger = logging.getLogger("tamis.server.access")
-_QUIET_PATHS = ("/health", "/metrics")  # probes and scrapers: logged at DEBUG when fine
+# Probes and scrapers: logged at DEBUG when fine.
+_QUIET_PATHS = ("/health", "/ready", "/readyz", "/metrics")
 
 
 def printable(text: str) -> str:

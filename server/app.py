@@ -2,7 +2,8 @@
 
 ``build_app(ctx, api_key=None, max_body_bytes=...)`` wires a ``ServerContext`` (engine,
 tokenizer, names) into the routes. Middleware, outermost first: access log (one line
-per request), body-size limit (413), API key (401 on ``/v1/*``). Shutting the app down
+per request), body-size limit (413), API key (401 on ``/v1/*``). ``/health`` (liveness) and
+``/ready`` (readiness) answer 200 while the engine's step loop runs, 503 once it died. Shutting the app down
 (uvicorn on SIGTERM/SIGINT, after in-flight responses drain) stops the engine thread,
 aborting whatever is still running.
 """
@@ -38,9 +39,11 @@ def tamis_version() -> str:
 
 
 def build_app(ctx: ServerContext, api_key: str | None = None,
-              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              metrics_namespace: str = "tamis") -> FastAPI:
     if ctx.metrics is None:
-        ctx.metrics = ServerMetrics(ctx.engine, ctx.model_name)
+        ctx.metrics = ServerMetrics(ctx.engine, ctx.model_name, ctx.max_model_len,
+                                    namespace=metrics_namespace)
     ctx.engine.on_finished = ctx.metrics.observe_finished
     ctx.engine.on_aborted = ctx.metrics.observe_abort
 
@@ -70,9 +73,15 @@ def _model_card(ctx: ServerContext, name: str) -> dict:
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/health")
     async def health():
-        if not ctx.engine.is_alive:
-            raise APIError("the engine is not running", 503, code="engine_unavailable")
-        return Response(status_code=200)
+        """Liveness: 200 while the engine's step loop runs."""
+        return _engine_status(ctx)
+
+    @app.get("/ready")
+    @app.get("/readyz")
+    async def ready():
+        """Readiness: this app exists once the model is loaded, so the same as liveness here
+        (``tamis.server.startup`` answers 503 while it loads)."""
+        return _engine_status(ctx)
 
     @app.get("/version")
     async def version():
@@ -117,6 +126,12 @@ def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/metrics")
     async def metrics():
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def _engine_status(ctx: ServerContext) -> Response:
+    if not ctx.engine.is_alive:
+        raise APIError("the engine is not running", 503, code="engine_unavailable")
+    return Response(status_code=200)
 
 
 class _ChatView:

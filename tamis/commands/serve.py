@@ -5,6 +5,8 @@ No MODEL serves the embedded SmolLM2-135M-Instruct. Every engine flag of
 ``--load-format dummy``, ...). The key comes from ``--api-key`` or ``TAMIS_API_KEY``.
 SIGTERM / SIGINT: uvicorn stops accepting connections, lets in-flight responses finish
 for up to ``--shutdown-timeout`` seconds, then the engine thread aborts whatever is left.
+The port is taken before the model loads (a busy port fails at once); while it loads,
+``/health`` answers 200 and ``/ready`` 503 (``tamis.server.startup``).
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import logging
 import os
 
 DEFAULT_MAX_WAITING = 1024
+
+logger = logging.getLogger("tamis.server")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -37,6 +41,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--metrics-namespace", default="tamis", choices=("tamis", "vllm"),
+                        help="prefix of the /metrics names: `vllm` serves vLLM's names "
+                             "(vllm:num_requests_running, ...) for its dashboards")
     from tamis.engine.arg_utils import add_engine_args
 
     add_engine_args(parser)
@@ -45,7 +52,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from tamis.server.startup import bind_listening_socket, serve_while_loading
 
     _setup_logging(args.log_level)
     if args.model_tag is not None:
@@ -53,18 +60,23 @@ def run(args: argparse.Namespace) -> int:
             raise SystemExit("tamis serve: give the model either as MODEL or --model, not both")
         args.model = args.model_tag
     api_key = args.api_key or os.environ.get("TAMIS_API_KEY") or None
+    sock = bind_listening_socket(args.host, args.port)
+    logger.info("listening on http://%s:%d; loading the model", args.host, args.port)
+    serve_while_loading(sock, lambda: _load(args, api_key), log_level=args.log_level,
+                        access_log=False, timeout_graceful_shutdown=args.shutdown_timeout)
+    return 0
+
+
+def _load(args: argparse.Namespace, api_key: str | None):
     from tamis.engine.hub import HubModelError
 
     try:
         app = build_server_app(args, api_key)
     except HubModelError as exc:   # the message says what to do; a traceback would bury it
         raise SystemExit(f"tamis serve: {exc}") from None
-    logging.getLogger("tamis.server").info(
-        "serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host, args.port,
-        " (API key required)" if api_key else "")
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False, timeout_graceful_shutdown=args.shutdown_timeout)
-    return 0
+    logger.info("serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host,
+                args.port, " (API key required)" if api_key else "")
+    return app
 
 
 def build_server_app(args: argparse.Namespace, api_key: str | None):
@@ -85,7 +97,8 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
                         model_names=served_model_names(args),
                         max_model_len=_max_model_len(engine),
                         max_logprobs=getattr(engine.config, "max_logprobs", 20))
-    return build_app(ctx, api_key=api_key, max_body_bytes=args.max_request_body_bytes)
+    return build_app(ctx, api_key=api_key, max_body_bytes=args.max_request_body_bytes,
+                     metrics_namespace=args.metrics_namespace)
 
 
 def served_model_names(args) -> list[str]:

@@ -249,8 +249,8 @@ def test_metrics_and_version(app_factory):
     app = app_factory()
     call(app, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 3})
     text = call(app, "GET", "/metrics").text
-    assert 'tamis:generation_tokens_total{model_name="smol"} 3.0' in text
-    assert 'tamis:request_success_total{finished_reason="length",model_name="smol"} 1.0' in text
+    assert 'tamis:generation_tokens_total{engine="0",model_name="smol"} 3.0' in text
+    assert 'tamis:request_success_total{engine="0",finished_reason="length",model_name="smol"} 1.0' in text
     assert "tamis:kv_cache_total_blocks" in text and "tamis:num_requests_running" in text
     assert call(app, "GET", "/version").json()["version"]
 

@@ -22,5 +22,5 @@ def test_each_output_step_after_the_first_is_one_inter_token_sample():
 
     metrics = ServerMetrics(SimpleNamespace(last_stats=None, num_in_flight=0), "m")
     metrics.observe_finished(_output(5, finished=True), stream.times)
-    count = metrics.registry.get_sample_value("tamis:inter_token_latency_seconds_count", {"model_name": "m"})
+    count = metrics.registry.get_sample_value("tamis:inter_token_latency_seconds_count", {"model_name": "m", "engine": "0"})
     assert count == 3
