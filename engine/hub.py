@@ -35,9 +35,10 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?")
 
 
-class HubModelError(OSError):
+class HubModelError(FileNotFoundError):
     """A Hub model id could not be turned into a local snapshot; the message says why
-    and what to do."""
+    and what to do. A FileNotFoundError, like a missing local model path, so callers
+    that report one report both."""
 
 
 def is_hub_model_id(model: str) -> bool:
@@ -57,7 +58,12 @@ def download_model(repo_id: str, revision: str | None = None,
         raise HubModelError(f"model {repo_id!r} (revision {revision or 'main'}) has no "
                             f"config.json: it is not a Hugging Face transformers checkpoint")
     commit = folder.name   # pin the weights to the metadata's commit, and skip a lookup
-    return _snapshot(repo_id, commit, download_dir, _weight_patterns(folder), revision)
+    folder = _snapshot(repo_id, commit, download_dir, _weight_patterns(folder), revision)
+    if not any(folder.glob("*.safetensors")):
+        raise HubModelError(f"model {repo_id!r} (revision {revision or 'main'}) has no "
+                            f"*.safetensors weights; for a GGUF repository, download its .gguf "
+                            f"file and pass that path")
+    return folder
 
 
 def download_tokenizer(repo_id: str, revision: str | None = None,
@@ -128,8 +134,8 @@ def _explain(exc: Exception, repo_id: str, revision: str | None, download_dir,
     cache = download_dir or "the Hugging Face cache (HF_HOME)"
     if isinstance(exc, LocalEntryNotFoundError) and offline:
         return HubModelError(
-            f"model {repo_id!r} (revision {revision or 'main'}) is not (completely) in {cache} "
-            f"and HF_HUB_OFFLINE is set: download it once with network access, or unset "
+            f"model {repo_id!r} (revision {revision or 'main'}) is missing from {cache} (in "
+            f"whole or in part) and HF_HUB_OFFLINE is set: download it once with network access, or unset "
             f"HF_HUB_OFFLINE")
     if isinstance(exc, LocalEntryNotFoundError):
         return HubModelError(
