@@ -1,9 +1,10 @@
-"""`tamis serve | generate | quantize | bench`.
+"""`tamis serve | generate | quantize`.
 
 Each subcommand lives in ``tamis/commands/<name>.py`` and exposes
 ``add_parser(subparsers)`` (registering its flags and ``set_defaults(func=run)``)
 and ``run(args) -> int``. A subcommand whose module is missing or fails to import
-is still listed, and says why when invoked, so one broken room never hides the others.
+is still listed, and says why when invoked, so one broken subpackage never hides the others.
+The benchmarks are scripts of a source checkout, run as ``python bench/bench_NAME.py``.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("serve", "generate", "quantize", "bench")
+SUBCOMMANDS = ("serve", "generate", "quantize")
 
 
 def build_parser() -> argparse.ArgumentParser:
