@@ -93,7 +93,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.error: str | None = None
         self.error_code: str | None = None   # e.g. "compile_time_limit": a server-side limit
-        # The constrain room's per-request state (matcher, compile future); opaque here.
+        # The constrain subpackage's per-request state (matcher, compile future); opaque here.
         self.grammar_state: Any = None
         self.generator: torch.Generator | None = None
         # Results accumulated by the engine.
