@@ -1,4 +1,5 @@
-"""Regexes for JSON numbers, including exact ranges for ``minimum``/``maximum`` bounds.
+"""Regexes for JSON numbers, including exact ranges for ``minimum``/``maximum`` bounds, and
+number schemas (``number_schema``: bounds, ``multipleOf``, integer formats).
 
 Policies (stated and tested):
 - integers are written without fraction or exponent and without ``-0``;
@@ -8,9 +9,11 @@ Policies (stated and tested):
 """
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 from . import regex_ast as ra
+from .errors import SchemaError
 from .regex_parser import parse_regex
 
 DIGIT = ra.chars(((48, 57),))
@@ -164,3 +167,75 @@ def _digits_compare(bound: str, op: str) -> tuple:
         return ra.alt(bigger, same)
     smaller = ra.seq(ra.chars(((48, 47 + f),)), any_digits) if f > 0 else ra.NOTHING
     return ra.alt(ra.EMPTY, smaller, same)
+
+
+# ---- number schemas ----------------------------------------------------------------------
+def number_schema(schema: dict, path: str, integer: bool) -> tuple:
+    """The JSON text of a number (an integer if ``integer``) meeting ``schema``'s numeric
+    keywords (bounds, ``multipleOf``, the ``int32``/``int64``/... formats)."""
+    node = _number_range(schema, path, integer)
+    step = schema.get("multipleOf")
+    if step is None:
+        return node
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0:
+        raise SchemaError("multipleOf must be a positive number", f"{path}/multipleOf")
+    multiple = _multiple_node(step, path)
+    if ra.has_rules(node):
+        raise SchemaError("multipleOf on an unbounded value", f"{path}/multipleOf")
+    if integer or node is ANY_NUMBER:
+        # canonical forms only: integers plain, numbers without exponent
+        node = int_range(None, None) if integer else number_range(None, True, None, True)
+    return ("and", node, multiple)
+
+
+def _number_range(schema: dict, path: str, integer: bool) -> tuple:
+    lo, lo_incl, hi, hi_incl = _bounds(schema, path)
+    fmt = schema.get("format")
+    if integer and fmt in ("int32", "int64", "uint32", "uint64"):
+        bits = int(fmt[-2:])
+        f_lo, f_hi = (0, 2 ** bits - 1) if fmt.startswith("u") else (-2 ** (bits - 1), 2 ** (bits - 1) - 1)
+        lo = f_lo if lo is None else max(lo, f_lo)
+        hi = f_hi if hi is None else min(hi, f_hi)
+    if integer:
+        ilo = None if lo is None else (math.ceil(lo) if lo_incl else math.floor(lo) + 1)
+        ihi = None if hi is None else (math.floor(hi) if hi_incl else math.ceil(hi) - 1)
+        return int_range(ilo, ihi)
+    if lo is None and hi is None:
+        return ANY_NUMBER
+    return number_range(lo, lo_incl, hi, hi_incl)
+
+
+def _bounds(schema: dict, path: str):
+    """(lo, lo_inclusive, hi, hi_inclusive) from the four bound keywords (draft 4's boolean
+    ``exclusiveMinimum``/``exclusiveMaximum`` included); None = unbounded."""
+    lo, lo_incl, hi, hi_incl = None, True, None, True
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        if not isinstance(value, (int, float)):
+            raise SchemaError(f"{key} must be a number", f"{path}/{key}")
+    if isinstance(schema.get("minimum"), (int, float)) and not isinstance(schema["minimum"], bool):
+        lo = schema["minimum"]
+    if isinstance(schema.get("maximum"), (int, float)) and not isinstance(schema["maximum"], bool):
+        hi = schema["maximum"]
+    ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if ex_lo is True:            # draft 4 boolean form
+        lo_incl = False
+    elif isinstance(ex_lo, (int, float)) and not isinstance(ex_lo, bool) and (lo is None or ex_lo >= lo):
+        lo, lo_incl = ex_lo, False
+    if ex_hi is True:
+        hi_incl = False
+    elif isinstance(ex_hi, (int, float)) and not isinstance(ex_hi, bool) and (hi is None or ex_hi <= hi):
+        hi, hi_incl = ex_hi, False
+    return lo, lo_incl, hi, hi_incl
+
+
+def _multiple_node(step, path: str) -> tuple:
+    """Numbers (either sign, no exponent) that are integer multiples of ``step``."""
+    exact = Decimal(repr(step)) if isinstance(step, float) else Decimal(step)
+    p = max(0, -exact.as_tuple().exponent)
+    m = int(exact * (10 ** p))
+    unsigned = ("multiple", m, p)
+    zero = parse_regex(r"0(\.0+)?")
+    return ra.alt(unsigned, ra.seq(ra.char("-"), ("diff", unsigned, zero)))

@@ -1,0 +1,111 @@
+"""JSON arrays: ``items``/``prefixItems`` (and draft 7's tuple ``items`` with
+``additionalItems``), ``minItems``/``maxItems``, and ``uniqueItems`` where it is bounded.
+
+Policies: ``maxItems`` above ``MAX_ARRAY_ITEMS`` is enforced as ``MAX_ARRAY_ITEMS`` (sound:
+longer valid arrays are refused); ``uniqueItems: true`` is enforced for arrays of at most
+one item, and for items drawn from at most ``MAX_UNIQUE_VALUES`` enumerated scalars (every
+ordering of distinct values spelled out); elsewhere it is refused (``json_schema``)."""
+from __future__ import annotations
+
+import itertools
+
+from . import regex_ast as ra
+from .json_keywords import ANNOTATIONS, nonneg_int
+
+MAX_ARRAY_ITEMS = 128
+MAX_UNIQUE_VALUES = 6        # uniqueItems over a finite item domain: every ordering (1,957 at 6)
+
+
+class ArraySchemas:
+    """``type: array`` for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
+    path, depth)``, ``ws`` (the whitespace node), ``_valid(value, schema)`` and
+    ``_literal(value)``."""
+
+    def _array(self, schema: dict, path: str, depth: int) -> tuple:
+        lo = nonneg_int(schema, "minItems", path, 0)
+        hi = nonneg_int(schema, "maxItems", path, None)
+        if hi is not None and hi > MAX_ARRAY_ITEMS and lo <= MAX_ARRAY_ITEMS:
+            hi = MAX_ARRAY_ITEMS
+        items = schema.get("items", True)
+        prefix = schema.get("prefixItems", [])
+        if isinstance(items, list):          # draft 7 tuple form
+            prefix, items = items, schema.get("additionalItems", True)
+        domain = unique_domain(schema) if schema.get("uniqueItems") is True else None
+        if domain:   # every ordering of distinct values, spelled out
+            return self._distinct_values(domain, schema, lo, hi)
+        prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
+        rest = self.value(items, f"{path}/items", depth + 1)
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        body = _list_body(prefix_nodes, rest, lo, hi, sep)
+        return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _distinct_values(self, domain: list, schema: dict, lo: int, hi: int | None) -> tuple:
+        """``uniqueItems`` over a small domain: arrays of distinct values, lo..hi of them."""
+        values = [v for v in domain if self._valid(v, schema["items"])]
+        top = len(values) if hi is None else min(hi, len(values))
+        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        arrays = []
+        for size in range(lo, top + 1):
+            for chosen in itertools.permutations(values, size):
+                body = [self._literal(v) if i == 0 else ra.seq(sep, self._literal(v))
+                        for i, v in enumerate(chosen)]
+                arrays.append(ra.seq(ra.char("["), self.ws, *body, self.ws, ra.char("]")))
+        return ra.alt(*arrays)
+
+
+def _list_body(prefix: list, rest, lo: int, hi, sep) -> tuple:
+    """Array elements: position i uses prefix[i] if any, else ``rest``; count in [lo, hi]."""
+    if hi is not None and hi < lo:
+        return ra.NOTHING
+    k = len(prefix)
+    nodes_after = _rest_items(rest, lo - k, None if hi is None else hi - k, sep, leading=k > 0)
+    tail = nodes_after
+    for i in range(k - 1, -1, -1):
+        element = prefix[i] if i == 0 else ra.seq(sep, prefix[i])
+        if hi is not None and i >= hi:
+            tail = ra.EMPTY
+            continue
+        with_element = ra.seq(element, tail)
+        tail = with_element if i < lo else ra.alt(with_element, ra.EMPTY)
+    return tail
+
+
+def _rest_items(rest, lo: int, hi, sep, leading: bool) -> tuple:
+    lo = max(lo, 0)
+    if (hi is not None and hi <= 0) or rest == ra.NOTHING:
+        return ra.EMPTY if lo == 0 else ra.NOTHING
+    more_hi = None if hi is None else hi - 1
+    if leading:
+        return ra.rep(ra.seq(sep, rest), lo, hi)
+    following = ra.rep(ra.seq(sep, rest), max(lo - 1, 0), more_hi)
+    first = ra.seq(rest, following)
+    return first if lo > 0 else ra.opt(first)
+
+
+def unique_domain(schema: dict) -> list | None:
+    """What makes ``uniqueItems`` enforceable for this array schema: [] when at most one item
+    fits (nothing to enforce), the item values when the items are a small finite set of
+    scalars, else None."""
+    if "prefixItems" in schema or isinstance(schema.get("items"), list):
+        return None
+    if isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1:
+        return []
+    items = schema.get("items")
+    if not isinstance(items, dict) or set(items) - {"enum", "const", "type"} - ANNOTATIONS:
+        return None
+    if "const" in items:
+        values = [items["const"]]
+    elif "enum" in items and isinstance(items["enum"], list):
+        values = items["enum"]
+    elif items.get("type") == "boolean":
+        values = [True, False]
+    elif items.get("type") == "null":
+        values = [None]
+    else:
+        return None
+    if not all(v is None or isinstance(v, (bool, int, str)) for v in values):
+        return None
+    distinct = list(dict.fromkeys((type(v) is bool, v) for v in values))   # 1 and True differ
+    if len(distinct) > MAX_UNIQUE_VALUES:
+        return None
+    return [v for _, v in distinct] or None

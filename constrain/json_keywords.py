@@ -1,0 +1,80 @@
+"""The JSON-schema vocabulary the compiler reads: which keywords it handles, which it refuses,
+which only annotate, which hold subschemas, the limits it compiles under, and the value and
+type comparisons the concerns (``json_objects``, ``json_arrays``, ``json_combinators``...)
+share."""
+from __future__ import annotations
+
+from .errors import SchemaError
+from .json_conditionals import CONDITIONAL_KEYWORDS
+
+MAX_DEPTH = 60               # subschema nesting (and $ref chain) depth compiled
+ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
+
+ANNOTATIONS = {
+    "title", "description", "default", "examples", "example", "$comment", "$schema", "$id", "id",
+    "$anchor", "$defs", "definitions", "deprecated", "readOnly", "writeOnly", "$vocabulary",
+    "contentMediaType", "contentEncoding", "contentSchema", "discriminator", "xml",
+    "externalDocs", "$dynamicAnchor", "$recursiveAnchor",
+}
+HANDLED = {
+    "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+    "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
+    "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", *CONDITIONAL_KEYWORDS,
+}
+UNSUPPORTED = {
+    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
+    "$dynamicRef", "$recursiveRef",
+}
+# Keywords whose value is a schema or an array of schemas / an object of schemas (for $id).
+SCHEMA_KEYWORDS = {
+    "items", "prefixItems", "additionalItems", "additionalProperties", "contains", "propertyNames",
+    "if", "then", "else", "not", "allOf", "anyOf", "oneOf", "unevaluatedItems",
+    "unevaluatedProperties", "contentSchema",
+}
+SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+               "dependencies"}
+TYPE_KEYWORDS = {
+    "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "propertyNames", "patternProperties"},
+}
+
+
+def nonneg_int(schema: dict, key: str, path: str, default):
+    """``schema[key]`` as a non-negative int (``2.0`` taken as 2), ``default`` if absent;
+    SchemaError naming the keyword otherwise."""
+    value = schema.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SchemaError(f"{key} must be a non-negative integer", f"{path}/{key}")
+    return value
+
+
+def type_set(types) -> set | None:
+    """JSON types a ``type`` keyword admits ("integer" widened to "number"), None if absent."""
+    if types is None:
+        return None
+    names = {types} if isinstance(types, str) else set(types) if isinstance(types, list) else None
+    if names is None or not all(isinstance(t, str) for t in names):
+        return None
+    return {"number" if t == "integer" else t for t in names}
+
+
+def json_equal(x, y) -> bool:
+    """Equality of JSON values as JSON Schema sees them: 1 == 1.0, but true != 1."""
+    if isinstance(x, bool) or isinstance(y, bool):
+        return type(x) is type(y) and x == y
+    if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+        return x == y
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(json_equal(p, q) for p, q in zip(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(json_equal(x[k], y[k]) for k in x)
+    return x == y

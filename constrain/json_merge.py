@@ -1,0 +1,201 @@
+"""``allOf``: schemas merged keyword by keyword into one (``properties`` joined, bounds
+tightened, ``type`` and ``enum`` intersected, ``multipleOf`` steps combined into their least
+common multiple, a second ``pattern`` kept beside the first), and the ``$ref``s at the top of
+a subschema followed so that its content can be merged or analysed.
+
+Two values of a keyword that cannot be combined raise ``SchemaError`` naming the keyword; a
+merge that no value can meet (disjoint types, enums, consts) is ``False``."""
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+from .errors import SchemaError
+from .json_conditionals import has_conditionals, rewrite_conditionals
+from .json_keywords import ANNOTATIONS, HANDLED, MAX_DEPTH, UNSUPPORTED, json_equal
+
+
+class SchemaMerging:
+    """``allOf`` for ``_SchemaCompiler``, a mixin: the host provides ``_resolve(ref, schema,
+    path)`` and ``_active`` (``json_refs``)."""
+
+    def _rewrite(self, schema: dict, path: str) -> dict:
+        """Conditional keywords -> allOf/anyOf (json_conditionals); other schemas unchanged."""
+        if not has_conditionals(schema):
+            return schema
+        return rewrite_conditionals(schema, self._peek, path)
+
+    def _merge_all_of(self, schema: dict, path: str, depth: int) -> dict:
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        parts = schema["allOf"]
+        if not isinstance(parts, list) or not parts:
+            raise SchemaError("allOf must be a non-empty array", f"{path}/allOf")
+        for i, part in enumerate(parts):
+            part = self._deref(part, f"{path}/allOf/{i}", depth)
+            if part is False:
+                return False
+            if part is True:
+                continue
+            merged = self._merge(merged, part, f"{path}/allOf/{i}")
+            if merged is False:
+                return False
+        return merged
+
+    def _deref(self, schema, path: str, depth: int):
+        """The schema with a top-level $ref (and nested allOf) replaced by its content."""
+        for _ in range(MAX_DEPTH):
+            if isinstance(schema, dict) and "$ref" in schema:
+                target, key = self._resolve(schema["$ref"], schema, path)
+                if key in self._active:
+                    raise SchemaError("recursive $ref inside allOf is not supported", path)
+                rest = {k: v for k, v in schema.items() if k != "$ref"}
+                if target is False:
+                    return False
+                schema = self._merge(dict(target) if isinstance(target, dict) else {}, rest, path)
+                if schema is False:
+                    return False
+                continue
+            if isinstance(schema, dict) and "allOf" in schema:
+                schema = self._merge_all_of(schema, path, depth + 1)
+                continue
+            return schema
+        raise SchemaError("$ref chain too long", path)
+
+    def _peek(self, schema, path: str):
+        """Like ``_deref`` for analysis (disjointness, negation): a $ref to a schema being
+        compiled is followed too (the result is read, never compiled in place)."""
+        for _ in range(MAX_DEPTH):
+            if isinstance(schema, dict) and "$ref" in schema:
+                target, _ = self._resolve(schema["$ref"], schema, path)
+                rest = {k: v for k, v in schema.items() if k != "$ref" and k not in ANNOTATIONS}
+                if not rest:
+                    schema = target
+                    continue
+                if target is False:
+                    return False
+                schema = self._merge(dict(target) if isinstance(target, dict) else {}, rest, path)
+                continue
+            if isinstance(schema, dict) and "allOf" in schema:
+                return self._deref(schema, path, 0)
+            return schema
+        raise SchemaError("$ref chain too long", path)
+
+    def _merge(self, a: dict, b: dict, path: str):
+        a, b = self._rewrite(a, path), self._rewrite(b, path)
+        for x, y in ((a, b), (b, a)):
+            if "prefixItems" in x and "items" in y and "prefixItems" not in y:
+                raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
+                                  "branches (their meaning depends on the branch)", path)
+        out = dict(a)
+        for key, value in b.items():
+            if key in ANNOTATIONS or key not in out:
+                out.setdefault(key, value)
+                continue
+            merged = _merge_keyword(key, out[key], value, a, b, path)
+            if merged is _UNSAT:
+                return False
+            out[key] = merged
+        _apply_additional(out, a, b)
+        _apply_additional(out, b, a)
+        return out
+
+
+_UNSAT = object()
+
+
+def _common_multiple(x, y):
+    """The least common multiple of two positive steps, exact for decimals (2 and 3 -> 6,
+    0.5 and 0.3 -> 1.5): a number is a multiple of both iff it is a multiple of it."""
+    fx, fy = Fraction(str(x)), Fraction(str(y))
+    step = Fraction(math.lcm(fx.numerator, fy.numerator), math.gcd(fx.denominator, fy.denominator))
+    return int(step) if step.denominator == 1 else float(step)
+
+
+def _merge_keyword(key, x, y, a, b, path):
+    if key == "properties":
+        out = dict(x)
+        for name, sub in y.items():
+            out[name] = {"allOf": [out[name], sub]} if name in out else sub
+        return out
+    if key == "required":
+        return list(dict.fromkeys(list(x) + list(y)))
+    if key in ("minimum", "minLength", "minItems", "minProperties"):
+        return max(x, y)
+    if key in ("maximum", "maxLength", "maxItems", "maxProperties"):
+        return min(x, y)
+    if key == "exclusiveMinimum" and not isinstance(x, bool):
+        return max(x, y)
+    if key == "exclusiveMaximum" and not isinstance(x, bool):
+        return min(x, y)
+    if key == "type":
+        xs = {x} if isinstance(x, str) else set(x)
+        ys = {y} if isinstance(y, str) else set(y)
+        both = (xs & ys) | ({"integer"} if ("integer" in xs and "number" in ys)
+                            or ("number" in xs and "integer" in ys) else set())
+        return sorted(both) if both else _UNSAT
+    if key == "multipleOf" and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   and v > 0 for v in (x, y)):
+        return _common_multiple(x, y)
+    if key == "enum":
+        kept = [v for v in x if any(json_equal(v, w) for w in y)]
+        return kept if kept else _UNSAT
+    if key == "const":
+        return x if json_equal(x, y) else _UNSAT
+    if key == "pattern":
+        if x == y:
+            return x
+        return _merge_patterns(a, x, y)
+    if key in ("items", "additionalProperties", "additionalItems"):
+        if isinstance(x, dict) and isinstance(y, dict) or isinstance(x, bool) or isinstance(y, bool):
+            if x is True:
+                return y
+            if y is True:
+                return x
+            if x is False or y is False:
+                return False
+            return {"allOf": [x, y]}
+    if key == "anyOf":
+        return [{"allOf": [p, q]} for p in x for q in y]
+    if key == "allOf":
+        return list(x) + list(y)
+    if key == "not":
+        return {"anyOf": [x, y]}
+    if key == "_negate":
+        return list(x) + list(y)
+    if key == "patternProperties":
+        out = dict(x)
+        for pattern, sub in y.items():
+            out[pattern] = {"allOf": [out[pattern], sub]} if pattern in out else sub
+        return out
+    if key not in HANDLED and key not in UNSUPPORTED:
+        return x                           # an annotation or unknown keyword: no effect
+    if json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True):
+        return x
+    raise SchemaError(f"cannot combine two different values of {key!r} in allOf", path)
+
+
+def _merge_patterns(a, x, y):
+    # Two patterns must both hold: keep one and record the other for the string compiler.
+    a["_patterns"] = a.get("_patterns", []) + [y]
+    return x
+
+
+def _apply_additional(out: dict, side: dict, other: dict) -> None:
+    """allOf: a side's additionalProperties also governs the other side's extra property names."""
+    extra = side.get("additionalProperties", True)
+    if extra is True:
+        return
+    if set(other.get("patternProperties", {})) - set(side.get("patternProperties", {})):
+        raise SchemaError("allOf: additionalProperties in one branch and patternProperties in "
+                          "another cannot be combined")
+    own = set(side.get("properties", {}))
+    props = dict(out.get("properties", {}))
+    for name in other.get("properties", {}):
+        if name not in own:
+            props[name] = {"allOf": [props[name], extra]} if name in props else extra
+    for name in other.get("required", []):
+        if name not in own and name not in props:
+            props[name] = extra
+    if props:
+        out["properties"] = props
