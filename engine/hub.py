@@ -79,13 +79,13 @@ def _weight_patterns(folder: Path) -> tuple[str, ...]:
     return WEIGHT_PATTERNS
 
 
-def hub_offline() -> bool:
+def _offline() -> bool:
     """``HF_HUB_OFFLINE`` (or transformers' ``TRANSFORMERS_OFFLINE``) as set now."""
     value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
     return value.strip().lower() in ("1", "on", "yes", "true")
 
 
-def hub_endpoint() -> str:
+def _endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
 
 
@@ -97,10 +97,10 @@ def _snapshot(repo_id: str, revision: str | None, download_dir, patterns,
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    offline = hub_offline()
+    offline = _offline()
     try:
         folder = snapshot_download(
-            repo_id, revision=revision, cache_dir=download_dir, endpoint=hub_endpoint(),
+            repo_id, revision=revision, cache_dir=download_dir, endpoint=_endpoint(),
             local_files_only=offline, allow_patterns=list(patterns))
     except (HfHubHTTPError, LocalEntryNotFoundError) as exc:
         raise _explain(exc, repo_id, asked_revision or revision, download_dir, offline) from None
@@ -112,7 +112,7 @@ def _explain(exc: Exception, repo_id: str, revision: str | None, download_dir,
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
 
-    endpoint = hub_endpoint()
+    endpoint = _endpoint()
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, GatedRepoError):
         return HubModelError(
@@ -151,5 +151,4 @@ def _first_line(exc: Exception) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-__all__ = ["HubModelError", "download_model", "download_tokenizer", "is_hub_model_id",
-           "hub_offline", "hub_endpoint"]
+__all__ = ["HubModelError", "download_model", "download_tokenizer", "is_hub_model_id"]
