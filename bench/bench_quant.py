@@ -4,8 +4,10 @@
         SmolLM2-135M quantized by `tamis quantize` (AWQ 4-bit, GPTQ 4-bit g128 with and
         without act-order, FP8 dynamic), perplexity in tamis on pydoc_data.topics (ships
         with Python) against the unquantized model. Targets: FP8 <= +1%, 4-bit <= +10%.
-    python bench/bench_quant.py gemm [--sweep] [--eager] [--ms 1 4 16 ...] [--rotate N]
-        W4A16 (group 128) and FP8 (per-channel weights; W8A16 GEMV for M <= 4, per-token
+    python bench/bench_quant.py gemm [--kernel FAMILY] [--sweep] [--eager] [--ms 1 4 16 ...]
+                                     [--rotate N]
+        W4A16 (group 128; a bf16 layer whose kernel is chosen as at load, or forced with
+        --kernel interleaved | canonical | reference) and FP8 (per-channel weights; W8A16 GEMV for M <= 4, per-token
         dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes for M = 1, 4, 16, 64, 256,
         2048 against bf16 F.linear, timed by CUDA-graph replay (--eager: CUDA events on
         eager calls), median of repeats; each result is checked against its reference
@@ -317,6 +319,30 @@ def interleaved_layer(k: int, n: int, copies: int) -> tuple[torch.Tensor, list[t
     return ref_weight, weight_copies((weight, packed, scales, zeros), copies)
 
 
+W4A16_KERNELS = ("chosen", "interleaved", "canonical", "reference")
+
+
+def w4a16_layer(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                kernel: str = "chosen", group: int = 128) -> torch.nn.Module:
+    """A bf16 W4A16 layer holding these canonical words (on their device), its kernel
+    chosen as a model load chooses it ("chosen"), or forced to one family of
+    ``tamis.quant.wna16_kernels`` (ValueError, with the reason, where it cannot run)."""
+    from tamis.quant import wna16_kernels
+    from tamis.quant.packing import unpack_int32
+    from tamis.quant.wna16 import finalize_wna16, select_wna16_kernel
+    k, n = qweight.shape[0] * 8, qweight.shape[1]
+    layer = torch.nn.Module()
+    layer.prefix = f"{k}x{n}"
+    finalize_wna16(layer, unpack_int32(qweight, 4, 0, k), scales, zeros, group, 4,
+                   act_dtype=torch.bfloat16)
+    if kernel != "chosen":
+        family = {"interleaved": wna16_kernels.InterleavedWordsKernel,
+                  "canonical": wna16_kernels.CanonicalWordsKernel,
+                  "reference": wna16_kernels.ReferenceKernel}[kernel]
+        select_wna16_kernel(layer, torch.bfloat16, family)
+    return layer
+
+
 def w4a16_operands(k: int, n: int, group: int = 128):
     from tamis.quant.packing import pack_int32
     codes = torch.randint(0, 16, (k, n), device="cuda")
@@ -331,8 +357,9 @@ def sweep_configs(m: int, n: int, k: int):
     bench/results/quant.md): packed-PTX GEMV tiles and the fp32 GEMV's default at M = 1,
     the GEMV against the 16-row tl.dot at M = 2..4, tl.dot against dequantize + cuBLAS
     ("dequant") above."""
-    from tamis.kernels.w4a16 import (GEMV_MAX_M, GemmConfig, GemvConfig, PackedGemvConfig,
-                                     pick_config)
+    from tamis.kernels.w4a16 import GemmConfig, pick_config
+    from tamis.kernels.w4a16_gemv import GEMV_MAX_M, GemvConfig
+    from tamis.kernels.w4a16_gemv_packed import PackedGemvConfig
     if m == 1:
         return [GemvConfig(128, 32, 4 if n > 128 * 132 else 8)] + [
             PackedGemvConfig(bn, kw, sk, w, pf) for bn, kw, w, sks, pfs in (
@@ -366,6 +393,7 @@ def run_gemm(args) -> None:
     import torch.nn.functional as F
 
     from tamis.kernels import fp8, pdl, w4a16
+    from tamis.quant.wna16 import apply_wna16
     assert torch.cuda.is_available(), "gemm mode needs a CUDA GPU"
     torch.manual_seed(0)
     timer = cuda_time if args.eager else graph_time
@@ -376,21 +404,18 @@ def run_gemm(args) -> None:
         weight = bf16_weight(k, n)
         qweight, scales, zeros = w4a16_operands(k, n)
         dense_w4 = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)  # [K, N] fp32
-        # The words as a bf16 model's layers hold them (``quant.wna16._adopt_mma_layout``).
-        interleaved = not (args.canonical or args.sweep)  # the sweep's tiles are canonical
-        if interleaved:
-            from tamis.kernels.w4a16_mma import mma_pack
-            qweight = mma_pack(qweight, k)
         w8, w8_scale = _fp8_weight(weight)
         dense_w8 = w8.float() * w8_scale[:, None]  # [N, K] fp32
-        # --rotate N: N copies of every weight, the timed calls cycling through them.
-        copies = weight_copies((weight, qweight, scales, zeros, w8, w8_scale), args.rotate)
+        # --rotate N: N copies of every weight, the timed calls cycling through them; the
+        # W4A16 copies as layers whose kernel --kernel chose or forced.
+        copies = [(w, w4a16_layer(q, s, z, args.kernel), w8c, w8s) for w, q, s, z, w8c, w8s
+                  in weight_copies((weight, qweight, scales, zeros, w8, w8_scale), args.rotate)]
+        print(f"{k}x{n}: W4A16 kernel {type(copies[0][1].wna16_kernel).__name__}", flush=True)
         for m in args.ms:
             x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
             # Correctness first: W4A16 against the fp32 product with its dequantized weight;
             # FP8 against W8A16 (GEMV rows) or the W8A8 fp32 emulation (_scaled_mm rows).
-            err = relative_error(w4a16.w4a16_gemm(x, qweight, scales, zeros, 128,
-                                                 interleaved=interleaved), x.float() @ dense_w4)
+            err = relative_error(apply_wna16(copies[0][1], x, None), x.float() @ dense_w4)
             assert err < 2e-2, f"W4A16 mismatch at M={m} {k}x{n}: rel err {err}"
             ref8 = (x.float() @ dense_w8.t() if m <= fp8.GEMV_DISPATCH_M
                     else fp8.fp8_linear_ref(x.float(), w8, w8_scale))
@@ -400,10 +425,9 @@ def run_gemm(args) -> None:
             t_w4_modes, t_fp8_modes = [], []
             for mode in args.pdl:  # the kernels' launch mode (tamis.kernels.pdl)
                 pdl.set_mode(mode)
-                t_w4_modes.append(timer(cycling([
-                    lambda c=c: w4a16.w4a16_gemm(x, c[1], c[2], c[3], 128,
-                                                 interleaved=interleaved) for c in copies])))
-                t_fp8_modes.append(timer(cycling([lambda c=c: fp8.fp8_linear(x, c[4], c[5])
+                t_w4_modes.append(timer(cycling([lambda c=c: apply_wna16(c[1], x, None)
+                                                 for c in copies])))
+                t_fp8_modes.append(timer(cycling([lambda c=c: fp8.fp8_linear(x, c[2], c[3])
                                                   for c in copies])))
             pdl.set_mode(args.pdl[0])
             t_w4, t_fp8 = t_w4_modes[0], t_fp8_modes[0]
@@ -478,16 +502,16 @@ def _best(candidates, timer) -> tuple[float, str]:
 
 
 def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
-    from tamis.kernels import w4a16
+    from tamis.kernels import w4a16, w4a16_gemv, w4a16_gemv_packed
     ref = x.float() @ dense
 
     def run(c):
         if c == "dequant":
             return w4a16.w4a16_gemm_dequant(x, qweight, scales, zeros, 128, 4)
-        if isinstance(c, w4a16.PackedGemvConfig):
-            fn = w4a16.w4a16_gemv_packed
-        elif isinstance(c, w4a16.GemvConfig):
-            fn = w4a16.w4a16_gemv_triton
+        if isinstance(c, w4a16_gemv_packed.PackedGemvConfig):
+            fn = w4a16_gemv_packed.w4a16_gemv_packed
+        elif isinstance(c, w4a16_gemv.GemvConfig):
+            fn = w4a16_gemv.w4a16_gemv_triton
         else:
             fn = w4a16.w4a16_gemm_triton
         return fn(x, qweight, scales, zeros, 128, 4, config=c)
@@ -523,8 +547,8 @@ def main() -> None:
     ppl.add_argument("--workdir", default=None, help="keep / reuse quantized checkpoints here")
     gemm = sub.add_parser("gemm")
     gemm.add_argument("--sweep", action="store_true")
-    gemm.add_argument("--canonical", action="store_true",
-                      help="W4A16 on canonical words (the layout before the MMA re-pack)")
+    gemm.add_argument("--kernel", choices=W4A16_KERNELS, default="chosen",
+                      help="the W4A16 kernel family: as chosen at load (default) or forced")
     gemm.add_argument("--eager", action="store_true",
                       help="time eager calls with CUDA events (default: CUDA-graph replay)")
     gemm.add_argument("--ms", type=int, nargs="+", default=MS)

@@ -1,8 +1,10 @@
-"""End-to-end decode speed of quantized Llama-3.1-8B-shape models with dummy weights (GPU).
+"""End-to-end decode and prefill speed of quantized Llama-3.1-8B-shape models with dummy
+weights (GPU).
 
     python bench/bench_quant_decode.py [--methods bf16 awq gptq-act-order fp8 ...]
                                        [--batch-sizes 1 32] [--output-len 256]
-                                       [--engines tamis vllm]
+                                       [--prefill-len 2048] [--engines tamis vllm]
+                                       [--w4a16-kernels chosen interleaved canonical]
 
 Each method runs in its own process (fresh GPU memory): a Llama-3.1-8B config with that
 method's ``quantization_config`` is written to a temporary folder and loaded by tamis
@@ -10,8 +12,15 @@ with ``load_format="dummy"`` (``tamis.quant.dummy`` keeps the quantized tensors
 consistent), so no checkpoint is needed. For each batch size, ``repeats`` generate calls
 on fresh random prompts (a repeated prompt would hit the prefix cache), ``ignore_eos``;
 the figure is output tokens per second of the median call (prefill included, CUDA
-graphs as the engine uses them). The table comes last: method, batch, tok/s, ms per
-step, speed-up over the same engine's bf16.
+graphs as the engine uses them). With ``--prefill-len P`` each batch size also times
+calls of one output token on prompts of P tokens (prefill tokens per second). The table
+comes last: method, batch, tok/s, ms per step, speed-up over the same engine's bf16.
+
+``--w4a16-kernels`` loads each W4A16 method once per kernel family of
+``tamis.quant.wna16_kernels`` (``only_kernels``: "interleaved" the tensor-core
+kernels on interleaved words, "canonical" the GEMV / tl.dot / dequantize kernels,
+"chosen" what a load picks by itself), so that a family is kept for the shapes and batch
+sizes where it wins end to end.
 
 ``--engines tamis vllm`` adds vLLM as the peer (carried to the device as wheels:
 ``bench/device/carried.sh``): the same config folders, workload and timing, vLLM's
@@ -37,6 +46,8 @@ from subprocess_runs import run_each  # noqa: E402
 G128 = {"bits": 4, "group_size": 128}
 CT_INT4 = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128,
            "symmetric": True}
+W4A16_METHODS = ("awq", "gptq", "gptq-act-order", "ct-w4a16")
+W4A16_KERNELS = ("chosen", "interleaved", "canonical")
 METHODS = {  # name -> (config.json quantization_config, LLM(quantization=...))
     "bf16": (None, None),
     "awq": ({"quant_method": "awq", **G128, "zero_point": True, "version": "gemm"}, None),
@@ -61,28 +72,46 @@ def engine_classes(engine: str):
     return LLM, SamplingParams
 
 
-def run_method(args) -> dict:
-    """In the child: load ``args.method`` in ``args.engine`` and time generate at each
-    batch size."""
-    import torch
-
+def load(args):
+    """``args.method``'s model in ``args.engine``, W4A16 layers on ``args.kernel``'s
+    family; (llm, SamplingParams, seconds to start)."""
     LLM, SamplingParams = engine_classes(args.engine)
     quant_config, quantization = METHODS[args.method]
     extra = {"quantization_config": quant_config} if quant_config else {}
     model_dir = write_llama8b_config(tempfile.mkdtemp(), **extra)
     t0 = time.perf_counter()
-    llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
-              quantization=quantization, skip_tokenizer_init=True,
-              max_model_len=args.max_model_len, max_num_seqs=max(args.batch_sizes),
-              gpu_memory_utilization=args.gpu_memory_utilization)
-    startup = time.perf_counter() - t0
+    with kernel_family(args.kernel):
+        llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
+                  quantization=quantization, skip_tokenizer_init=True,
+                  max_model_len=args.max_model_len, max_num_seqs=max(args.batch_sizes),
+                  gpu_memory_utilization=args.gpu_memory_utilization)
+    return llm, SamplingParams, time.perf_counter() - t0
+
+
+def kernel_family(name: str):
+    """The ``only_kernels`` block of a W4A16 kernel family ("chosen": no constraint)."""
+    import contextlib
+    if name == "chosen":
+        return contextlib.nullcontext()
+    from tamis.quant import wna16_kernels
+    family = {"interleaved": wna16_kernels.InterleavedWordsKernel,
+              "canonical": wna16_kernels.CanonicalWordsKernel}[name]
+    return wna16_kernels.only_kernels(family)
+
+
+def run_method(args) -> dict:
+    """In the child: load ``args.method`` in ``args.engine`` and time generate at each
+    batch size (decode, and prefill with ``--prefill-len``)."""
+    import torch
+
+    llm, SamplingParams, startup = load(args)
     rng = random.Random(args.seed)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    params = SamplingParams(max_tokens=args.output_len, min_tokens=args.output_len,
-                            temperature=0.0, ignore_eos=True, detokenize=False)
 
-    def generate(batch: int) -> float:
-        prompts = [{"prompt_token_ids": [rng.randrange(args.vocab) for _ in range(args.prompt_len)]}
+    def generate(batch: int, prompt_len: int, output_len: int) -> float:
+        params = SamplingParams(max_tokens=output_len, min_tokens=output_len, temperature=0.0,
+                                ignore_eos=True, detokenize=False)
+        prompts = [{"prompt_token_ids": [rng.randrange(args.vocab) for _ in range(prompt_len)]}
                    for _ in range(batch)]
         sync()
         start = time.perf_counter()
@@ -90,28 +119,47 @@ def run_method(args) -> dict:
         sync()
         return time.perf_counter() - start
 
-    generate(1)   # warm-up (compiles the Triton kernels outside the timings)
+    generate(1, args.prompt_len, args.output_len)   # warm-up (compiles the Triton kernels)
     rows = []
     for batch in args.batch_sizes:
-        seconds = statistics.median(generate(batch) for _ in range(args.repeats))
-        rows.append(dict(batch=batch, seconds=seconds,
-                         output_tok_s=batch * args.output_len / seconds))
-    return dict(engine=args.engine, method=args.method, startup_s=startup, rows=rows)
+        seconds = statistics.median(generate(batch, args.prompt_len, args.output_len)
+                                    for _ in range(args.repeats))
+        row = dict(batch=batch, seconds=seconds, output_tok_s=batch * args.output_len / seconds)
+        if args.prefill_len:
+            prefill = statistics.median(generate(batch, args.prefill_len, 1)
+                                        for _ in range(args.repeats))
+            row.update(prefill_seconds=prefill, prefill_tok_s=batch * args.prefill_len / prefill)
+        rows.append(row)
+    return dict(engine=args.engine, method=args.method, kernel=args.kernel, startup_s=startup,
+                rows=rows)
 
 
-def child_name(engine: str, method: str) -> str:
-    return method if engine == "tamis" else f"{engine}-{method}"
+def child_names(args) -> list[str]:
+    """One child per engine, method and (tamis W4A16 methods) kernel family:
+    "vllm-awq", "awq", "awq@canonical"."""
+    names = []
+    for engine in args.engines:
+        for method in args.methods:
+            kernels = (args.w4a16_kernels if engine == "tamis" and method in W4A16_METHODS
+                       else ["chosen"])
+            names += [child_name(engine, method, kernel) for kernel in kernels]
+    return names
 
 
-def parse_child_name(name: str) -> tuple[str, str]:
-    if name.startswith("vllm-"):
-        return "vllm", name[len("vllm-"):]
-    return "tamis", name
+def child_name(engine: str, method: str, kernel: str = "chosen") -> str:
+    name = method if engine == "tamis" else f"{engine}-{method}"
+    return name if kernel == "chosen" else f"{name}@{kernel}"
+
+
+def parse_child_name(name: str) -> tuple[str, str, str]:
+    """(engine, method, kernel family) of a child's name."""
+    name, _, kernel = name.partition("@")
+    engine, method = ("vllm", name[len("vllm-"):]) if name.startswith("vllm-") else ("tamis", name)
+    return engine, method, kernel or "chosen"
 
 
 def parent(args) -> None:
-    names = [child_name(engine, method) for engine in args.engines for method in args.methods]
-    results = run_each(__file__, "--child", names, args.out, "decode", "child")
+    results = run_each(__file__, "--child", child_names(args), args.out, "decode", "child")
     print_table(results, args)
 
 
@@ -120,21 +168,25 @@ def print_table(results: list[dict], args) -> None:
             if r.get("method") == "bf16" for row in r.get("rows", [])}
     print(f"\ndecode, Llama-3.1-8B shape, dummy weights, prompt {args.prompt_len}, "
           f"{args.output_len} output tokens, median of {args.repeats}; x bf16: against the "
-          "same engine's bf16")
-    print("| engine | method | batch | output tok/s | ms / step | x bf16 |\n"
-          "|---|---|---|---|---|---|")
+          "same engine's bf16; prefill: one output token on prompts of "
+          f"{args.prefill_len or '-'} tokens")
+    print("| engine | method | W4A16 kernel | batch | output tok/s | ms / step | x bf16 "
+          "| prefill tok/s |\n|---|---|---|---|---|---|---|---|")
     for r in results:
         if "error" in r:
-            engine, method = ((r["engine"], r["method"]) if "engine" in r
-                              else parse_child_name(r["child"]))
-            print(f"| {engine} | {method} | | failed: {r['error']} | | |")
+            engine, method, kernel = parse_child_name(r["child"]) if "child" in r else (
+                r["engine"], r["method"], r.get("kernel", "chosen"))
+            print(f"| {engine} | {method} | {kernel} | | failed: {r['error']} | | | |")
             continue
         for row in r["rows"]:
             ratio = base.get((r["engine"], row["batch"]))
             ratio = None if ratio is None else row["output_tok_s"] / ratio
-            print(f"| {r['engine']} | {r['method']} | {row['batch']} | "
-                  f"{row['output_tok_s']:.1f} | {1000 * row['seconds'] / args.output_len:.2f} | "
-                  f"{'' if ratio is None else f'{ratio:.2f}'} |")
+            prefill = row.get("prefill_tok_s")
+            print(f"| {r['engine']} | {r['method']} | {r.get('kernel', 'chosen')} | "
+                  f"{row['batch']} | {row['output_tok_s']:.1f} | "
+                  f"{1000 * row['seconds'] / args.output_len:.2f} | "
+                  f"{'' if ratio is None else f'{ratio:.2f}'} | "
+                  f"{'' if prefill is None else f'{prefill:.0f}'} |")
 
 
 def main() -> None:
@@ -145,6 +197,10 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--prefill-len", type=int, default=0,
+                        help="also time one-token calls on prompts of this many tokens")
+    parser.add_argument("--w4a16-kernels", nargs="+", default=["chosen"], choices=W4A16_KERNELS,
+                        help="W4A16 kernel families to load each W4A16 method with")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -157,13 +213,13 @@ def main() -> None:
     if args.child is None:
         parent(args)
         return
-    args.engine, args.method = parse_child_name(args.child)
+    args.engine, args.method, args.kernel = parse_child_name(args.child)
     try:
         result = run_method(args)
     except Exception as exc:   # a failed method is a row that says why, not a lost table
         import traceback
         traceback.print_exc()
-        result = dict(engine=args.engine, method=args.method,
+        result = dict(engine=args.engine, method=args.method, kernel=args.kernel,
                       error=f"{type(exc).__name__}: {exc}")
     Path(args.json).write_text(json.dumps(result, indent=1))
 

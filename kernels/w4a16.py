@@ -6,6 +6,7 @@ loaders in ``tamis.quant`` repack into it once after loading:
 ```
 qweight  int32 [ceil(K / P), N]   P = 32 // bits values per word, packed along K,
                                   value j of word r is row k = P*r + j at bits [bits*j, bits*(j+1))
+                                  (or the interleaved order of ``tamis.kernels.w4a16_common``)
 scales   [G, N]  fp16 or fp32     G = ceil(K / group_size); row k uses group k // group_size
 zeros    [G, N]  like scales      the zero point as a float (AWQ/GPTQ integers, already
                                   corrected for GPTQ v1's "+1"), so w = (q - zero) * scale
@@ -15,26 +16,11 @@ Act-order (GPTQ ``desc_act``) is handled outside the kernel: the loader sorts K 
 ``g_idx`` so groups become contiguous, and the caller permutes x's columns with the
 same permutation (``x[..., perm]``).
 
-``w4a16_gemm_ref`` is the plain-torch reference. The GPU paths:
-
-- ``w4a16_gemv_packed`` (M = 1, 4-bit, bf16/fp16 x; ``tamis.kernels.w4a16_gemv_packed``):
-  inline PTX, two codes per bf16x2/f16x2 instruction, split-K reduced in the same launch.
-- ``w4a16_gemv_triton`` (M = 1 otherwise, e.g. 8-bit or fp32 x; ``tamis.kernels.w4a16_gemv``):
-  no tensor cores, fp32 arithmetic per weight.
-- ``w4a16_gemm_triton``: tl.dot on a dequantized [BLOCK_K, BLOCK_N] tile, tile configs
-  by M bucket (``pick_config``), split-K reduced in the same launch for small M.
-- ``w4a16_gemm_dequant`` (M >= ``DEQUANT_MIN_M``): the dense weight
-  (``tamis.kernels.wna16_dequant``), then cuBLAS.
-- On interleaved words (``tamis.kernels.w4a16_mma``'s layout): ``w4a16_gemm_wgmma_tma``
-  (Hopper wgmma fed by the TMA, 17..256 rows, from 9 on narrow layers;
-  ``tamis.kernels.w4a16_wgmma_tma``),
-  ``w4a16_gemm_wgmma`` (Hopper wgmma fed by cp.async, where the TMA kernel does not take
-  the shape; ``tamis.kernels.w4a16_wgmma``) and ``w4a16_gemm_mma`` (mma.sync, up to
-  ``MMA_DISPATCH_M`` rows).
-
-``w4a16_gemm`` dispatches (those on CUDA, the reference elsewhere). On Hopper the two
-tensor-core kernels launch with programmatic dependent launch (``tamis.kernels.pdl``):
-their first weight loads overlap the kernel before them.
+This module holds the plain-torch reference (``w4a16_gemm_ref``) and the two kernels
+that read either word order: ``w4a16_gemm_triton`` (tl.dot on a dequantized
+[BLOCK_K, BLOCK_N] tile, tile configs by M bucket, split-K reduced in the same launch
+for small M) and ``w4a16_gemm_dequant`` (the dense weight, then cuBLAS). Which kernel
+runs for a layer is chosen once, when it is loaded: ``tamis.quant.wna16_kernels``.
 """
 from __future__ import annotations
 
@@ -43,27 +29,15 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels.splitk import sm_count, split_buffers
-from tamis.kernels.w4a16_gemv import (  # noqa: F401  (re-exported)
-    GEMV_MAX_M, GemvConfig, gemv_supported, pick_gemv_config, w4a16_gemv_triton)
-from tamis.kernels.w4a16_gemv_packed import (  # noqa: F401  (re-exported)
-    PackedGemvConfig, packed_gemv_supported, w4a16_gemv_packed)
+from tamis.kernels.w4a16_common import code_shifts
+from tamis.kernels.wna16_dequant import dequantize_wna16_triton
 
 try:
     import triton
     import triton.language as tl
+    from tamis.kernels.w4a16_common import code_shift
 except ImportError:  # CPU-only installs without triton still get the reference
     triton = None
-
-
-def code_shifts(bits: int, interleaved: bool = False) -> list[int]:
-    """Bit offset of code j (row P*r + j) inside word r: ``bits * j``, or for
-    ``interleaved`` 4-bit words (AWQ's nibble order 0, 2, 4, 6, 1, 3, 5, 7, the layout of
-    ``tamis.kernels.w4a16_mma``) ``4 * (j // 2 + 4 * (j % 2))``."""
-    if interleaved:
-        if bits != 4:
-            raise ValueError("interleaved words hold 4-bit codes")
-        return [4 * (j // 2 + 4 * (j % 2)) for j in range(8)]
-    return [bits * j for j in range(32 // bits)]
 
 
 def dequantize_wna16(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -98,13 +72,6 @@ class GemmConfig:
     unpack_once: bool = False  # load each word once and unpack by reshape (else 8 loads)
 
 
-GEMV_DISPATCH_M = 1  # rows w4a16_gemm sends to it: at M = 2..4 the 16-row tl.dot with
-                     # split-K was as fast or faster on the H200 (bench/results/quant.md)
-DEQUANT_MIN_M = 128  # from here on: dequantize to a dense weight, then a cuBLAS GEMM
-MMA_DISPATCH_M = 32  # interleaved words: rows the MMA-fragment kernel takes (H200 sweep,
-                     # bench/results/quant.md: at 64 rows it lost to tl.dot on one shape)
-
-
 def _pow2_split(blocks: int, target: int, cap: int) -> int:
     """The smallest power of two s <= cap with blocks * s >= target."""
     split = 1
@@ -114,12 +81,12 @@ def _pow2_split(blocks: int, target: int, cap: int) -> int:
 
 
 def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> GemmConfig:
-    """tl.dot tiles by M bucket, from the H200 sweeps in bench/results/quant.md. Small M
-    has few column tiles, so K is split until there are enough programs: M <= 16 a
-    16x64 tile split up to 4 ways, 3 stages (16x128 split up to 8 on wide layers) aiming
-    at 4 programs per SM; M <= 64 a 64x64x128 tile split up to 4 ways aiming at 2 (or,
-    when N alone gives that many, a 64x128x128 4-warp tile: 8 warps ran 112 vs 87 us at
-    4096x28672 in session 6); larger M 128x128 with 8 warps."""
+    """tl.dot tiles by M bucket (the fastest of the tile sweeps, bench/results/quant.md).
+    Small M has few column tiles, so K is split until there are enough programs: M <= 16
+    a 16x64 tile split up to 4 ways, 3 stages (16x128 split up to 8 on wide layers)
+    aiming at 4 programs per SM; M <= 64 a 64x64x128 tile split up to 4 ways aiming at 2
+    (or, when N alone gives that many, a 64x128x128 tile on 4 warps, which beat 8);
+    larger M 128x128 with 8 warps."""
     block_k = 128 if group_size % 128 == 0 else (64 if group_size % 64 == 0 else 32)
     n64 = -(-n // 64)
     if m <= 16:
@@ -137,13 +104,6 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
 
 
 if triton is not None:
-
-    @triton.jit
-    def code_shift(j, BITS: tl.constexpr, INTERLEAVED: tl.constexpr):
-        """``code_shifts`` for code indices j (a tensor)."""
-        if INTERLEAVED:
-            return 4 * ((j >> 1) + 4 * (j & 1))
-        return j * BITS
 
     @triton.jit
     def _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
@@ -268,65 +228,6 @@ def w4a16_gemm_dequant(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
                        interleaved: bool = False) -> torch.Tensor:
     """Large-M path (same contract as ``w4a16_gemm_ref``, x 2-D on CUDA): the dense
     weight in x's dtype, then a cuBLAS GEMM. Needs K x N x 2 bytes of scratch."""
-    from tamis.kernels.wna16_dequant import dequantize_wna16_triton
     weight = dequantize_wna16_triton(qweight, scales, zeros, group_size, bits, x.shape[1],
                                      x.dtype, interleaved)
     return torch.matmul(x, weight)
-
-
-def _tma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
-    """A call on interleaved words that the TMA wgmma kernel takes (bf16 x on a Hopper
-    GPU, rows and columns where ``tma_dispatch`` says, a weight shape it supports)."""
-    from tamis.kernels.w4a16_wgmma import wgmma_device_supported
-    from tamis.kernels.w4a16_wgmma_tma import tma_dispatch, tma_supported
-    return (x.dtype == torch.bfloat16 and tma_dispatch(x.shape[0], n)
-            and tma_supported(x.shape[0], n, x.shape[1], group_size)
-            and wgmma_device_supported(x.device))
-
-
-def _wgmma_takes(x: torch.Tensor, n: int, group_size: int) -> bool:
-    """A call on interleaved words that the wgmma kernel takes (bf16 x on a Hopper GPU,
-    a weight shape it supports, rows and columns where it is dispatched)."""
-    from tamis.kernels.w4a16_mma import _weight_supported
-    from tamis.kernels.w4a16_wgmma import wgmma_device_supported, wgmma_dispatch
-    return (x.dtype == torch.bfloat16 and wgmma_dispatch(x.shape[0], n, x.shape[1])
-            and _weight_supported(x.shape[1], group_size, 4)
-            and wgmma_device_supported(x.device))
-
-
-def w4a16_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-               zeros: torch.Tensor, group_size: int, bits: int = 4,
-               interleaved: bool = False) -> torch.Tensor:
-    """x [..., K] -> [..., N]. On CUDA, canonical words: a GEMV for M <= GEMV_DISPATCH_M,
-    the tl.dot kernel up to DEQUANT_MIN_M, dequantize + cuBLAS above. Interleaved words
-    (``tamis.kernels.w4a16_mma``, bf16 x): on a Hopper GPU the TMA wgmma kernel for 17..256
-    rows (9..256 on layers narrower than 8192 columns) where it takes the shape
-    (``tamis.kernels.w4a16_wgmma_tma``'s ``tma_dispatch`` and ``tma_supported``), else
-    the cp.async wgmma kernel where ``tamis.kernels.w4a16_wgmma.wgmma_dispatch`` says
-    (17..32 rows; to 64 on wide or deep layers), else the MMA-fragment kernel up to
-    MMA_DISPATCH_M rows, then tl.dot / dequantize as above. The reference elsewhere."""
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    m, k = x2.shape
-    if not (x2.is_cuda and triton is not None):
-        out = w4a16_gemm_ref(x2, qweight, scales, zeros, group_size, bits, interleaved)
-    elif interleaved and _tma_takes(x2, qweight.shape[1], group_size):
-        from tamis.kernels.w4a16_wgmma_tma import w4a16_gemm_wgmma_tma
-        out = w4a16_gemm_wgmma_tma(x2, qweight, scales, zeros, group_size)
-    elif interleaved and _wgmma_takes(x2, qweight.shape[1], group_size):
-        from tamis.kernels.w4a16_wgmma import w4a16_gemm_wgmma
-        out = w4a16_gemm_wgmma(x2, qweight, scales, zeros, group_size)
-    elif interleaved and m <= MMA_DISPATCH_M:
-        from tamis.kernels.w4a16_mma import w4a16_gemm_mma
-        out = w4a16_gemm_mma(x2, qweight, scales, zeros, group_size)
-    elif not interleaved and m == 1 and packed_gemv_supported(x2, k, group_size, bits):
-        out = w4a16_gemv_packed(x2, qweight, scales, zeros, group_size, bits)
-    elif not interleaved and m <= GEMV_DISPATCH_M and gemv_supported(m, k, group_size, bits):
-        out = w4a16_gemv_triton(x2, qweight, scales, zeros, group_size, bits)
-    elif m >= DEQUANT_MIN_M:
-        out = w4a16_gemm_dequant(x2, qweight, scales, zeros, group_size, bits,
-                                 interleaved=interleaved)
-    else:
-        out = w4a16_gemm_triton(x2, qweight, scales, zeros, group_size, bits,
-                                interleaved=interleaved)
-    return out.reshape(*lead, out.shape[-1])

@@ -5,16 +5,16 @@ same in the two instructions (per warp 16 output columns x 16 rows of K), so the
 word layout, unpack and K permutation serve both (Gluon, explicit layouts).
 
 The contract (``tamis.kernels.w4a16_mma``'s docstring has the derivation):
-- words [BLOCK_N, BLOCK_K / 8] load in ``_word_layout(A layout, order)``: each thread's
-  words hold exactly the codes of its fragments; ``_unpack_tile`` (or
-  ``_unpack_tile_scaled``, or ``_unpack_tile_offset`` for codes left as 128 + q) turns
+- words [BLOCK_N, BLOCK_K / 8] load in ``word_layout(A layout, order)``: each thread's
+  words hold exactly the codes of its fragments; ``unpack_tile`` (or
+  ``unpack_tile_scaled``, or ``unpack_tile_offset`` for codes left as 128 + q) turns
   them into the A operand with no data movement;
 - inside each 32-row block of K, logical row k' is physical row ``pi(k')`` (k' bits 0, 3,
   4 -> bits 0, 1, 2; k' bits 1, 2 -> bits 3, 4): x^T must be read in that order
-  (``_x_layout`` / ``_logical_x`` in registers, ``_physical_rows`` for a gather);
-- output columns may be permuted (``_column_order``): results are stored at
-  ``_physical_columns``;
-- ``_store_out_t`` stores out^T tiles, with the split-K reduction of
+  (``x_tile_layout`` / ``logical_x`` in registers, ``physical_rows`` for a gather);
+- output columns may be permuted (``column_order``): results are stored at
+  ``physical_columns``;
+- ``store_out_t`` stores out^T tiles, with the split-K reduction of
   ``tamis.kernels.splitk`` (summed by the last split to arrive, or always by the last
   split, its partials then optionally in thread order).
 """
@@ -57,7 +57,7 @@ if gluon is not None:
     _UNPACK = gl.constexpr(_UNPACK_TEMPLATE)
     _UNPACK_SCALED = gl.constexpr(_UNPACK_SCALED_TEMPLATE)
     # Per word: $4 the word; $0..$3 v_0..v_3 = (128 + q_j, 128 + q_{j+4}) as bf16x2, the
-    # codes offset by 128 and no zero point (``_unpack_tile_offset``). 32-bit outputs: as
+    # codes offset by 128 and no zero point (``unpack_tile_offset``). 32-bit outputs: as
     # 16-bit halves ptxas would move each into the MMA's register quad.
     _UNPACK_OFFSET = gl.constexpr("""{
  .reg .b32 t1, t2, t3;
@@ -71,13 +71,13 @@ if gluon is not None:
 }""")
 
     @gluon.jit
-    def _bf16x2(v):
+    def as_bf16x2(v):
         """Float values -> their bf16 bits twice in one int32 (the (lo, hi) of a bf16x2)."""
         bits = v.to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
         return bits | (bits << 16)
 
     @gluon.constexpr_function
-    def _column_order(a_layout, vector_columns):
+    def column_order(a_layout, vector_columns):
         """For each bit j of a logical output column (the A operand's row m), the bit of
         the physical column a thread loads in its place. With ``vector_columns`` the
         column bits a thread holds in registers come first, then its lane bits, then its
@@ -92,9 +92,9 @@ if gluon is not None:
         return tuple(order.index(j) for j in range(len(order)))
 
     @gluon.constexpr_function
-    def _word_layout(a_layout, order):
+    def word_layout(a_layout, order):
         """The layout of the word tile [BLOCK_N, BLOCK_K / 8] (physical columns) whose
-        unpacked codes, columns permuted to logical order (``_logical_columns``), land in
+        unpacked codes, columns permuted to logical order (``logical_columns``), land in
         ``a_layout`` (the A operand's linear layout of [BLOCK_N, BLOCK_K], bases [m, k'])
         with no data movement: its register bases for logical rows 1, 8, 16 become the 8
         codes of a word; its other row bases map k' to word row
@@ -116,12 +116,12 @@ if gluon is not None:
     def _column_permutation(order):
         """The ``gl.permute`` order that takes a tensor reshaped to [2] * bits + [rest] in
         physical column bits (most significant first) to logical bits."""
-        order = _plain(order)
+        order = plain_order(order)
         nb = len(order)
         return tuple(nb - 1 - order[j] for j in reversed(range(nb))) + (nb,)
 
     @gluon.constexpr_function
-    def _plain(order):
+    def plain_order(order):
         """A column order as Python ints (a constexpr tuple passed on to a jitted function
         arrives with its items wrapped)."""
         return tuple(getattr(v, "value", v) for v in getattr(order, "value", order))
@@ -129,14 +129,14 @@ if gluon is not None:
     @gluon.constexpr_function
     def _bit_shape(order, rest):
         """[2] per column bit, then ``rest``."""
-        return [2] * len(_plain(order)) + [rest]
+        return [2] * len(plain_order(order)) + [rest]
 
     @gluon.constexpr_function
     def _bit_count(order):
-        return len(_plain(order))
+        return len(plain_order(order))
 
     @gluon.jit
-    def _logical_columns(t, ORDER: gl.constexpr):
+    def logical_columns(t, ORDER: gl.constexpr):
         """t [BLOCK_N, R], rows in physical column order -> rows in logical order."""
         BN: gl.constexpr = t.shape[0]
         R: gl.constexpr = t.shape[1]
@@ -145,7 +145,7 @@ if gluon is not None:
         return gl.reshape(u, [BN, R])
 
     @gluon.jit
-    def _physical_columns(local, ORDER: gl.constexpr):
+    def physical_columns(local, ORDER: gl.constexpr):
         """Logical columns 0..BLOCK_N-1 of a tile -> their physical columns."""
         col = gl.zeros_like(local)
         for j in gl.static_range(_bit_count(ORDER)):
@@ -153,9 +153,9 @@ if gluon is not None:
         return col
 
     @gluon.constexpr_function
-    def _x_layout(b_layout):
+    def x_tile_layout(b_layout):
         """The layout of the x^T tile [BLOCK_K, BLOCK_M] in physical row order whose
-        permutation to logical order (``_logical_x``) is ``b_layout`` (the B operand's
+        permutation to logical order (``logical_x``) is ``b_layout`` (the B operand's
         linear layout, bases [k', m]): every row basis k' goes to pi(k'); the register
         bases that are physical rows 1, 2, 4 come first, so that each thread's 8
         contiguous values load as one vector."""
@@ -170,8 +170,8 @@ if gluon is not None:
             shape=b_layout.shape)
 
     @gluon.constexpr_function
-    def _x_word_layout(x_layout):
-        """``_x_layout`` of bf16 pairs: the layout of [BLOCK_K / 2, BLOCK_M] int32 whose
+    def x_word_layout(x_layout):
+        """``x_tile_layout`` of bf16 pairs: the layout of [BLOCK_K / 2, BLOCK_M] int32 whose
         halves are physical rows 2i and 2i + 1 of ``x_layout`` (its first register basis
         is row 1)."""
         assert x_layout.reg_bases[0] == [1, 0]
@@ -183,7 +183,7 @@ if gluon is not None:
             shape=[x_layout.shape[0] // 2, x_layout.shape[1]])
 
     @gluon.jit
-    def _logical_x(x, B_LAYOUT: gl.constexpr):
+    def logical_x(x, B_LAYOUT: gl.constexpr):
         """x^T [BLOCK_K, BLOCK_M] in physical row order -> logical order, in B_LAYOUT."""
         BK: gl.constexpr = x.shape[0]
         BM: gl.constexpr = x.shape[1]
@@ -193,7 +193,7 @@ if gluon is not None:
         return gl.convert_layout(t, B_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _unpack_tile(words, nzz, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+    def unpack_tile(words, nzz, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
         """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> (q - z) [BLOCK_N, BLOCK_K]
         (bf16, logical columns) in A_LAYOUT."""
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
@@ -202,8 +202,8 @@ if gluon is not None:
         return _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT, ORDER)
 
     @gluon.jit
-    def _unpack_tile_scaled(words, nzz, ss, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
-        """``_unpack_tile`` times the group scale: ((q - z) * s), each rounded once to
+    def unpack_tile_scaled(words, nzz, ss, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+        """``unpack_tile`` times the group scale: ((q - z) * s), each rounded once to
         bf16 (``ss`` the column's scale twice as bf16x2)."""
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _UNPACK_SCALED, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [words, nzz, ss],
@@ -211,21 +211,21 @@ if gluon is not None:
         return _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT, ORDER)
 
     @gluon.jit
-    def _unpack_tile_offset(words, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
+    def unpack_tile_offset(words, A_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
         """Words [BLOCK_N, BLOCK_K / 8] (physical columns) -> 128 + q [BLOCK_N, BLOCK_K]
-        (bf16, exact; logical columns) in A_LAYOUT: ``_unpack_tile`` without the zero
+        (bf16, exact; logical columns) in A_LAYOUT: ``unpack_tile`` without the zero
         point, which the caller subtracts after the MMA as (128 + z) times the sum of x."""
         v0, v1, v2, v3 = gl.inline_asm_elementwise(
             _UNPACK_OFFSET, "=r,=r,=r,=r,r", [words], dtype=(gl.int32,) * 4,
             is_pure=True, pack=1)
-        o0, o1 = _bf16_halves(v0)
-        o2, o3 = _bf16_halves(v1)
-        o4, o5 = _bf16_halves(v2)
-        o6, o7 = _bf16_halves(v3)
+        o0, o1 = bf16_halves(v0)
+        o2, o3 = bf16_halves(v1)
+        o4, o5 = bf16_halves(v2)
+        o6, o7 = bf16_halves(v3)
         return _codes_to_operand(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT, ORDER)
 
     @gluon.jit
-    def _bf16_halves(v):
+    def bf16_halves(v):
         """The (low, high) bf16 halves of int32 v (no data moves)."""
         return (v.to(gl.int16).to(gl.bfloat16, bitcast=True),
                 (v >> 16).to(gl.int16).to(gl.bfloat16, bitcast=True))
@@ -242,18 +242,18 @@ if gluon is not None:
         t = gl.join(q0, q1)                            # [BN, KW, h, j0, j1]
         t = gl.reshape(t, [BN, KW // 4, 4, 2, 2, 2])   # word row = 4 r_hi + r_lo
         t = gl.permute(t, [0, 1, 5, 4, 2, 3])          # k': r_hi, j1, j0, r_lo, h
-        t = _logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
+        t = logical_columns(gl.reshape(t, [BN, KW * 8]), ORDER)
         return gl.convert_layout(t, A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
-    def _physical_rows(k):
+    def physical_rows(k):
         """Logical row k' of a 32-row block -> its physical row (``tamis.kernels.w4a16_mma``:
         k' bits 0, 3, 4 -> bits 0, 1, 2 and k' bits 1, 2 -> bits 3, 4)."""
         return ((k & 1) | ((k >> 3) & 1) << 1 | ((k >> 4) & 1) << 2
                 | ((k >> 1) & 1) << 3 | ((k >> 2) & 1) << 4 | (k >> 5) << 5)
 
     @gluon.jit
-    def _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
+    def store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
                      stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr,
                      LAST_SPLIT_REDUCES: gl.constexpr = 0, LINEAR_PARTIALS: gl.constexpr = False,
                      NUM_WARPS: gl.constexpr = 4):
@@ -410,5 +410,5 @@ if gluon is not None:
             gl.store(ptrs, total.to(gl.bfloat16), mask=out_mask)
 
     @gluon.constexpr_function
-    def _min(a, b):
+    def constexpr_min(a, b):
         return min(a, b)

@@ -33,16 +33,13 @@ class GemvConfig:
     split_k: int    # programs along K per column block (reduced in the same launch)
     num_warps: int = 4
     num_stages: int = 3
-    # Load the next tile of words before unpacking this one (Triton does not pipeline
-    # loads that feed no tl.dot, so otherwise a warp's loads and arithmetic alternate).
-    prefetch: bool = False
 
 
 GEMV_MAX_M = 4      # rows the GEMV kernel takes
 
 
 def pick_gemv_config(m: int, n: int, k: int, bits: int, num_sms: int = 132) -> GemvConfig:
-    """GEMV tiles from the H200 sweep: M = 1 streams 128 columns x 32 word rows per step
+    """GEMV tiles, the fastest of the sweeps (bench/results/quant.md): M = 1 streams 128 columns x 32 word rows per step
     with 8 K splits (4 once N alone gives more than one column block per SM); more rows
     take thinner 64 x 8 tiles (fewer live registers per row)."""
     if m > 1:
@@ -64,7 +61,7 @@ if triton is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, ROW_GROUPS: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-        SPLIT, HAS_SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+        SPLIT, HAS_SPLIT: tl.constexpr,
     ):
         PACK: tl.constexpr = 32 // BITS
         BLOCK_K: tl.constexpr = BLOCK_KW * PACK
@@ -84,21 +81,11 @@ if triton is not None:
         acc3 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
         k_lo = pid_k * K_SPLIT
         k_hi = tl.minimum(k_lo + K_SPLIT, K)
-        if PREFETCH:
-            first = k_lo // PACK + offs_w
-            ahead = tl.load(qw_ptr + first[:, None] * stride_qk + offs_n[None, :],
-                            mask=(first[:, None] * PACK < k_hi) & mask_n[None, :], other=0)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             rows = k0 // PACK + offs_w
             wmask = (rows[:, None] * PACK < k_hi) & mask_n[None, :]
-            if PREFETCH:
-                words = ahead
-                nxt = rows + BLOCK_KW
-                ahead = tl.load(qw_ptr + nxt[:, None] * stride_qk + offs_n[None, :],
-                                mask=(nxt[:, None] * PACK < k_hi) & mask_n[None, :], other=0)
-            else:
-                words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :],
-                                mask=wmask, other=0)
+            words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :],
+                            mask=wmask, other=0)
             if ROW_GROUPS:  # groups shorter than the tile: one group per word row
                 g = (rows * PACK) // GROUP_SIZE
                 s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :], mask=wmask,
@@ -195,7 +182,7 @@ def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         GROUP_SIZE=group_size, BITS=bits,
         ROW_GROUPS=not (group_size % block_k == 0 or group_size >= k),
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_KW=config.block_kw,
-        SPLIT=splits, HAS_SPLIT=splits > 1, PREFETCH=config.prefetch,
+        SPLIT=splits, HAS_SPLIT=splits > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

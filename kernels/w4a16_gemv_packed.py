@@ -48,10 +48,6 @@ class PackedGemvConfig:
     split_k: int = 8      # programs along K per column block (reduced in the same launch)
     num_warps: int = 4
     prefetch: bool = True  # load the next tile of words before this one's arithmetic
-    # Software-pipeline the loop's loads through shared memory (cp.async), this many
-    # tiles deep; 1 = plain loads (Triton pipelines loads that feed no tl.dot only in a
-    # tl.range loop given num_stages).
-    loop_stages: int = 1
 
 
 def _word_dot_asm(bf16: bool) -> str:
@@ -96,15 +92,16 @@ WORD_DOT_BF16 = _word_dot_asm(True)
 WORD_DOT_F16 = _word_dot_asm(False)
 
 
-def packed_gemv_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
+def packed_gemv_supported(m: int, k: int, group_size: int, bits: int,
+                          dtype: torch.dtype) -> bool:
     """M = 1, 4-bit, K a multiple of 8, bf16/fp16 activations, groups of >= 4 words."""
-    return (x.shape[0] == 1 and bits == 4 and k % 8 == 0
-            and x.dtype in (torch.bfloat16, torch.float16)
+    return (m == 1 and bits == 4 and k % 8 == 0
+            and dtype in (torch.bfloat16, torch.float16)
             and (group_size % 32 == 0 or group_size >= k))
 
 
 def pick_packed_gemv_config(n: int, k: int, num_sms: int = 132) -> PackedGemvConfig:
-    """Tiles from the H200 sweeps (bench/results/quant.md): 256 columns x 16 word rows,
+    """The fastest tiles of the sweeps (bench/results/quant.md): 256 columns x 16 word rows,
     or 512 x 8 once N alone gives many column blocks (4096x28672); K split (powers of
     two, at most 16) until there are at least 2 programs per SM."""
     block_n, block_kw = (512, 8) if n >= 64 * num_sms else (256, 16)
@@ -153,7 +150,7 @@ if triton is not None:
         GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
         SPLIT, HAS_SPLIT: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
         PREFETCH: tl.constexpr, USE_ASM: tl.constexpr, BF16: tl.constexpr,
-        ASM: tl.constexpr, LOOP_STAGES: tl.constexpr,
+        ASM: tl.constexpr,
     ):
         BLOCK_K: tl.constexpr = BLOCK_KW * 8
         pid_n = tl.program_id(0)
@@ -169,7 +166,7 @@ if triton is not None:
         if PREFETCH:
             ahead = tl.load(qw_ptr + (k_lo // 8 + offs_w)[:, None] * stride_qk
                             + offs_n[None, :], mask=mask_n[None, :], other=0)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=LOOP_STAGES):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=1):
             rows = k0 // 8 + offs_w
             if PREFETCH:
                 # The next tile; the last step reloads its own (no row mask needed then).
@@ -251,7 +248,7 @@ def w4a16_gemv_packed(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         raise RuntimeError("w4a16_gemv_packed needs triton installed")
     m, k = x.shape
     n = qweight.shape[1]
-    if not packed_gemv_supported(x, k, group_size, bits):
+    if not packed_gemv_supported(m, k, group_size, bits, x.dtype):
         raise ValueError(f"packed GEMV takes M = 1, 4 bits, K % 8 == 0, bf16/fp16 x and "
                          f"groups of whole 4-word blocks; got M={m}, K={k}, {bits} bits, "
                          f"group {group_size}, {x.dtype}")
@@ -274,7 +271,7 @@ def w4a16_gemv_packed(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         GROUP_SIZE=group_size, BLOCK_N=config.block_n, BLOCK_KW=block_kw,
         SPLIT=splits, HAS_SPLIT=splits > 1, EVEN_N=even_n, EVEN_K=even_k,
         PREFETCH=prefetch, USE_ASM=use_asm, BF16=bf16,
-        ASM=WORD_DOT_BF16 if bf16 else WORD_DOT_F16, LOOP_STAGES=config.loop_stages,
+        ASM=WORD_DOT_BF16 if bf16 else WORD_DOT_F16,
         num_warps=config.num_warps, num_stages=1,
     )
     return out

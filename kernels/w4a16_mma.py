@@ -19,7 +19,7 @@ physical bits 0, 1, 2 and k' bits 1, 2 -> physical bits 3, 4. An m16n8k16 MMA th
 logical rows 2c, 2c + 1, 2c + 8, 2c + 9 of its k16 steps (c = lane % 4), so over a 32-row
 block it holds the 8 physically contiguous rows 8c .. 8c + 7: one word of weights (read
 with one shift per code pair) and one 16-byte load of x. Output columns are permuted
-too (``_column_order``): the columns a thread holds in registers are adjacent in memory,
+too (``column_order``): the columns a thread holds in registers are adjacent in memory,
 so its words of one row load as one vector of up to 16 bytes, and each result is stored
 at its physical column.
 
@@ -55,7 +55,8 @@ import torch
 from tamis.kernels import pdl
 from tamis.kernels.splitk import (even_split, last_split_constexpr, linear_partials_constexpr,
                                   partial_shape, sm_count, split_buffers)
-from tamis.kernels.w4a16 import code_shifts
+from tamis.kernels.w4a16_common import (code_shifts, integer_zero_points, step_rows,
+                                        tensor_core_weight_supported)
 
 from tamis.kernels._gluon import gluon
 
@@ -64,11 +65,11 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, rows_view,
                                       thread_barrier)
-    from tamis.kernels.w4a16_fragments import (_bf16_halves, _column_order, _logical_columns,
-                                               _logical_x, _min, _physical_columns, _plain,
-                                               _store_out_t, _unpack_tile,
-                                               _unpack_tile_offset, _word_layout, _x_layout,
-                                               _x_word_layout)
+    from tamis.kernels.w4a16_fragments import (bf16_halves, column_order, logical_columns,
+                                               logical_x, constexpr_min, physical_columns, plain_order,
+                                               store_out_t, unpack_tile,
+                                               unpack_tile_offset, word_layout, x_tile_layout,
+                                               x_word_layout)
 
 MMA_MAX_M = 64
 
@@ -91,7 +92,7 @@ class MmaConfig:
     # Steps (of block_k rows) whose words and x load together: more bytes in flight per
     # thread (1, 2 or 4).
     load_steps: int = 1
-    # Output columns permuted so that a thread's words are adjacent (``_column_order``).
+    # Output columns permuted so that a thread's words are adjacent (``column_order``).
     vector_columns: bool = True
     # With prefetch and one or two steps a load: the next load's x tile, scales and zero
     # points load with its words, a load ahead (else each step waits for its own: one
@@ -274,31 +275,17 @@ def one_wave_split(blocks: int, num_warps: int, k: int, block_k: int, num_sms: i
     return split
 
 
-def step_rows(k: int, group_size: int) -> int:
-    """Rows of K per step of the tensor-core W4A16 kernels: 128, or the group when it is
-    shorter (32 or 64; every step lies inside one group)."""
-    return 128 if group_size >= k or group_size % 128 == 0 else (
-        64 if group_size % 64 == 0 else 32)
-
-
-def _weight_supported(k: int, group_size: int, bits: int) -> bool:
-    """Gluon present, 4-bit codes, K % 32 == 0, groups of 32-row multiples or one group."""
-    return (gluon is not None and bits == 4 and k % 32 == 0
-            and (group_size % 32 == 0 or group_size >= k))
-
-
 def mma_layout_supported(k: int, group_size: int, bits: int, zeros: torch.Tensor) -> bool:
-    """Whether a layer's weight can take this kernel's layout: ``_weight_supported`` and
-    integer zero points in [0, 16]."""
-    return (_weight_supported(k, group_size, bits)
-            and bool(((zeros >= 0) & (zeros <= 16) & (zeros == zeros.round())).all()))
+    """Whether a layer's weight can take this kernel's layout: a tensor-core weight shape
+    (``tensor_core_weight_supported``) and integer zero points in [0, 16]."""
+    return tensor_core_weight_supported(k, group_size, bits) and integer_zero_points(zeros)
 
 
 def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
     """A call the kernel takes: bf16 x with at most MMA_MAX_M rows on a weight of
-    ``_weight_supported`` shape (zero points are checked once, by ``mma_layout_supported``)."""
+    ``tensor_core_weight_supported`` shape (zero points are checked once, by ``mma_layout_supported``)."""
     return (x.dtype == torch.bfloat16 and x.shape[0] <= MMA_MAX_M
-            and _weight_supported(k, group_size, bits))
+            and tensor_core_weight_supported(k, group_size, bits))
 
 
 def mma_pack(qweight: torch.Tensor, k: int) -> torch.Tensor:
@@ -348,7 +335,7 @@ if gluon is not None:
         layout, as one vector a thread) -> by logical column in ``like``'s layout (the
         accumulator's columns): the same thread holds both, so no data moves."""
         BN: gl.constexpr = v.shape[0]
-        t = gl.reshape(_logical_columns(gl.reshape(v, [BN, 1]), ORDER), [BN])
+        t = gl.reshape(logical_columns(gl.reshape(v, [BN, 1]), ORDER), [BN])
         return gl.convert_layout(t, like.type.layout, assert_trivial=True)
 
     @gluon.jit
@@ -377,7 +364,7 @@ if gluon is not None:
                    ORDER: gl.constexpr):
         """acc + the product of one step whose group parameters (``_group_params``) are
         loaded."""
-        w = _unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
+        w = unpack_tile(words, nzz[:, None], A_LAYOUT, ORDER)
         return acc + mma_v2(w, _x_operand(x, B_LAYOUT),
                             gl.zeros_like(acc)) * s.to(gl.float32)[:, None]
 
@@ -386,9 +373,9 @@ if gluon is not None:
         """The MMA's B operand from a loaded x^T tile (physical row order), bf16 or
         bf16 pairs (``_load_x_words``)."""
         if x.dtype == gl.int32:
-            x = _x_from_words(x, _x_layout(gl.to_linear_layout(B_LAYOUT, [2 * x.shape[0],
+            x = _x_from_words(x, x_tile_layout(gl.to_linear_layout(B_LAYOUT, [2 * x.shape[0],
                                                                           x.shape[1]])))
-        return _logical_x(x, B_LAYOUT)
+        return logical_x(x, B_LAYOUT)
 
     @gluon.jit
     def _step_by_sums(acc, words, x, zc, s, x_sum, A_LAYOUT: gl.constexpr,
@@ -398,7 +385,7 @@ if gluon is not None:
         sum of x per row of x) comes off it in fp32 before the scale. Exact products,
         fp32 sums: the same result within fp32 rounding of terms ~30x larger than the
         sum kept."""
-        w = _unpack_tile_offset(words, A_LAYOUT, ORDER)
+        w = unpack_tile_offset(words, A_LAYOUT, ORDER)
         product = (mma_v2(w, _x_operand(x, B_LAYOUT), gl.zeros_like(acc))
                    - zc[:, None] * x_sum[None, :])
         return acc + product * s.to(gl.float32)[:, None]
@@ -408,7 +395,7 @@ if gluon is not None:
                           B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
         """``_step_by_sums`` with the step's sums of x from ``_x_sums_by_mma``."""
         xb = _x_operand(x, B_LAYOUT)
-        w = _unpack_tile_offset(words, A_LAYOUT, ORDER)
+        w = unpack_tile_offset(words, A_LAYOUT, ORDER)
         product = (mma_v2(w, xb, gl.zeros_like(acc))
                    - zc[:, None] * _x_sums_by_mma(xb, acc, A_LAYOUT))
         return acc + product * s.to(gl.float32)[:, None]
@@ -488,7 +475,7 @@ if gluon is not None:
         min(row0 + n, M - 1) over rows k_lo + i STEP_K .. of K (below k_hi): what
         ``_step_by_sums`` multiplies by 128 + z in step i. Columns from X_ROWS - 1 on
         share one row of x (X_ROWS = min(M, BLOCK_M): at M = 1 one row is summed)."""
-        TPW_K: gl.constexpr = _min(STEP_K // 8, 32)
+        TPW_K: gl.constexpr = constexpr_min(STEP_K // 8, 32)
         L: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_K, TPW_K], [NUM_WARPS, 1],
                                            [1, 0])
         offs_s = gl.arange(0, STEPS, layout=gl.SliceLayout(1, L))
@@ -607,11 +594,11 @@ if gluon is not None:
         they are summed over the chunks of each column (rows put in physical order, then
         [CHUNKS, COLS]: one cross-warp sum a program) and stored as bf16."""
         MMA: gl.constexpr = acc.type.layout
-        rows = _physical_columns(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)),
+        rows = physical_columns(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)),
                                  ORDER)
         j = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA))
         own = gl.sum(gl.where(j[None, :] == (rows // COLS)[:, None], acc, 0.0), axis=1)
-        physical = _logical_columns(gl.expand_dims(own, 1), _inverse_order(ORDER))
+        physical = logical_columns(gl.expand_dims(own, 1), _inverse_order(ORDER))
         sums = gl.sum(gl.reshape(physical, [CHUNKS, COLS]), axis=0)
         OUT: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
         cols = pid_n * COLS + gl.arange(0, COLS, layout=OUT)
@@ -619,9 +606,9 @@ if gluon is not None:
 
     @gluon.constexpr_function
     def _inverse_order(order):
-        """The column order that undoes ``order``: ``_logical_columns`` with it takes rows
+        """The column order that undoes ``order``: ``logical_columns`` with it takes rows
         in logical order to physical order."""
-        order = _plain(order)
+        order = plain_order(order)
         inverse = [0] * len(order)
         for j, b in enumerate(order):
             inverse[b] = j
@@ -654,12 +641,12 @@ if gluon is not None:
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         STEP_K: gl.constexpr = BLOCK_K * LOAD_STEPS  # rows of K loaded together
-        ORDER: gl.constexpr = _column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
+        ORDER: gl.constexpr = column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
                                             VECTOR_COLUMNS)
-        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, STEP_K]), ORDER)
-        XL: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [STEP_K, BLOCK_M]))
-        WL1: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
-        XL1: gl.constexpr = _x_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
+        WL: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, STEP_K]), ORDER)
+        XL: gl.constexpr = x_tile_layout(gl.to_linear_layout(B_LAYOUT, [STEP_K, BLOCK_M]))
+        WL1: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
+        XL1: gl.constexpr = x_tile_layout(gl.to_linear_layout(B_LAYOUT, [BLOCK_K, BLOCK_M]))
         BLOCK_KW: gl.constexpr = STEP_K // 8
 
         pid_n = gl.program_id(0)
@@ -681,7 +668,7 @@ if gluon is not None:
         offs_wr = gl.arange(0, BLOCK_KW, layout=gl.SliceLayout(0, WL))
         offs_xk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XL))
         offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XL))
-        offs_cn = pid_n * BLOCK_N + _physical_columns(
+        offs_cn = pid_n * BLOCK_N + physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         mask_wn = offs_wn < N
@@ -728,7 +715,7 @@ if gluon is not None:
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
         if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
-            XW: gl.constexpr = _x_word_layout(XL)
+            XW: gl.constexpr = x_word_layout(XL)
             offs_xk = gl.arange(0, STEP_K // 2, layout=gl.SliceLayout(1, XW))
             offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XW))
             x_ptrs = (x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
@@ -742,7 +729,7 @@ if gluon is not None:
             x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
         if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
             XG: gl.constexpr = gl.BlockedLayout(
-                [8, 1], [_min(STEP_K // 8, 32), 32 // _min(STEP_K // 8, 32)],
+                [8, 1], [constexpr_min(STEP_K // 8, 32), 32 // constexpr_min(STEP_K // 8, 32)],
                 [1, NUM_WARPS], [0, 1])
             XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
                 [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
@@ -824,9 +811,9 @@ if gluon is not None:
                     acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
                                 offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
                 else:
-                    WL2: gl.constexpr = _word_layout(
+                    WL2: gl.constexpr = word_layout(
                         gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
-                    XL2: gl.constexpr = _x_layout(
+                    XL2: gl.constexpr = x_tile_layout(
                         gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
                     if LOAD_STEPS == 4:
                         words_a, words_b = _halves(words, 1, WL2)
@@ -848,7 +835,7 @@ if gluon is not None:
             _store_chunk_sums(acc, out_ptr, pid_n, n_out, BLOCK_N // K_CHUNKS, K_CHUNKS, ORDER,
                               NUM_WARPS)
             return
-        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+        store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
                      LINEAR_PARTIALS, NUM_WARPS)
@@ -869,7 +856,7 @@ if gluon is not None:
     @gluon.jit
     def _load_x_words(x_ptrs, k0, offs_kw, K, EVEN: gl.constexpr):
         """``_load_x`` as bf16 pairs: ``x_ptrs`` int32 pointers over [STEP_K / 2, BLOCK_M]
-        (``_x_word_layout``), word i of a column rows 2i and 2i + 1."""
+        (``x_word_layout``), word i of a column rows 2i and 2i + 1."""
         if EVEN:
             return gl.load(x_ptrs + (k0 >> 1))
         return gl.load(x_ptrs + (k0 >> 1), mask=(k0 + 2 * offs_kw < K)[:, None], other=0)
@@ -878,7 +865,7 @@ if gluon is not None:
     def _x_from_words(w, XL: gl.constexpr):
         """bf16 pairs [STEP_K / 2, BLOCK_M] -> the x^T tile [STEP_K, BLOCK_M] in XL (no
         data moves: each pair's halves stay in its register)."""
-        lo, hi = _bf16_halves(w)
+        lo, hi = bf16_halves(w)
         t = gl.permute(gl.join(lo, hi), [0, 2, 1])
         t = gl.reshape(t, [2 * w.shape[0], w.shape[1]])
         return gl.convert_layout(t, XL, assert_trivial=True)

@@ -45,7 +45,6 @@ K, K % 32 == 0.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +52,7 @@ import torch
 from tamis.kernels import pdl
 from tamis.kernels.splitk import even_split, sm_count, split_buffers
 from tamis.kernels._gluon import gluon
-from tamis.kernels.w4a16_mma import _weight_supported, step_rows
+from tamis.kernels.w4a16_common import step_rows, tensor_core_weight_supported
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -62,9 +61,9 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
                                       thread_barrier)
-    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _min, _physical_columns,
-                                               _physical_rows, _store_out_t, _unpack_tile_scaled,
-                                               _word_layout)
+    from tamis.kernels.w4a16_fragments import (as_bf16x2, column_order, constexpr_min, physical_columns,
+                                               physical_rows, store_out_t, unpack_tile_scaled,
+                                               word_layout)
 
 WGMMA_MAX_M = 128
 WGMMA_MIN_N = 8192   # wide layers (gate/up of an 8B model)
@@ -92,16 +91,6 @@ class WgmmaConfig:
     # DRAM (a new group per step), so one step ahead leaves a memory round trip in
     # every step's critical path.
     params_ahead: int = 2
-
-
-def wgmma_device_supported(device: torch.device) -> bool:
-    """Gluon present and a Hopper GPU (``wgmma`` is sm_90a only)."""
-    return gluon is not None and device.type == "cuda" and _is_hopper(device.index)
-
-
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index: int | None) -> bool:
-    return torch.cuda.get_device_capability(index)[0] == 9
 
 
 def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
@@ -157,7 +146,7 @@ if gluon is not None:
         g = gl.minimum(k, K - 1) // GROUP_SIZE
         z = gl.load(z_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
         s = gl.load(s_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
-        return _bf16x2(-(z.to(gl.float32) + 128.0)), _bf16x2(s.to(gl.float32))
+        return as_bf16x2(-(z.to(gl.float32) + 128.0)), as_bf16x2(s.to(gl.float32))
 
     @gluon.jit
     def _copy_step(w_dst, x_dst, w_ptrs, x_ptrs, step, k_lo, K, offs_wr, offs_xk, mask_wn,
@@ -219,7 +208,7 @@ if gluon is not None:
         nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg,
                                           k_lo + (i + PARAMS_AHEAD) * BLOCK_K, K,
                                           offs_zn, mask_zn, GROUP_SIZE)
-        w = _unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
+        w = unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
         acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
         if LATE_REFILL:
             _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
@@ -244,12 +233,12 @@ if gluon is not None:
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-        ORDER: gl.constexpr = _column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
+        ORDER: gl.constexpr = column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
                                             False)
-        WL: gl.constexpr = _word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
+        WL: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
         XG: gl.constexpr = gl.BlockedLayout([2, 1], [16, 2], [NUM_WARPS, 1], [0, 1])
         # K contiguous; the swizzle spans one step's row of x^T (64 bytes at 32 rows).
-        XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=_min(128, 2 * BLOCK_K),
+        XS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=constexpr_min(128, 2 * BLOCK_K),
                                                 element_bitwidth=16, rank=2, transposed=True)
         WS: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0, 1])  # N contiguous
         NSTEPS = K_SPLIT // BLOCK_K
@@ -270,7 +259,7 @@ if gluon is not None:
         offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
         mask_xm = (offs_xm < M)[None, :]
         # Logical rows 2j, 2j + 1 are physical rows p, p + 1 with p even: pairs of values.
-        x_offs = offs_xm[None, :] * stride_xm + (k_lo + _physical_rows(offs_xk))[:, None]
+        x_offs = offs_xm[None, :] * stride_xm + (k_lo + physical_rows(offs_xk))[:, None]
         x_ptrs = x_ptr + gl.max_contiguous(gl.multiple_of(x_offs, [2, 1]), [2, 1])
 
         w_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8], WS)
@@ -327,10 +316,10 @@ if gluon is not None:
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
 
-        offs_cn = pid_n * BLOCK_N + _physical_columns(
+        offs_cn = pid_n * BLOCK_N + physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
-        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+        store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
 
@@ -364,7 +353,7 @@ def w4a16_gemm_wgmma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
     m, k = x.shape
     n = packed.shape[1]
     if (x.dtype != torch.bfloat16 or m > WGMMA_MAX_M
-            or not _weight_supported(k, group_size, 4)):
+            or not tensor_core_weight_supported(k, group_size, 4)):
         raise ValueError(f"wgmma path takes bf16 x with M <= {WGMMA_MAX_M}, K % 32 == 0 "
                          f"and 32-row groups; got M={m}, K={k}, group {group_size}, {x.dtype}")
     x = x.contiguous()

@@ -68,8 +68,8 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, thread_barrier,
                                       tma_load)
-    from tamis.kernels.w4a16_fragments import (_bf16x2, _column_order, _logical_columns,
-                                               _physical_columns, _store_out_t)
+    from tamis.kernels.w4a16_fragments import (as_bf16x2, column_order, logical_columns,
+                                               physical_columns, store_out_t)
 
 TMA_MAX_M = 256  # rows of x the kernel takes, in blocks of up to 128 (``tma_block_m``)
 X_BOX_K = 64   # rows of K per x box and per wgmma: 128 bytes of bf16, the swizzle's span
@@ -309,7 +309,7 @@ if gluon is not None:
                                            dtype=(gl.bfloat16, gl.bfloat16), is_pure=True,
                                            pack=1)
         t = gl.reshape(gl.join(lo, hi), [lo.shape[0], _BOX_K])
-        return gl.convert_layout(_logical_columns(t, ORDER), A_LAYOUT, assert_trivial=True)
+        return gl.convert_layout(logical_columns(t, ORDER), A_LAYOUT, assert_trivial=True)
 
     @gluon.jit
     def _group_params(z_ptr, s_ptr, stride_sg, k, K, offs_n, mask_n,
@@ -319,8 +319,8 @@ if gluon is not None:
         g = gl.minimum(k, K - 1) // GROUP_SIZE
         z = gl.load(z_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
         s = gl.load(s_ptr + g * stride_sg + offs_n, mask=mask_n, other=0.0)
-        return (_bf16x2(-(z.to(gl.float32) + 128.0))[:, None, None],
-                _bf16x2(s.to(gl.float32))[:, None, None])
+        return (as_bf16x2(-(z.to(gl.float32) + 128.0))[:, None, None],
+                as_bf16x2(s.to(gl.float32))[:, None, None])
 
     @gluon.jit
     def _fill_words(w_desc, bar, w_smem, slot, k, n0, pred, BYTES: gl.constexpr,
@@ -444,7 +444,7 @@ if gluon is not None:
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         A_LINEAR: gl.constexpr = gl.to_linear_layout(A_LAYOUT, [BLOCK_N, _BOX_K])
-        ORDER: gl.constexpr = _column_order(A_LINEAR, True)
+        ORDER: gl.constexpr = column_order(A_LINEAR, True)
         QUAD: gl.constexpr = _quad_layout(A_LINEAR, ORDER)
         WORDS: gl.constexpr = _words_layout(QUAD)
         BYTES: gl.constexpr = _slot_bytes(BLOCK_K, BLOCK_N, BLOCK_M)
@@ -503,11 +503,11 @@ if gluon is not None:
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
 
-        offs_cn = n0 + _physical_columns(
+        offs_cn = n0 + physical_columns(
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm, own_rows = _tile_rows(m0, m1, pid_m, M, x_desc.block_shape[0], BLOCK_M,
                                        gl.SliceLayout(0, MMA))
-        _store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
+        store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
                      own_rows[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
                      pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
                      LINEAR_PARTIALS, NUM_WARPS)
@@ -560,7 +560,7 @@ if gluon is not None:
         A_LINEAR: gl.constexpr = gl.to_linear_layout(
             gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2), [BLOCK_N, _BOX_K])
         PARAMS: gl.constexpr = gl.SliceLayout(
-            1, gl.SliceLayout(2, _quad_layout(A_LINEAR, _column_order(A_LINEAR, True))))
+            1, gl.SliceLayout(2, _quad_layout(A_LINEAR, column_order(A_LINEAR, True))))
         BYTES: gl.constexpr = _slot_bytes(BLOCK_K, BLOCK_N, BLOCK_M)
 
         pid_n = gl.program_id(0)

@@ -20,7 +20,7 @@ except ImportError:
 
 
 if triton is not None:
-    from tamis.kernels.w4a16 import code_shift
+    from tamis.kernels.w4a16_common import code_shift
 
     @triton.jit
     def _wna16_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K,

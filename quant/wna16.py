@@ -1,30 +1,33 @@
-"""The one weight-only integer layout every W4A16/W8A16 format is repacked into.
+"""The one weight-only integer layout every W4A16/W8A16 format is repacked into, and
+the kernel each layer keeps from load on.
 
 A format's ``process_weights_after_loading`` unpacks its checkpoint tensors into plain
 integer codes and calls ``finalize_wna16(layer, codes, scales, zeros, group_size, bits,
 g_idx)``. That stores, on the layer (see ``tamis.kernels.w4a16`` for the layout)::
 
-    wna16_qweight  int32 [ceil(K/P), N]   codes packed along K
+    wna16_qweight  int32 [ceil(K/P), N]   codes packed along K (canonical words, or the
+                                          interleaved order when ``wna16_interleaved``)
     wna16_scales   [G, N]                 fp16 when the checkpoint's scales are fp16-exact, else fp32
     wna16_zeros    [G, N]                 float zero points, same dtype
     wna16_perm     int64 [K] or absent    act-order: x[..., perm] feeds the kernel
+    wna16_kernel                          the kernel chosen for the model's dtype and device
 
-and removes the checkpoint's tensors. ``apply_wna16`` runs the dispatcher; on the CPU it
-dequantizes once and keeps the dense weight (a CPU run is compute-bound on the unpack,
-and memory is not the constraint there). On the first CUDA call with bf16 activations,
-4-bit words are re-packed once, in place, into the MMA-fragment kernel's interleaved
-nibble order (``tamis.kernels.w4a16_mma``; ``wna16_interleaved`` says so) when that
-kernel takes the layer: decode batches of up to 32 rows run on it, larger ones read the
-same words through the tl.dot and dequantize kernels.
+removes the checkpoint's tensors, and chooses the layer's kernel
+(``tamis.quant.wna16_kernels``), which re-packs the weight once into its own layout.
+``apply_wna16`` is then one call to that kernel.
+
+A layer moved to another device or dtype after loading chooses again, explicitly:
+``select_wna16_kernel(layer, act_dtype)``. Until then ``apply_wna16`` refuses
+activations of another device type or dtype than the kernel was chosen for, saying so.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tamis.kernels.w4a16 import dequantize_wna16, w4a16_gemm
 from tamis.quant.base import replace_param, require
 from tamis.quant.packing import pack_int32
+from tamis.quant.wna16_kernels import WNA16Kernel, choose_wna16_kernel, wna16_spec
 
 _CHECKPOINT_PARAMS = ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale",
                       "weight_zero_point", "weight_shape", "weight_g_idx")
@@ -47,8 +50,11 @@ def act_order_permutation(g_idx: torch.Tensor, group_size: int) -> torch.Tensor 
 
 def finalize_wna16(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,
                    zeros: torch.Tensor, group_size: int, bits: int,
-                   g_idx: torch.Tensor | None = None) -> None:
-    """codes int [K, N] in ``[0, 2**bits)``; scales / zeros [ceil(K/group_size), N]."""
+                   g_idx: torch.Tensor | None = None,
+                   act_dtype: torch.dtype | None = None) -> None:
+    """codes int [K, N] in ``[0, 2**bits)``; scales / zeros [ceil(K/group_size), N], on
+    the device the layer runs on. ``act_dtype``: the activations' dtype, by default the
+    layer's ``params_dtype`` (the model's compute dtype), else torch's default dtype."""
     k, n = codes.shape
     groups = -(-k // group_size)
     require(scales.shape == (groups, n), layer,
@@ -82,46 +88,38 @@ def finalize_wna16(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,
     layer.wna16_in_features = k
     layer.wna16_dense = None
     layer.wna16_interleaved = False
-    layer.wna16_layout_chosen = False   # the first CUDA call may re-pack (_adopt_mma_layout)
+    layer.wna16_kernel = None
+    select_wna16_kernel(layer, act_dtype or getattr(layer, "params_dtype", None)
+                        or torch.get_default_dtype())
 
 
-def dequantized_weight(layer: nn.Module) -> torch.Tensor:
-    """The layer's weight [N, K] in float32, in the checkpoint's row order."""
-    weight = dequantize_wna16(layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,
-                              layer.wna16_group_size, layer.wna16_bits, layer.wna16_in_features,
-                              layer.wna16_interleaved)
-    perm = getattr(layer, "wna16_perm", None)
-    if perm is not None:
-        unpermuted = torch.empty_like(weight)
-        unpermuted[perm] = weight
-        weight = unpermuted
-    return weight.t()
+def select_wna16_kernel(layer: nn.Module, act_dtype: torch.dtype,
+                        kernel: type[WNA16Kernel] | None = None) -> WNA16Kernel:
+    """Choose the layer's kernel for activations of ``act_dtype`` on the device its
+    weight is on now, first undoing the layout of the kernel it had (if any); with
+    ``kernel``, that one or a ValueError saying why it cannot run the layer.
+
+    ``finalize_wna16`` calls it at load; call it again after moving the layer to another
+    device or dtype (or to force a kernel, as the benchmarks do)."""
+    if layer.wna16_kernel is not None:
+        layer.wna16_kernel.restore_weights(layer)
+        layer.wna16_kernel = None
+    spec = wna16_spec(layer, act_dtype)
+    try:
+        chosen = choose_wna16_kernel(spec, (kernel,) if kernel else None)
+    except ValueError as exc:
+        raise ValueError(f"{layer.prefix}: {exc}") from None
+    chosen.process_weights(layer)
+    layer.wna16_kernel = chosen
+    return chosen
 
 
 def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    if not x.is_cuda:
-        if layer.wna16_dense is None or layer.wna16_dense.dtype != x.dtype:
-            layer.wna16_dense = dequantized_weight(layer).to(x.dtype).contiguous()
-        return torch.nn.functional.linear(x, layer.wna16_dense, bias)
-    if not layer.wna16_layout_chosen:
-        _adopt_mma_layout(layer, x)
-    perm = getattr(layer, "wna16_perm", None)
-    if perm is not None:
-        x = x[..., perm]
-    out = w4a16_gemm(x, layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,
-                     layer.wna16_group_size, layer.wna16_bits, layer.wna16_interleaved)
-    return out if bias is None else out + bias
-
-
-def _adopt_mma_layout(layer: nn.Module, x: torch.Tensor) -> None:
-    """Re-pack the words for the MMA-fragment kernel, once, when it can take the layer:
-    bf16 activations and ``mma_layout_supported`` (every published format's integer zero
-    points qualify)."""
-    from tamis.kernels.w4a16_mma import mma_layout_supported, mma_pack
-    layer.wna16_layout_chosen = True
-    k = layer.wna16_in_features
-    if x.dtype != torch.bfloat16 or not mma_layout_supported(
-            k, layer.wna16_group_size, layer.wna16_bits, layer.wna16_zeros):
-        return
-    replace_param(layer, "wna16_qweight", mma_pack(layer.wna16_qweight, k))
-    layer.wna16_interleaved = True
+    kernel = layer.wna16_kernel
+    spec = kernel.spec
+    if x.dtype != spec.act_dtype or x.device.type != spec.device.type:
+        raise ValueError(f"{layer.prefix}: its W4A16 kernel was chosen at load for "
+                         f"{spec.act_dtype} activations on {spec.device.type}, got "
+                         f"{x.dtype} on {x.device.type}; after moving the layer call "
+                         f"select_wna16_kernel(layer, act_dtype)")
+    return kernel.apply(layer, x, bias)

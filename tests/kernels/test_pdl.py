@@ -36,13 +36,17 @@ needs_hopper = pytest.mark.skipif(not _hopper(), reason="PDL needs a Hopper GPU"
 
 
 def _w4_layer(k: int, seed: int):
-    from tamis.kernels.w4a16_mma import mma_pack
-    from tamis.quant.packing import pack_int32
+    """A bf16 W4A16 layer on the GPU, with the kernel chosen at load (interleaved words)."""
+    from tamis.quant.wna16 import finalize_wna16
     gen = torch.Generator(device="cuda").manual_seed(seed)
     codes = torch.randint(0, 16, (k, k), device="cuda", generator=gen)
     scales = (torch.rand(k // 128, k, device="cuda", generator=gen) * 0.004 + 0.004).half()
     zeros = torch.randint(0, 16, (k // 128, k), device="cuda", generator=gen).half()
-    return mma_pack(pack_int32(codes, 4, dim=0), k), scales, zeros
+    layer = torch.nn.Module()
+    layer.prefix = f"layer{seed}"
+    finalize_wna16(layer, codes, scales, zeros, 128, 4, act_dtype=torch.bfloat16)
+    assert layer.wna16_interleaved
+    return layer
 
 
 def _chain(x, layers, step):
@@ -75,13 +79,13 @@ def _run(mode, x, layers, step, graph: bool):
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("m", [1, 8, 16, 32, 64])
 def test_w4a16_chain_with_pdl_equals_chain_without(m, graph, restore_mode):
-    from tamis.kernels.w4a16 import w4a16_gemm
+    from tamis.quant.wna16 import apply_wna16
     k = 4096
     layers = [_w4_layer(k, seed) for seed in range(6)]
     x = torch.randn(m, k, device="cuda").bfloat16()
 
     def step(h, layer):
-        return w4a16_gemm(h, *layer, 128, interleaved=True)
+        return apply_wna16(layer, h, None)
 
     expected = _run("off", x, layers, step, graph=False)
     assert expected.abs().max() > 0 and torch.isfinite(expected).all()

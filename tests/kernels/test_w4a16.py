@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tamis.kernels import w4a16
+from tamis.kernels import w4a16, w4a16_gemv
 from tamis.quant.packing import pack_int32
 
 
@@ -77,15 +77,13 @@ def test_dispatcher_tile_choice_is_correct(m):
 
 
 GEMV_CASES = [  # m, k, n, group_size, bits, config
-    (1, 256, 64, 128, 4, w4a16.GemvConfig(32, 16, 1)),   # one group per tile, no split
-    (2, 256, 64, 128, 4, w4a16.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
-    (3, 256, 40, 32, 4, w4a16.GemvConfig(32, 8, 4)),     # group 32 < tile: per-row groups, N tail
-    (4, 320, 64, 64, 4, w4a16.GemvConfig(64, 16, 2)),    # group 64 < tile, K tail past a group
-    (1, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
-    (4, 200, 32, 200, 4, w4a16.GemvConfig(32, 8, 2)),    # one group over K (group -1)
-    (3, 96, 40, 32, 8, w4a16.GemvConfig(16, 8, 2)),      # 8-bit
-    (1, 320, 64, 64, 4, w4a16.GemvConfig(32, 8, 2, prefetch=True)),   # next tile loaded ahead
-    (2, 200, 32, 40, 4, w4a16.GemvConfig(32, 4, 3, prefetch=True)),   # ... across a K tail
+    (1, 256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 16, 1)),   # one group per tile, no split
+    (2, 256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
+    (3, 256, 40, 32, 4, w4a16_gemv.GemvConfig(32, 8, 4)),     # group 32 < tile: per-row groups, N tail
+    (4, 320, 64, 64, 4, w4a16_gemv.GemvConfig(64, 16, 2)),    # group 64 < tile, K tail past a group
+    (1, 200, 32, 40, 4, w4a16_gemv.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
+    (4, 200, 32, 200, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # one group over K (group -1)
+    (3, 96, 40, 32, 8, w4a16_gemv.GemvConfig(16, 8, 2)),      # 8-bit
 ]
 
 
@@ -98,7 +96,7 @@ def test_gemv_matches_reference(m, k, n, group_size, bits, config):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
                                     group_size, bits)
-    got = w4a16.w4a16_gemv_triton(x.to(device), qweight.to(device), scales.to(device),
+    got = w4a16_gemv.w4a16_gemv_triton(x.to(device), qweight.to(device), scales.to(device),
                                   zeros.to(device), group_size, bits, config=config)
     assert got.dtype == torch.bfloat16 and got.shape == (m, n)
     # Only the bf16 output rounding separates them (fp32 accumulation in both).
@@ -116,11 +114,11 @@ def test_gemv_split_counters_reset_between_calls():
     k, n, group_size = 256, 64, 64
     _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=3)
     args = (qweight.to(device), scales.to(device), zeros.to(device), group_size, 4)
-    config = w4a16.GemvConfig(32, 8, 4)
+    config = w4a16_gemv.GemvConfig(32, 8, 4)
     for seed in range(3):
         x = torch.randn(1, k, generator=torch.Generator().manual_seed(seed))
         expected = w4a16.w4a16_gemm_ref(x, qweight, scales.float(), zeros.float(), group_size)
-        got = w4a16.w4a16_gemv_triton(x.to(device), *args, config=config)
+        got = w4a16_gemv.w4a16_gemv_triton(x.to(device), *args, config=config)
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
     assert int(split_counters(torch.device(device), 1).abs().sum()) == 0
 
@@ -136,10 +134,10 @@ def test_split_buffers_fresh_partials_and_zeroed_counters():
 
 
 def test_gemv_refuses_partial_word_groups():
-    assert w4a16.gemv_supported(1, 4096, 128, 4)
-    assert not w4a16.gemv_supported(w4a16.GEMV_MAX_M + 1, 4096, 128, 4)
-    assert not w4a16.gemv_supported(1, 4096, 12, 4)  # a group that splits a word
-    assert w4a16.gemv_supported(1, 100, 100, 4)      # ... unless it spans all of K
+    assert w4a16_gemv.gemv_supported(1, 4096, 128, 4)
+    assert not w4a16_gemv.gemv_supported(w4a16_gemv.GEMV_MAX_M + 1, 4096, 128, 4)
+    assert not w4a16_gemv.gemv_supported(1, 4096, 12, 4)  # a group that splits a word
+    assert w4a16_gemv.gemv_supported(1, 100, 100, 4)      # ... unless it spans all of K
 
 
 @pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
@@ -168,9 +166,9 @@ def test_act_order_layer_through_gemv(group_size):
     expected = x @ ((codes.float() - zeros[g_idx.long()]) * scales.half().float()[g_idx.long()])
     layer.to(device)
     perm = layer.wna16_perm
-    got = w4a16.w4a16_gemv_triton(x.to(device)[..., perm], layer.wna16_qweight,
+    got = w4a16_gemv.w4a16_gemv_triton(x.to(device)[..., perm], layer.wna16_qweight,
                                   layer.wna16_scales, layer.wna16_zeros, group_size, bits,
-                                  config=w4a16.GemvConfig(16, 8, 2))
+                                  config=w4a16_gemv.GemvConfig(16, 8, 2))
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
@@ -198,28 +196,7 @@ def test_pick_config_splits_k_only_when_columns_are_few():
     assert few.split_k > many.split_k >= 1
     assert w4a16.pick_config(16, 4096, 4096, 128, num_sms=132).split_k > 1
     assert w4a16.pick_config(2048, 4096, 4096, 128).split_k == 1
-    assert w4a16.pick_gemv_config(1, 4096, 4096, 4).split_k > 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("m,interleaved", [(1, False), (3, False), (40, False), (200, False),
-                                           (1, True), (8, True), (16, True), (30, True),
-                                           (40, True), (200, True)])
-def test_dispatcher_paths_on_cuda(m, interleaved):
-    """Canonical words: GEMV (M = 1), tl.dot with split-K (3, 40), dequantize + cuBLAS
-    (200). Interleaved words: the MMA-fragment kernel (M <= 32), tl.dot (40), dequantize."""
-    from tamis.kernels.w4a16_mma import mma_pack
-    k, n, group_size = 4096, 1024, 128
-    _, qweight, scales, zeros = _random_layout(k, n, group_size, 4, torch.float16, seed=m)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
-                                    group_size)
-    words = mma_pack(qweight, k) if interleaved else qweight
-    got = w4a16.w4a16_gemm(x.cuda(), words.cuda(), scales.cuda(), zeros.cuda(), group_size,
-                           interleaved=interleaved)
-    tol = 2e-2 * expected.abs().max().item()
-    torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=tol)
+    assert w4a16_gemv.pick_gemv_config(1, 4096, 4096, 4).split_k > 1
 
 
 def test_reference_reads_interleaved_words():

@@ -13,7 +13,7 @@ from tamis.quant.awq import AWQConfig
 from tamis.quant.compressed_tensors import CompressedTensorsConfig
 from tamis.quant.fp8 import Fp8Config
 from tamis.quant.gptq import GPTQConfig
-from tamis.quant.wna16 import dequantized_weight
+from tamis.quant.wna16_kernels import dequantized_weight
 from tests.quant.formats import (load_layer, make_layer, pack_along_cols, pack_along_rows,
                                  pack_awq)
 

@@ -12,7 +12,7 @@ import torch
 from tamis.engine.attention.metadata import forward_context
 from tamis.engine.loader import load_model
 from tamis.quant.quantizer.pipeline import QuantizeOptions, quantize_checkpoint
-from tamis.quant.wna16 import dequantized_weight
+from tamis.quant.wna16_kernels import dequantized_weight
 
 torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
 CALIBRATION = ("Quantization maps each weight to a small integer grid; GPTQ corrects the "
