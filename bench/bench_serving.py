@@ -98,13 +98,13 @@ def launch_server(engine_args: str, port: int, log_path: str, max_waiting: int,
         if proc.poll() is not None:
             raise RuntimeError(f"tamis serve exited: see {log_path}")
         try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
+            if httpx.get(base + "/ready", timeout=1).status_code == 200:
                 return proc, base
         except httpx.HTTPError:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise RuntimeError(f"tamis serve did not become healthy: see {log_path}")
+    raise RuntimeError(f"tamis serve did not become ready: see {log_path}")
 
 
 async def one_request(http: httpx.AsyncClient, prompt: list[int], output_len: int,
