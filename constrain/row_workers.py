@@ -16,18 +16,22 @@ Protocol, one pair of pipes per worker:
     ("nfa", key, edges, eps, accept)         (once per constraint and worker)
     ("rows", key, [NFA state set, ...])      [row bytes | None, ...], or "unknown" (the
                                              worker dropped ``key``: the NFA is sent again)
-    ("expand", key, [NFA state set])         later: ("near", key, [NFA state set, ...])
-    ("ahead", key, [NFA state set])          later: ("ahead", key, NFA state set, row bytes)
+    ("expand", key, [NFA state set, ...])    later: ("near", key, [NFA state set, ...])
+    ("ahead", key, [NFA state set, ...])     later: ("ahead", key, [(NFA state set, row
+                                                    bytes), ...]), a few rows a message
 
 "rows" is answered at once, before any queued job; "expand" and "ahead" jobs are done while
-no message waits, and their answers are read whenever the parent next looks.
+no message waits, and their answers are read whenever the parent next looks. Rows built
+ahead travel in small batches: the parent reads them on the step path, where each message
+costs a receive.
 
 A state is named by its NFA state set, not by its number: each process numbers its DFA
 states in its own visit order. A row that failed in a worker comes back as None and the
 step path builds it itself (and gets the error there). Workers are plain subprocesses
 (``python -c`` importing this module): nothing of the engine process is forked or
-re-imported. A worker that dies marks the pool broken, and every row is built in-process
-from then on.
+re-imported. They start in the background when the pool is made (a worker takes seconds
+to import its modules): until they are up, rows are built in-process. A worker that dies
+marks the pool broken, and every row is built in-process from then on.
 """
 from __future__ import annotations
 
@@ -35,8 +39,10 @@ import itertools
 import json
 import logging
 import os
+import queue
 import subprocess
 import sys
+import threading
 import weakref
 from collections import OrderedDict, deque
 from multiprocessing.connection import Connection
@@ -46,6 +52,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 
 _KEEP = 64     # constraints a worker keeps (least recently used dropped first)
+_AHEAD_BATCH = 8   # rows built ahead sent in one message
 _BOOT = ("import json, os, sys; sys.path[:] = json.loads(os.environ['TAMIS_ROW_WORKER_PATH']); "
          "from tamis.constrain.row_workers import main; main()")
 
@@ -90,14 +97,16 @@ class _Tracked:
 
 
 class RowWorkers:
-    """``count`` worker processes, started on first use.
+    """``count`` worker processes, started in the background as the pool is made.
 
     ``build`` (on the step path) builds the rows a batch needs now. ``expand`` asks, without
     waiting, for the neighbourhood of the states requests reached: the states within
     ``EXPAND_BYTES`` bytes of each (at most ``EXPAND_STATES``, nearest first), whose rows the
     workers then build ahead, between steps; ``poll`` stores what arrived. Rows are only
     ever built for states some request reached or can reach within one token's bytes of
-    one it reached, so the cache grows with the walks, not with the automaton."""
+    one it reached, so the cache grows with the walks, not with the automaton. None of
+    them waits for the workers to start: until they are up, the pool does nothing and the
+    caller builds its rows itself (``wait_ready`` waits, for tests)."""
 
     EXPAND_BYTES = 16
     EXPAND_STATES = 48
@@ -110,19 +119,28 @@ class RowWorkers:
         self._keys = itertools.count()
         self._key_by_compiled: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._tracked: dict[int, _Tracked] = {}   # key -> constraint followed, oldest first
-        self._next = 0                      # round-robin of the rows built ahead
+        self._next = 0                      # round-robin of the jobs sent without a wait
         self.broken = False
         self.rows_built = 0                 # rows stored from the workers
         self.rows_ahead = 0                 # of which built ahead of need
+        self._booting = threading.Thread(target=self._boot, name="tamis-row-workers-boot",
+                                         daemon=True)
+        self._booting.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Waits for the workers to start; True once they are up (False: broken or timed out)."""
+        self._booting.join(timeout)
+        return self._ready() is not None
 
     def build(self, compiled, states: list[int]) -> None:
         """Builds the rows of ``states`` (states of ``compiled``, a ``CompiledRegex``) in
         the workers and caches them in ``compiled``. Rows a worker failed to build stay
-        missing: the caller's own build reports the error."""
-        if self.broken or not states:
+        missing, as do all of them while the workers start: the caller's own build then
+        makes them (and reports any error)."""
+        workers = self._ready()
+        if workers is None or not states:
             return
         try:
-            workers = self._start()
             key = self._key_of(compiled)
             jobs = [(w, states[i::len(workers)]) for i, w in enumerate(workers)
                     if states[i::len(workers)]]
@@ -140,7 +158,7 @@ class RowWorkers:
 
     def expand(self, compiled, states: list[int]) -> None:
         """Asks (no wait) for the neighbourhoods of ``states`` not asked for before."""
-        if self.broken:
+        if self._ready() is None:
             return
         tracked = self._tracked.get(self._key_of(compiled))
         fresh = [s for s in states if s not in tracked.expanded]
@@ -151,16 +169,18 @@ class RowWorkers:
 
     def poll(self) -> None:
         """Stores the rows built ahead and sends out the neighbourhoods that arrived."""
-        if self.broken or self._workers is None:
+        workers = self._ready()
+        if workers is None:
             return
         try:
-            for worker in self._workers:
+            for worker in workers:
                 while worker.recv_end.poll(0):
                     self._handle(worker, worker.recv_end.recv())
         except (OSError, EOFError) as exc:
             self._break(exc)
 
     def close(self) -> None:
+        self._booting.join()
         if self._workers is not None:
             self._finalizer()
         self._workers = None
@@ -183,9 +203,10 @@ class RowWorkers:
         elif tracked is None:
             return   # a constraint no longer followed
         elif kind == "ahead":
-            _, _, nfa_set, data = message
-            state = tracked.compiled.dfa.state_of_set(frozenset(nfa_set))
-            self.rows_ahead += self._store_row(tracked.compiled, state, data)
+            dfa = tracked.compiled.dfa
+            for nfa_set, data in message[2]:
+                state = dfa.state_of_set(frozenset(nfa_set))
+                self.rows_ahead += self._store_row(tracked.compiled, state, data)
         elif kind == "near":
             compiled = tracked.compiled
             wanted = []
@@ -198,13 +219,17 @@ class RowWorkers:
                 self._spread("ahead", compiled, wanted)
 
     def _spread(self, kind: str, compiled, states: list[int]) -> None:
-        """Sends ``states`` one by one round the workers (jobs without an answer awaited)."""
+        """Deals ``states`` round the workers, one message each (jobs without an answer
+        awaited)."""
         try:
-            workers = self._start()
+            workers = self._workers
             key = self._key_of(compiled)
-            for state in states:
-                workers[self._next % len(workers)].send(kind, compiled, key, [state])
-                self._next += 1
+            first = self._next
+            self._next += len(states)
+            for i, worker in enumerate(workers):
+                share = states[(i - first) % len(workers)::len(workers)]
+                if share:
+                    worker.send(kind, compiled, key, share)
         except (OSError, EOFError) as exc:
             self._break(exc)
 
@@ -232,17 +257,35 @@ class RowWorkers:
                 self._tracked.pop(next(iter(self._tracked)))
         return key
 
-    def _start(self) -> list[_Worker]:
-        if self._workers is None:
-            self._workers = [_Worker(self.info) for _ in range(self.count)]
-            # Processes end with their pool, even one nobody closed (an engine dropped).
-            self._finalizer = weakref.finalize(self, _close_all, self._workers)
+    # ---- start and stop ------------------------------------------------------------------
+
+    def _boot(self) -> None:
+        """Starts the processes (the background thread's work): each blocks this thread
+        until its child, done importing, reads the tokenizer tables."""
+        workers = []
+        try:
+            for _ in range(self.count):
+                workers.append(_Worker(self.info))
+        except (OSError, EOFError) as exc:
+            _close_all(workers)
+            self._break(exc)
+            return
+        # Processes end with their pool, even one nobody closed (an engine dropped).
+        self._finalizer = weakref.finalize(self, _close_all, workers)
+        self._workers = workers
+
+    def _ready(self) -> list[_Worker] | None:
+        """The workers, once started and while not broken; None otherwise (no wait)."""
+        if self.broken or self._booting.is_alive():
+            return None
         return self._workers
 
     def _break(self, exc: Exception) -> None:
         logger.warning("mask row workers stopped (%s): rows are built in-process from now on", exc)
         self.broken = True
-        self.close()
+        if self._workers is not None:
+            self._finalizer()
+        self._workers = None
 
 
 def _close_all(workers: list[_Worker]) -> None:
@@ -265,6 +308,7 @@ class _Serving:
         self.dfas: OrderedDict = OrderedDict()
         self.near: deque = deque()       # (key, NFA set): neighbourhoods to send
         self.ahead: deque = deque()      # (key, NFA set): rows to build ahead
+        self.built: dict = {}            # key -> [(NFA set, row bytes)] built ahead, unsent
 
     def handle(self, message: tuple, send_end: Connection) -> None:
         kind = message[0]
@@ -285,7 +329,8 @@ class _Serving:
             queue.extend((message[1], nfa_set) for nfa_set in message[2])
 
     def background_step(self, send_end: Connection) -> None:
-        """One queued job: a neighbourhood first (it feeds the rows ahead), else a row."""
+        """One queued job: a neighbourhood first (it feeds the rows ahead), else a row,
+        kept back until ``_AHEAD_BATCH`` of them can go in one message (``flush``)."""
         queue = self.near if self.near else self.ahead
         key, nfa_set = queue.popleft()
         dfa = self.dfas.get(key)
@@ -294,7 +339,15 @@ class _Serving:
         elif queue is self.near:
             send_end.send(("near", key, _neighbourhood(dfa, dfa.state_of_set(frozenset(nfa_set)))))
         else:
-            send_end.send(("ahead", key, nfa_set, self._row_bytes(dfa, nfa_set)))
+            self.built.setdefault(key, []).append((nfa_set, self._row_bytes(dfa, nfa_set)))
+            if len(self.built[key]) >= _AHEAD_BATCH:
+                send_end.send(("ahead", key, self.built.pop(key)))
+
+    def flush(self, send_end: Connection) -> None:
+        """Sends the rows built ahead and not sent yet."""
+        for key, rows in self.built.items():
+            send_end.send(("ahead", key, rows))
+        self.built.clear()
 
     def has_background_work(self) -> bool:
         return bool(self.near or self.ahead)
@@ -343,17 +396,33 @@ def _neighbourhood(dfa, state: int) -> list[tuple]:
 
 def serve(recv_end: Connection, send_end: Connection) -> None:
     """Answers the parent's messages (module docstring) until its pipe closes; between
-    messages, works through the jobs that need no prompt answer."""
+    messages, works through the jobs that need no prompt answer. A thread reads the pipe
+    as messages come, so the parent's sends never wait on a worker busy sending (both
+    sides blocked on full pipes would deadlock)."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    threading.Thread(target=_read_into, args=(recv_end, inbox), daemon=True).start()
     serving = _Serving()
     while True:
         try:
-            if serving.has_background_work() and not recv_end.poll(0):
+            if serving.has_background_work() and inbox.empty():
                 serving.background_step(send_end)
                 continue
-            message = recv_end.recv()
+            serving.flush(send_end)
+            message = inbox.get()
+            if message is None:
+                return
+            serving.handle(message, send_end)
         except (EOFError, OSError):
             return
-        serving.handle(message, send_end)
+
+
+def _read_into(recv_end: Connection, inbox: queue.SimpleQueue) -> None:
+    """Moves the parent's messages into ``inbox``; None once the pipe closes."""
+    try:
+        while True:
+            inbox.put(recv_end.recv())
+    except (EOFError, OSError):
+        inbox.put(None)
 
 
 def main() -> None:

@@ -66,6 +66,11 @@ class LLMEngine:
         self._init_cache_and_scheduler()
         self.outputs = OutputProcessor()
         self._structured = None
+        row_workers = self.config.resolved_structured_outputs_workers(self.device)
+        if self.tokenizer is not None and row_workers > 0:
+            # Made now so its row worker processes start while the engine warms up, not
+            # when the first constrained request arrives.
+            self._structured_manager()
         self._counters = {"prompt": 0, "generation": 0, "finished": 0}
         self._iteration_tokens = CumulativeHistogram(ITERATION_TOKEN_BUCKETS)
         self.async_scheduling = _async_scheduling_default(self.device)
@@ -414,7 +419,8 @@ class LLMEngine:
                 raise ValueError(f"structured outputs are unavailable: {exc}") from exc
             self._structured = StructuredOutputManager(
                 self.tokenizer, self.vocab_size, self.config, eos_token_ids=self.eos_token_ids,
-                num_workers=self.config.resolved_structured_outputs_workers(self.device))
+                num_workers=self.config.resolved_structured_outputs_workers(self.device),
+                pin_memory=self.device.type == "cuda")
         return self._structured
 
     def _forget_grammar(self, request: Request) -> None:

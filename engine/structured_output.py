@@ -1,12 +1,14 @@
 """The engine's bridge to tamis.constrain (contract: docs/contracts.md).
 
-    StructuredOutputManager(tokenizer, vocab_size, config, eos_token_ids=())
+    StructuredOutputManager(tokenizer, vocab_size, config, eos_token_ids=(), num_workers=0,
+                            pin_memory=False)
       .add_request(request)            starts compiling in the pool (cached); never blocks
       .is_ready(request) -> bool       True once compiled; raises StructuredOutputError if the
                                        compile failed or ran past the time limit
       .fill_bitmask(requests)          int32 [len(requests), ceil(V/32)] (bit set = allowed;
                                        unconstrained rows all ones) or None if none constrained;
-                                       the tensor is reused: valid until the next call. The
+                                       the tensor is reused: valid until the call after
+                                       next (page-locked with ``pin_memory``). The
                                        EOS policy is applied here: ``eos_token_ids`` (the
                                        engine's stop ids, which may include ids the grammar
                                        sees as text) are allowed only where the output is a
@@ -61,7 +63,7 @@ class StructuredOutputError(ValueError):
 
 class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, config=None, eos_token_ids=(),
-                 num_workers: int = 0):
+                 num_workers: int = 0, pin_memory: bool = False):
         self.backend = check_installed(getattr(config, "structured_outputs_backend", None))
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -72,7 +74,7 @@ class StructuredOutputManager:
         self._submitted_at: dict = {}
         self._matchers: dict = {}
         self._errors: dict = {}      # request id -> message: failed after it started
-        self._bitmask = None
+        self._bitmasks = _BitmaskBuffers(self.info.num_words, pin_memory)
         self._eos_words, self._eos_keep = _eos_clearing(eos_token_ids, self.info.num_words)
         self.row_workers = None
         if num_workers > 0:
@@ -99,7 +101,7 @@ class StructuredOutputManager:
             return
         params.validate()
         rid = request.request_id
-        self._futures[rid] = self.compiler.submit(params, self.info)
+        self._futures[rid] = self.compiler.submit(params)
         self._submitted_at[rid] = time.monotonic()
 
     def is_ready(self, request) -> bool:
@@ -143,14 +145,11 @@ class StructuredOutputManager:
 
     # ---- per step -------------------------------------------------------------------------
     def fill_bitmask(self, requests):
-        import torch
         rows = [self._matchers.get(r.request_id) for r in requests]
         if not any(m is not None for m in rows):
             return None
-        words = self.info.num_words
-        if self._bitmask is None or self._bitmask.shape[0] < len(requests):
-            self._bitmask = np.empty((max(len(requests), 8), words), dtype=np.int32)
-        bitmask = self._bitmask[:len(requests)]
+        bitmask_tensor = self._bitmasks.next(len(requests))
+        bitmask = bitmask_tensor.numpy()
         start = time.perf_counter()
         if self.row_workers is not None:
             self._build_missing_rows(rows)
@@ -173,7 +172,7 @@ class StructuredOutputManager:
         if eos_off:
             bitmask[np.ix_(eos_off, self._eos_words)] &= self._eos_keep
         self.mask_seconds += time.perf_counter() - start
-        return torch.from_numpy(bitmask)
+        return bitmask_tensor
 
     def _build_missing_rows(self, matchers) -> None:
         """Rows of the states the batch reached for the first time, built side by side in
@@ -270,3 +269,29 @@ def _eos_clearing(eos_token_ids, num_words: int) -> tuple[np.ndarray, np.ndarray
     words = np.asarray(sorted(keep), dtype=np.int64)
     masks = np.asarray([keep[w] for w in words], dtype=np.int64).astype(np.int32)
     return words, masks
+
+
+class _BitmaskBuffers:
+    """The host buffers ``fill_bitmask`` fills, two in turn, grown as batches grow.
+
+    With ``pin_memory`` (a CUDA engine) they are page-locked, so the sampler's upload is an
+    asynchronous copy straight from them, with no staging copy and no allocation a step.
+    A buffer is filled again two calls after it was handed out: by then the engine has
+    read the sampled ids of the step that uploaded it, so that upload is done."""
+
+    def __init__(self, num_words: int, pin_memory: bool):
+        self.num_words, self.pin_memory = num_words, pin_memory
+        self._buffers = [None, None]
+        self._turn = 0
+
+    def next(self, rows: int):
+        """An int32 tensor [rows, num_words] to fill (its contents are stale)."""
+        import torch
+        self._turn ^= 1
+        buffer = self._buffers[self._turn]
+        if buffer is None or buffer.shape[0] < rows:
+            buffer = torch.empty((max(rows, 8), self.num_words), dtype=torch.int32,
+                                 pin_memory=self.pin_memory)
+            self._buffers[self._turn] = buffer
+        return buffer[:rows]
+

@@ -50,6 +50,7 @@ def test_worker_rows_equal_in_process_rows(info, params):
     sets = [reference.dfa.sets[s] for s in states]
     fresh_states = [fresh.dfa.state_of_set(nfa_set) for nfa_set in sets]
     workers = RowWorkers(info, 2)
+    assert workers.wait_ready(60)
     try:
         workers.build(fresh, fresh_states)
         assert not workers.broken and workers.rows_built == len(states)
@@ -66,6 +67,7 @@ def test_a_dead_worker_falls_back_in_process(info):
     row = compiled.dfa.row(start)
     states = sorted({int(t) for t in row if t >= 0})[:2] + [start]
     workers = RowWorkers(info, 1)
+    assert workers.wait_ready(60)
     workers.build(compiled, states[:1])          # starts the worker
     workers._workers[0].process.kill()
     workers._workers[0].process.wait()
@@ -81,6 +83,7 @@ def test_rows_ahead_cover_the_neighbourhood_and_match(info):
     reference = compile_constraint(params, info)
     start = compiled.dfa.start
     workers = RowWorkers(info, 2)
+    assert workers.wait_ready(60)
     try:
         workers.expand(compiled, [start])
         deadline = time.monotonic() + 60
@@ -102,6 +105,7 @@ def test_workers_end_with_their_pool(info):
     import gc
     compiled = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,5}-[0-9]{1,5}"), info)
     workers = RowWorkers(info, 2)
+    assert workers.wait_ready(60)
     row = compiled.dfa.row(compiled.dfa.start)
     workers.build(compiled, sorted({int(t) for t in row if t >= 0})[:2])
     processes = [w.process for w in workers._workers]
@@ -117,6 +121,7 @@ def test_constraints_past_the_followed_ones_are_followed_again(info, monkeypatch
     first = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,4}"), info)
     second = compile_constraint(StructuredOutputsParams(regex=r"[0-9]{1,4}"), info)
     workers = RowWorkers(info, 1)
+    assert workers.wait_ready(60)
     try:
         for compiled in (first, second, first):   # first is dropped, then asked for again
             workers.expand(compiled, [compiled.dfa.start])
@@ -126,5 +131,46 @@ def test_constraints_past_the_followed_ones_are_followed_again(info, monkeypatch
             workers.poll()
             time.sleep(0.01)
         assert not workers.broken and workers.rows_ahead > 0
+    finally:
+        workers.close()
+
+
+def test_nothing_waits_for_workers_that_are_starting(info):
+    compiled = compile_constraint(StructuredOutputsParams(regex=r"[a-z]{1,5}-[0-9]{1,5}"), info)
+    states = sorted({int(t) for t in compiled.dfa.row(compiled.dfa.start) if t >= 0})[:2]
+    workers = RowWorkers(info, 1)
+    try:
+        started = time.monotonic()
+        workers.build(compiled, states)               # the worker is still importing
+        workers.expand(compiled, states)
+        workers.poll()
+        assert time.monotonic() - started < 0.5
+        assert workers.rows_built == 0 and not any(compiled.has_row(s) for s in states)
+        assert workers.wait_ready(60)
+        workers.build(compiled, states)
+        assert all(compiled.has_row(s) for s in states)
+    finally:
+        workers.close()
+
+
+def test_a_large_constraint_sent_to_a_worker_busy_sending_rows(info):
+    """The worker reads its pipe while it sends: a parent sending a large NFA to a worker
+    whose rows built ahead fill the pipe back (nobody polling) does not deadlock."""
+    import threading
+    busy = compile_constraint(StructuredOutputsParams(json=ITEMS), info)
+    words = [f"w{i:05d}x" for i in range(3000)]
+    large = compile_constraint(StructuredOutputsParams(choice=words), info)
+    workers = RowWorkers(info, 1)
+    assert workers.wait_ready(60)
+    states = sorted({int(t) for t in large.dfa.row(large.dfa.start) if t >= 0})[:2]
+    try:
+        workers.expand(busy, [busy.dfa.start])
+        time.sleep(3)                                 # rows ahead pile up, unread
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (workers.build(large, states), done.set()),
+                                  daemon=True)
+        thread.start()
+        assert done.wait(60), "the parent's send and the worker's send blocked each other"
+        assert all(large.has_row(s) for s in states)
     finally:
         workers.close()

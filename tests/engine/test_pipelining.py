@@ -126,8 +126,10 @@ def test_pipelined_grammars_with_row_workers_equal_sequential(tiny_checkpoint):
                              structured_outputs=StructuredOutputsParams(**specs[i % 3]))
               for i in range(len(prompts))]
     want, _ = _outputs(path, prompts, params, pipelined=False)
-    got, engine = _outputs(path, prompts, params, pipelined=True, gpu_runner=True,
-                           structured_outputs_workers=2)
+    engine = _engine(path, pipelined=True, gpu_runner=True, structured_outputs_workers=2)
+    assert engine._structured.row_workers.wait_ready(60), "made with the engine, started"
+    got = run_to_completion(engine, prompts, params)
+    _assert_clean(engine)
     _assert_same(got, want)
     assert engine._structured.row_workers.rows_built > 0, "the workers must have built rows"
     engine._structured.close()
