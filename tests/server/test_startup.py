@@ -27,14 +27,20 @@ def test_tamis_serve_on_a_busy_port_exits_at_once_naming_it():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        start = time.monotonic()
-        done = subprocess.run([str(tamis), "serve", "--port", str(port)], capture_output=True,
-                              text=True, timeout=60)
-        elapsed = time.monotonic() - start
+        elapsed, done = _timed([str(tamis), "serve", "--port", str(port)])
     assert done.returncode != 0
     assert f"port {port}" in done.stderr and "already in use" in done.stderr, done.stderr
-    assert "Loading" not in done.stderr and "serving" not in done.stderr   # no model load began
-    assert elapsed < 5, f"took {elapsed:.1f}s"
+    assert "KV cache" not in done.stderr and "serving" not in done.stderr   # no load began
+    # Within 5 s; on a busy machine, within twice what starting the CLI alone takes there
+    # (loading the model takes far longer than either).
+    cli_start, _ = _timed([str(tamis), "serve", "--help"])
+    assert elapsed < max(5.0, 2 * cli_start), f"took {elapsed:.1f}s (the CLI alone {cli_start:.1f}s)"
+
+
+def _timed(cmd: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return time.monotonic() - start, done
 
 
 def test_bind_names_an_address_it_cannot_use():
@@ -47,12 +53,12 @@ def app_of(smollm2_path):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
     engines = []
 
-    def make():
+    def make(api_key=None):
         engine = AsyncEngine(FakeEngine(tokenizer))
         engines.append(engine)
         ctx = ServerContext(engine=engine, tokenizer=tokenizer, model_names=["smol"],
                             max_model_len=256)
-        return build_app(ctx)
+        return build_app(ctx, api_key=api_key)
     yield make, engines
     for engine in engines:
         engine.shutdown()
@@ -116,9 +122,10 @@ def test_liveness_answers_while_the_model_loads_and_readiness_once_loaded(app_of
 
 def test_readiness_and_liveness_fail_once_the_engine_died(app_of):
     make, engines = app_of
-    app = make()
+    app = make(api_key="sk-probe")
     with _Running(LoadingGate(lambda: app, on_failure=lambda: None)) as running:
-        _poll(lambda: httpx.get(running.base + "/ready").status_code == 200)
+        _poll(lambda: httpx.get(running.base + "/ready").status_code == 200)   # no key needed
+        assert httpx.get(running.base + "/v1/models").status_code == 401
         engines[0].shutdown()
         for path in ("/health", "/ready"):
             r = httpx.get(running.base + path)
