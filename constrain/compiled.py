@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from .automaton import LazyDFA
+from .backend import Grammar
 from .matcher import RegexMatcher
 from .prefetch import OnceCache
 from .token_masks import allowed_tokens, pack_bits
 
 
-class CompiledRegex:
+class CompiledRegex(Grammar):
     """A regular constraint: one lazy DFA; mask rows cached per DFA state (EOS bits included
     for accepting states)."""
 

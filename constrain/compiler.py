@@ -1,6 +1,7 @@
 """Constraint compilation: ``StructuredOutputsParams`` -> compiled constraint, cached.
 
-``compile_constraint(params, info)`` dispatches on the kind:
+``compile_constraint(params, info)`` is tamis's own compiler (the ``tamis`` backend); it
+dispatches on the kind:
 
     choice       -> alternation of the exact strings           -> CompiledRegex
     regex        -> regex_parser                                -> CompiledRegex
@@ -8,8 +9,9 @@
     json_object  -> the "any JSON object" rules                 -> CompiledGrammar
     grammar      -> gbnf (a ``::=`` line) or lark               -> CompiledRegex | CompiledGrammar
 
-``ConstraintCompiler`` adds the cache keyed by (kind, spec, tokenizer), the thread pool and
-the time limit; compile errors are ``ConstraintError`` (a ``ValueError``) with the message.
+``ConstraintCompiler`` puts any ``Backend`` (``backend.py``) behind a thread pool, a cache
+keyed by the spec and a time limit; compile errors are ``ConstraintError`` (a ``ValueError``)
+with the message.
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from . import deadline
 from . import regex_ast as ra
+from .backend import Backend, Grammar
 from .compiled import CompiledRegex
-from .errors import ConstraintError, GrammarError
+from .errors import CompileTimeout, ConstraintError, GrammarError
 from .gbnf import is_gbnf, parse_gbnf
 from .structural_tag import compile_structural_tag
 from .grammar import build_grammar
@@ -35,7 +38,7 @@ from .regex_parser import parse_regex
 DEFAULT_TIME_LIMIT_S = 10.0
 
 
-def compile_constraint(params: StructuredOutputsParams, info):
+def compile_constraint(params: StructuredOutputsParams, info) -> Grammar:
     """Compiles one constraint now, in this thread (no cache, no time limit of its own).
     Raises ConstraintError for anything it cannot compile, a structure too deep for the
     recursive passes included (Python's recursion limit: a clear error, not a crash)."""
@@ -116,13 +119,17 @@ def _compile_grammar(text: str, info):
 
 
 class ConstraintCompiler:
-    """Thread pool + LRU cache + time limit around ``compile_constraint``.
+    """Thread pool + LRU cache + time limit around one ``Backend``.
 
-    ``submit(params, info) -> Future`` resolves to a compiled constraint or raises its
-    ``ConstraintError``; identical specs share one future (and one compilation)."""
+    ``submit(params) -> Future`` resolves to the backend's compiled constraint (a
+    ``Grammar``) or raises its ``ConstraintError``; identical specs share one future (and
+    one compilation). The time limit is the calling thread's ``deadline``: tamis's compiler
+    stops at it (``CompileTimeout``); another backend's native code cannot be interrupted,
+    and the manager's wall-clock limit fails a request whose compile never returns."""
 
-    def __init__(self, max_workers: int = 2, cache_size: int = 256,
+    def __init__(self, backend: Backend, max_workers: int = 2, cache_size: int = 256,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_S):
+        self.backend = backend
         self.time_limit_s = time_limit_s
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tamis-compile")
         self._cache: OrderedDict = OrderedDict()
@@ -133,30 +140,30 @@ class ConstraintCompiler:
         self.num_cache_hits = 0
         self.compile_seconds = 0.0
 
-    def submit(self, params: StructuredOutputsParams, info) -> Future:
-        key = (params.spec_key(), info.cache_key)
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        key = params.spec_key()
         with self._lock:
             future = self._cache.get(key)
             if future is not None:
                 self._cache.move_to_end(key)
                 self.num_cache_hits += 1
                 return future
-            future = self._pool.submit(self._compile, params, info)
+            future = self._pool.submit(self._compile, params)
             self._cache[key] = future
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         future.add_done_callback(lambda f, k=key: self._forget_failure(k, f))
         return future
 
-    def compile(self, params: StructuredOutputsParams, info):
+    def compile(self, params: StructuredOutputsParams) -> Grammar:
         """Blocking compile through the cache (raises the compile error)."""
-        return self.submit(params, info).result()
+        return self.submit(params).result()
 
-    def _compile(self, params, info):
+    def _compile(self, params: StructuredOutputsParams) -> Grammar:
         start = time.perf_counter()
         try:
             with deadline.deadline(self.time_limit_s):
-                return compile_constraint(params, info)
+                return self.backend.compile(params)
         finally:
             with self._lock:
                 self.num_compiles += 1
@@ -164,7 +171,6 @@ class ConstraintCompiler:
 
     def _forget_failure(self, key, future: Future) -> None:
         # timeouts are not cached: a later request may get a less busy machine
-        from .errors import CompileTimeout
         if isinstance(future.exception(), CompileTimeout):
             with self._lock:
                 if self._cache.get(key) is future:

@@ -23,15 +23,16 @@ import threading
 import numpy as np
 
 from .automaton import DEAD, LazyDFA
+from .backend import Grammar
 from .first_bytes import first_bytes
 from .grammar import GrammarSpec
-from .matcher import Matcher, write_row
+from .matcher import ByteMatcher, write_row
 from .prefetch import OnceCache, prefetch
 from .token_masks import pack_bits
 from .token_walk import allowed, walk
 
 
-class CompiledGrammar:
+class CompiledGrammar(Grammar):
     kind = "grammar"
 
     def __init__(self, spec: GrammarSpec, info, description: str = ""):
@@ -221,7 +222,7 @@ class _LazyList:
         return item
 
 
-class GrammarMatcher(Matcher):
+class GrammarMatcher(ByteMatcher):
     def __init__(self, compiled: CompiledGrammar):
         self.compiled = compiled
         self.info = compiled.info

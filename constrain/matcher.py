@@ -1,20 +1,21 @@
-"""Per-request matchers over a compiled constraint.
+"""tamis's own matchers (the ``Matcher`` protocol of ``backend.py``) over a compiled regex;
+``ByteMatcher``, their common base, also serves ``grammar_matcher.GrammarMatcher``.
 
-Contract (every matcher)::
+Beyond the protocol, tamis's matchers walk bytes::
 
-    fill_bitmask(bitmask, row)  writes row ``row`` of an int32 [batch, ceil(V/32)] tensor or
-                                array: bit set = token allowed; EOS bits only when complete
-    accept(token_id) -> bool    advances; False (state unchanged) if the token violates
-    rollback(n)                 undoes the last n accepted tokens (speculative decoding)
-    is_terminated()             True once EOS was accepted, or when complete and nothing but
-                                EOS can follow
-    jump_forward() -> str|None  the text the constraint forces next, if any (not consumed)
+    accept_bytes(data) -> bool  advances over raw bytes (tests, the bench); False = rejected,
+                                state unchanged
+    forced_bytes(limit)         the bytes the constraint forces next (whence ``jump_forward``)
+    warm()                      builds the current state's mask ahead (``prefetch.py``)
 """
 from __future__ import annotations
+
+from abc import abstractmethod
 
 import numpy as np
 
 from .automaton import DEAD
+from .backend import Matcher
 from .prefetch import prefetch
 
 
@@ -36,41 +37,29 @@ def decodable_prefix(data: bytes) -> str:
     return ""
 
 
-class Matcher:
-    def fill_bitmask(self, bitmask, row: int) -> None:
-        raise NotImplementedError
+class ByteMatcher(Matcher):
+    """A matcher that walks bytes: ``jump_forward`` is the decodable prefix of the forced
+    bytes."""
 
+    def jump_forward(self) -> str | None:
+        return decodable_prefix(self.forced_bytes()) or None
+
+    @abstractmethod
+    def forced_bytes(self, limit: int = 256) -> bytes:
+        """The bytes every continuation starts with (at most ``limit``), until the text could
+        be complete."""
+
+    @abstractmethod
+    def accept_bytes(self, data: bytes) -> bool:
+        """Advances over raw bytes; False = rejected, state unchanged."""
+
+    @abstractmethod
     def warm(self) -> None:
         """Builds (and caches) the mask of the current state without writing it anywhere:
         the prefetch worker's job (``prefetch.py``); reads shared caches only."""
 
-    def accept(self, token_id: int) -> bool:
-        raise NotImplementedError
 
-    def rollback(self, n: int) -> None:
-        raise NotImplementedError
-
-    def is_terminated(self) -> bool:
-        raise NotImplementedError
-
-    def is_complete(self) -> bool:
-        """True if the text so far is a complete match (EOS would be accepted now)."""
-        raise NotImplementedError
-
-    def jump_forward(self) -> str | None:
-        data = self.forced_bytes()
-        text = decodable_prefix(data)
-        return text or None
-
-    def forced_bytes(self, limit: int = 256) -> bytes:
-        return b""
-
-    def accept_bytes(self, data: bytes) -> bool:
-        """Advances over raw bytes (tests and jump-forward); False = rejected, state unchanged."""
-        raise NotImplementedError
-
-
-class RegexMatcher(Matcher):
+class RegexMatcher(ByteMatcher):
     """Matcher over a ``CompiledRegex`` (regex, choice, regular JSON schemas)."""
 
     def __init__(self, compiled):

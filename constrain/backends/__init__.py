@@ -4,17 +4,18 @@
     "xgrammar"          xgrammar, when installed (optional yardstick)
     "llguidance"        llguidance, when installed (optional yardstick); "guidance" as vLLM names it
 
-A backend is built once per tokenizer: ``load_backend(name, tokenizer, vocab_size, info)``;
-``backend.compile(params)`` returns a compiled constraint whose ``matcher()`` follows the
-contract of ``constrain/matcher.py`` (fill_bitmask / accept / rollback / is_terminated /
-is_complete / jump_forward, plus ``finished`` = EOS accepted). Compile errors are
-``ConstraintError`` naming the backend. ``make_compiler`` wraps a backend in the thread pool
-and cache of ``ConstraintCompiler`` (what the engine's manager uses).
+Each is a ``Backend`` (``constrain/backend.py``), built once per tokenizer:
+``load_backend(name, tokenizer, vocab_size, info)``; ``backend.compile(params)`` returns a
+``Grammar`` whose ``matcher()`` is a ``Matcher``. Compile errors are ``ConstraintError``
+naming the backend. ``make_compiler`` puts the named backend behind ``ConstraintCompiler``'s
+thread pool, cache and time limit (what the engine's manager uses), tamis's own like the
+others.
 """
 from __future__ import annotations
 
 import importlib.util
 
+from ..backend import Backend
 from ..errors import ConstraintError
 
 BACKENDS = ("tamis", "xgrammar", "llguidance")
@@ -45,8 +46,8 @@ def check_installed(name: str) -> str:
     return name
 
 
-def load_backend(name: str, tokenizer, vocab_size: int, info):
-    """The backend object for ``name`` over this tokenizer (``info``: tamis's TokenizerInfo)."""
+def load_backend(name: str, tokenizer, vocab_size: int, info) -> Backend:
+    """The backend ``name`` over this tokenizer (``info``: tamis's TokenizerInfo)."""
     name = check_installed(name)
     if name == "xgrammar":
         from .xgrammar_backend import XGrammarBackend
@@ -59,12 +60,9 @@ def load_backend(name: str, tokenizer, vocab_size: int, info):
 
 
 def make_compiler(name: str, tokenizer, vocab_size: int, info, time_limit_s: float):
-    """A ``ConstraintCompiler`` (submit/compile/counters/shutdown) for the named backend."""
+    """A ``ConstraintCompiler`` (submit/compile/counters/shutdown) over the named backend."""
     from ..compiler import ConstraintCompiler
-    if resolve_name(name) == "tamis":
-        return ConstraintCompiler(time_limit_s=time_limit_s)
-    from .pool import BackendCompiler
-    return BackendCompiler(load_backend(name, tokenizer, vocab_size, info), time_limit_s=time_limit_s)
+    return ConstraintCompiler(load_backend(name, tokenizer, vocab_size, info), time_limit_s=time_limit_s)
 
 
 __all__ = ["BACKENDS", "CHOICES", "ConstraintError", "resolve_name", "is_installed",

@@ -10,13 +10,14 @@ EOS on a stopped matcher as accepted, and so does this adapter (``finished`` bec
 """
 from __future__ import annotations
 
+from ..backend import Backend, Grammar, Matcher
 from ..errors import ConstraintError
-from ..matcher import Matcher
+from ..matcher import decodable_prefix
 from ..params import StructuredOutputsParams
 from .common import clear_row, row_address, schema_of
 
 
-class LLGuidanceBackend:
+class LLGuidanceBackend(Backend):
     name = "llguidance"
 
     def __init__(self, tokenizer, vocab_size: int, info):
@@ -45,6 +46,7 @@ class LLGuidanceBackend:
         raise ConstraintError(f"structured_outputs.{kind} is not supported by the llguidance backend")
 
     def compile(self, params: StructuredOutputsParams) -> "LLGuidanceCompiled":
+        params.validate()
         kind = params.kind
         try:
             grammar = self.grammar(params)
@@ -60,7 +62,7 @@ class LLGuidanceBackend:
         return LLGuidanceCompiled(template, self)
 
 
-class LLGuidanceCompiled:
+class LLGuidanceCompiled(Grammar):
     kind = "llguidance"
 
     def __init__(self, template, backend: LLGuidanceBackend):
@@ -72,7 +74,7 @@ class LLGuidanceCompiled:
 
 
 class LLGuidanceMatcher(Matcher):
-    """tamis's matcher contract over ``llguidance.LLMatcher``.
+    """The ``Matcher`` protocol over ``llguidance.LLMatcher``.
 
     ``_steps`` records, per accepted token, whether llguidance consumed it (False: an EOS
     accepted on a stopped matcher, which llguidance never saw) so ``rollback`` stays exact."""
@@ -122,8 +124,5 @@ class LLGuidanceMatcher(Matcher):
     def is_terminated(self) -> bool:
         return self.finished or (self.m.is_stopped() and self.m.is_accepting())
 
-    def forced_bytes(self, limit: int = 256) -> bytes:
-        return bytes(self.m.compute_ff_bytes())[:limit]
-
-    def accept_bytes(self, data: bytes) -> bool:
-        raise NotImplementedError("the llguidance adapter advances by tokens only")
+    def jump_forward(self) -> str | None:
+        return decodable_prefix(bytes(self.m.compute_ff_bytes())[:256]) or None

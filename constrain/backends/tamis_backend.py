@@ -1,16 +1,16 @@
-"""tamis's own constraint compiler as a backend object (the interface the others follow)."""
+"""tamis's own constraint compiler as a ``Backend`` (``compiler.compile_constraint``)."""
 from __future__ import annotations
 
+from ..backend import Backend, Grammar
 from ..compiler import compile_constraint
 from ..params import StructuredOutputsParams
 
 
-class TamisBackend:
+class TamisBackend(Backend):
     name = "tamis"
 
     def __init__(self, info):
         self.info = info
 
-    def compile(self, params: StructuredOutputsParams):
-        """Compiled constraint with ``matcher()``; ``ConstraintError`` if it cannot be compiled."""
+    def compile(self, params: StructuredOutputsParams) -> Grammar:
         return compile_constraint(params, self.info)

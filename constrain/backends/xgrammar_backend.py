@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import re
 
+from ..backend import Backend, Grammar, Matcher
 from ..errors import ConstraintError
 from ..gbnf import is_gbnf
-from ..matcher import Matcher
 from ..params import StructuredOutputsParams
 from .common import clear_row, schema_of
 
 
-class XGrammarBackend:
+class XGrammarBackend(Backend):
     name = "xgrammar"
 
     def __init__(self, tokenizer, vocab_size: int, info, max_threads: int = 1):
@@ -35,6 +35,7 @@ class XGrammarBackend:
                                             cache_enabled=False)
 
     def compile(self, params: StructuredOutputsParams) -> "XGrammarCompiled":
+        params.validate()
         kind = params.kind
         try:
             compiled = self._compile(params, kind)
@@ -69,7 +70,7 @@ class XGrammarBackend:
         raise ConstraintError(f"structured_outputs.{kind} is not supported by the xgrammar backend")
 
 
-class XGrammarCompiled:
+class XGrammarCompiled(Grammar):
     kind = "xgrammar"
 
     def __init__(self, compiled, backend: XGrammarBackend):
@@ -81,7 +82,7 @@ class XGrammarCompiled:
 
 
 class XGrammarMatcher(Matcher):
-    """tamis's matcher contract over ``xgrammar.GrammarMatcher`` (EOS = the stop token)."""
+    """The ``Matcher`` protocol over ``xgrammar.GrammarMatcher`` (EOS = the stop token)."""
 
     def __init__(self, matcher, backend: XGrammarBackend):
         self.m = matcher
@@ -124,9 +125,3 @@ class XGrammarMatcher(Matcher):
 
     def jump_forward(self) -> str | None:
         return self.m.find_jump_forward_string() or None
-
-    def forced_bytes(self, limit: int = 256) -> bytes:
-        return self.m.find_jump_forward_string().encode("utf-8")[:limit]
-
-    def accept_bytes(self, data: bytes) -> bool:
-        return bool(self.m.accept_string(data))

@@ -7,6 +7,7 @@ import pytest
 from conformance import smollm2
 from tamis.constrain import (CompileTimeout, ConstraintCompiler, ConstraintError, RegexError,
                              SchemaError, StructuredOutputsParams, compile_constraint)
+from tamis.constrain.backends.tamis_backend import TamisBackend
 
 
 def _compile(**kwargs):
@@ -84,20 +85,20 @@ def test_huge_repetition_is_refused():
 
 
 def test_time_limit_fails_the_compile_not_the_process():
-    compiler = ConstraintCompiler(time_limit_s=0.001)
+    compiler = ConstraintCompiler(TamisBackend(smollm2()[1]), time_limit_s=0.001)
     params = StructuredOutputsParams(regex="(a|b|c|d){1,3000}x{1,3000}")
-    future = compiler.submit(params, smollm2()[1])
+    future = compiler.submit(params)
     with pytest.raises((CompileTimeout, ConstraintError)):
         future.result(timeout=30)
-    ok = compiler.submit(StructuredOutputsParams(regex="ok"), smollm2()[1]).result(timeout=30)
+    ok = compiler.submit(StructuredOutputsParams(regex="ok")).result(timeout=30)
     assert ok.matcher().accept_bytes(b"ok")
     compiler.shutdown()
 
 
 def test_an_enum_of_ten_thousand_strings_compiles_within_the_limit():
     values = [f"value-{i}" for i in range(10_000)]
-    compiler = ConstraintCompiler(time_limit_s=10.0)
-    compiled = compiler.submit(StructuredOutputsParams(json={"enum": values}), smollm2()[1]).result()
+    compiler = ConstraintCompiler(TamisBackend(smollm2()[1]), time_limit_s=10.0)
+    compiled = compiler.submit(StructuredOutputsParams(json={"enum": values})).result()
     for text, ok in [('"value-9999"', True), ('"value-0"', True), ('"value-10000"', False)]:
         matcher = compiled.matcher()
         assert (matcher.accept_bytes(text.encode()) and matcher.is_complete()) == ok, text

@@ -20,7 +20,7 @@ def test_compile_cache_and_mask_counters_move(smollm2_path):
     first, second = _request("a", ["yes", "no"]), _request("b", ["yes", "no"])
     manager.add_request(first)
     manager.add_request(second)            # same spec: served from the compile cache
-    manager.compiler.compile(StructuredOutputsParams(choice=["yes", "no"]), manager.info)
+    manager.compiler.compile(StructuredOutputsParams(choice=["yes", "no"]))
     assert manager.is_ready(first) and manager.is_ready(second)
     assert manager.fill_bitmask([first, second]) is not None
 
