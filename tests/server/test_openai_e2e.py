@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,58 +13,17 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+from live_server import live_server
 from openapi_check import validate
 
 KEY = "sk-tamis-e2e"
 CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    # One torch thread: on a shared 2-core runner two threads spin against each other.
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, "-m", "tamis.cli", "serve", "--port", str(port), "--api-key", KEY,
-           "--served-model-name", "smol", "--max-model-len", "2048", "--seed", "0",
-           "--log-level", "info"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(base, proc, log_path)
+    with live_server(tmp_path_factory.mktemp("serve"), KEY) as base:
         yield base
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = "killed"
-        print(f"server exited with {code}; log tail:\n{log_path.read_text()[-3000:]}")
-    # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit -15).
-    assert code in (0, -signal.SIGTERM), f"tamis serve exited with {code}"
-    assert "Application shutdown complete" in log_path.read_text()
-
-
-def _wait_healthy(base, proc, log_path, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tamis serve exited early:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"tamis serve not healthy after {timeout}s:\n{log_path.read_text()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -414,7 +368,7 @@ def test_50_disconnects_free_everything(server):
                                      limits=httpx.Limits(max_connections=100)) as http:
             await asyncio.gather(*(leave_early(http, i) for i in range(50)))
 
-    aborted = 'tamis:request_success_total{finished_reason="abort",model_name="smol"}'
+    aborted = 'tamis:request_success_total{engine="0",finished_reason="abort",model_name="smol"}'
     before = _series(server, aborted)
     asyncio.run(main())
     deadline = time.monotonic() + 30
@@ -435,7 +389,7 @@ def test_50_disconnects_free_everything(server):
 
 
 def test_nonstreaming_client_that_leaves_is_aborted(server):
-    aborted = 'tamis:request_success_total{finished_reason="abort",model_name="smol"}'
+    aborted = 'tamis:request_success_total{engine="0",finished_reason="abort",model_name="smol"}'
     before = _series(server, aborted)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server + "/v1/completions", timeout=2,
