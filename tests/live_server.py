@@ -4,7 +4,8 @@
 port, yields its base URL (``http://127.0.0.1:PORT``) once ``/v1/models`` answers (the model
 is loaded: ``/health`` alone may answer while it loads), then stops it with SIGTERM and
 asserts a clean shutdown. The server's log is ``log_dir / "serve.log"``; its tail is printed
-on exit and quoted when the server fails to come up.
+on exit and quoted when the server fails to come up. ``server_fixture(scope, api_key)``
+makes a pytest fixture ``server`` of it, one server per ``scope``.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import pytest
 
 MODEL_NAME = "smol"
 
@@ -50,6 +52,14 @@ def live_server(log_dir: Path, api_key: str, timeout: float = 180) -> Iterator[s
     # uvicorn re-raises the captured SIGTERM after its graceful shutdown (exit -15).
     assert code in (0, -signal.SIGTERM), f"tamis serve exited with {code}"
     assert "Application shutdown complete" in log_path.read_text()
+
+
+def server_fixture(scope: str, api_key: str):
+    @pytest.fixture(scope=scope, name="server")
+    def server(tmp_path_factory):
+        with live_server(tmp_path_factory.mktemp("serve"), api_key) as base:
+            yield base
+    return server
 
 
 def _stop(proc: subprocess.Popen) -> int | str:

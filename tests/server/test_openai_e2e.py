@@ -13,17 +13,14 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from live_server import live_server
+from live_server import server_fixture
 from openapi_check import validate
 
 KEY = "sk-tamis-e2e"
 CHAT = [{"role": "user", "content": "Name a colour."}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with live_server(tmp_path_factory.mktemp("serve"), KEY) as base:
-        yield base
+server = server_fixture("module", KEY)
 
 
 @pytest.fixture(scope="module")
