@@ -7,9 +7,9 @@
     python bench/bench_quant.py gemm [--kernel FAMILY] [--sweep] [--eager] [--ms 1 4 16 ...]
                                      [--rotate N]
         W4A16 (group 128; a bf16 layer whose kernel is chosen as at load, or forced with
-        --kernel interleaved | canonical | reference) and FP8 (per-channel weights; W8A16 GEMV for M <= 4, per-token
-        dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes for M = 1, 4, 16, 64, 256,
-        2048 against bf16 F.linear, timed by CUDA-graph replay (--eager: CUDA events on
+        --kernel interleaved | canonical | reference) and FP8 (per-channel weights; W8A16
+        GEMV for M <= 4, per-token dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes
+        for M = 1, 4, 16, 64, 256, 2048 against bf16 F.linear, timed by CUDA-graph replay (--eager: CUDA events on
         eager calls), median of repeats; each result is checked against its reference
         first. --sweep also times grids of W4A16 and FP8-GEMV tile configs and prints the
         best per cell. --rotate N cycles the timed calls through N copies of each weight
@@ -306,19 +306,6 @@ def bf16_weight(k: int, n: int) -> torch.Tensor:
     return (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
 
 
-def interleaved_layer(k: int, n: int, copies: int) -> tuple[torch.Tensor, list[tuple]]:
-    """A layer as the W4A16 row and tile benchmarks draw it: (its dequantized weight
-    [K, N] fp32, ``copies`` copies of (bf16 weight, ``mma_pack``'d words, scales, zero
-    points)), drawn in one fixed order so that every script sees the same operands."""
-    from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack
-    weight = bf16_weight(k, n)
-    qweight, scales, zeros = w4a16_operands(k, n)
-    packed = mma_pack(qweight, k)
-    ref_weight = w4a16.dequantize_wna16(qweight, scales, zeros, 128, 4, k)
-    return ref_weight, weight_copies((weight, packed, scales, zeros), copies)
-
-
 W4A16_KERNELS = ("chosen", "interleaved", "canonical", "reference")
 
 
@@ -336,10 +323,7 @@ def w4a16_layer(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor
     finalize_wna16(layer, unpack_int32(qweight, 4, 0, k), scales, zeros, group, 4,
                    act_dtype=torch.bfloat16)
     if kernel != "chosen":
-        family = {"interleaved": wna16_kernels.InterleavedWordsKernel,
-                  "canonical": wna16_kernels.CanonicalWordsKernel,
-                  "reference": wna16_kernels.ReferenceKernel}[kernel]
-        select_wna16_kernel(layer, torch.bfloat16, family)
+        select_wna16_kernel(layer, torch.bfloat16, wna16_kernels.FAMILIES[kernel])
     return layer
 
 
@@ -355,10 +339,10 @@ def w4a16_operands(k: int, n: int, group: int = 128):
 def sweep_configs(m: int, n: int, k: int):
     """W4A16 candidates around the defaults (the grids that chose them are in
     bench/results/quant.md): packed-PTX GEMV tiles and the fp32 GEMV's default at M = 1,
-    the GEMV against the 16-row tl.dot at M = 2..4, tl.dot against dequantize + cuBLAS
+    16-row tl.dot tiles at M = 2..4, tl.dot against dequantize + cuBLAS
     ("dequant") above."""
     from tamis.kernels.w4a16 import GemmConfig, pick_config
-    from tamis.kernels.w4a16_gemv import GEMV_MAX_M, GemvConfig
+    from tamis.kernels.w4a16_gemv import GemvConfig
     from tamis.kernels.w4a16_gemv_packed import PackedGemvConfig
     if m == 1:
         return [GemvConfig(128, 32, 4 if n > 128 * 132 else 8)] + [
@@ -368,9 +352,8 @@ def sweep_configs(m: int, n: int, k: int):
                 (256, 16, 8, (8, 16), (False,)), (512, 8, 4, (8, 16), (False,)),
                 (64, 16, 2, (16, 32), (False,)))
             for sk in sks for pf in pfs]
-    if m <= GEMV_MAX_M:
-        return [GemvConfig(64, 8, 4)] + [GemmConfig(16, 64, 128, sk, 4, 4, True)
-                                         for sk in (2, 4, 8)]
+    if m <= 4:
+        return [GemmConfig(16, 64, 128, sk, 4, 4, True) for sk in (2, 4, 8)]
     return [pick_config(m, n, k, 128), "dequant"]
 
 

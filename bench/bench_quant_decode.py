@@ -46,11 +46,14 @@ from subprocess_runs import run_each  # noqa: E402
 G128 = {"bits": 4, "group_size": 128}
 CT_INT4 = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 128,
            "symmetric": True}
-W4A16_METHODS = ("awq", "gptq", "gptq-act-order", "ct-w4a16")
+W4A16_METHODS = ("awq", "awq-g32", "gptq", "gptq-act-order", "ct-w4a16")
 W4A16_KERNELS = ("chosen", "interleaved", "canonical")
 METHODS = {  # name -> (config.json quantization_config, LLM(quantization=...))
     "bf16": (None, None),
     "awq": ({"quant_method": "awq", **G128, "zero_point": True, "version": "gemm"}, None),
+    # 32-row groups: the layers the TMA wgmma kernel does not take (the cp.async one does)
+    "awq-g32": ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+                 "version": "gemm"}, None),
     "gptq": ({"quant_method": "gptq", **G128, "desc_act": False}, None),
     "gptq-act-order": ({"quant_method": "gptq", **G128, "desc_act": True}, None),
     "fp8": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None),
@@ -94,9 +97,7 @@ def kernel_family(name: str):
     if name == "chosen":
         return contextlib.nullcontext()
     from tamis.quant import wna16_kernels
-    family = {"interleaved": wna16_kernels.InterleavedWordsKernel,
-              "canonical": wna16_kernels.CanonicalWordsKernel}[name]
-    return wna16_kernels.only_kernels(family)
+    return wna16_kernels.only_kernels(wna16_kernels.FAMILIES[name])
 
 
 def run_method(args) -> dict:

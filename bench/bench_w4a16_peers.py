@@ -1,5 +1,6 @@
 """W4A16 GEMMs at Llama-3.1-8B layer shapes against vLLM's own W4A16 kernels on one Hopper
-GPU, in one process: bf16 ``F.linear``, tamis's ``w4a16_gemm``, Marlin with integer zero
+GPU, in one process: bf16 ``F.linear``, tamis's W4A16 kernel as a bf16 model's layer gets
+it at load (``tamis.quant.wna16_kernels``), Marlin with integer zero
 points (vLLM's AWQ kernel before Hopper and its fallback), Marlin symmetric (GPTQ ``sym:
 true``, codes offset by 8, no zero points: Marlin's lightest path) and Machete with zero
 points (vLLM 0.26's first choice on Hopper for AWQ, GPTQ and compressed-tensors W4A16: its
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import (bf16_weight, cycling, graph_time, parse_shapes,  # noqa: E402
-                         relative_error, start_on_gpu, w4a16_operands, weight_copies)
+                         relative_error, start_on_gpu, w4a16_layer, w4a16_operands,
+                         weight_copies)
 
 GROUP = 128
 COPIES = 16
@@ -59,9 +61,8 @@ def marlin_zero_points(zeros: torch.Tensor) -> torch.Tensor:
 
 class Layer:
     """One random 4-bit group-128 layer [K, N]: words packed along K, fp16 scales, integer
-    zero points, and the bf16 weight bf16 ``F.linear`` reads (drawn as
-    ``bench_quant.interleaved_layer`` draws them, so the operands are the other W4A16
-    scripts')."""
+    zero points, and the bf16 weight bf16 ``F.linear`` reads (drawn as ``bench_quant``
+    draws them)."""
 
     def __init__(self, k: int, n: int):
         self.k, self.n = k, n
@@ -75,12 +76,15 @@ class Layer:
 
 
 def tamis_kernel(layer: Layer):
-    from tamis.kernels import w4a16
-    from tamis.kernels.w4a16_mma import mma_pack
-    operands = (mma_pack(layer.qweight, layer.k), layer.scales, layer.zeros)
+    """The kernel a bf16 model's layer gets at load, on the words it re-packed them to."""
+    loaded = w4a16_layer(layer.qweight, layer.scales, layer.zeros, group=GROUP)
+    kernel = loaded.wna16_kernel
+    operands = (loaded.wna16_qweight, loaded.wna16_scales, loaded.wna16_zeros)
     reference = layer.dequantized(layer.zeros, layer.scales)
-    return reference, operands, lambda x, p, s, z: w4a16.w4a16_gemm(x, p, s, z, GROUP,
-                                                                    interleaved=True)
+
+    def run(x, words, scales, zeros):
+        return kernel.launchers[kernel.route(x.shape[0])](x, words, scales, zeros, GROUP)
+    return reference, operands, run
 
 
 def marlin_kernel(layer: Layer, ops, scalar_types, symmetric: bool):

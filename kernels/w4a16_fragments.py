@@ -254,9 +254,9 @@ if gluon is not None:
 
     @gluon.jit
     def store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn, out_mask,
-                     stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr,
-                     LAST_SPLIT_REDUCES: gl.constexpr = 0, LINEAR_PARTIALS: gl.constexpr = False,
-                     NUM_WARPS: gl.constexpr = 4):
+                    stride_om, M, N, pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT: gl.constexpr,
+                    LAST_SPLIT_REDUCES: gl.constexpr = 0, LINEAR_PARTIALS: gl.constexpr = False,
+                    NUM_WARPS: gl.constexpr = 4):
         """Store acc (out^T: [columns, rows]) as bf16 out[rows, columns]; with split K,
         through fp32 partials in part_ptr [SPLIT, M, N] and one counter per row block x
         column block (grid axis 0 the column blocks), summed in split order.
@@ -277,7 +277,7 @@ if gluon is not None:
                     # Rows of x in the next wgmma size (128): pointers formed after the
                     # sum; held across it, [BN, BM] 64-bit pointers took the tile from
                     # 174 to 216 registers (sm_90 builds). Narrower tiles keep the
-                    # placement their H200 timings were taken with.
+                    # placement their timings were taken with.
                     out_ptrs = out_ptr
                 _reduce_linear_at_last_split(acc, out_ptrs, offs_cm, offs_cn, stride_om,
                                              part_ptr + tile * (LAST_SPLIT_REDUCES * size),

@@ -1,4 +1,4 @@
-"""W4A16 / W8A16 GEMV for decode (M <= ``GEMV_MAX_M``) on the layout of
+"""W4A16 / W8A16 GEMV for one row of x (decode at batch 1) on the layout of
 ``tamis.kernels.w4a16`` (int32 words packed along K, per-group scales and zero points).
 
 No tensor cores: each program streams a [BLOCK_KW, BLOCK_N] tile of packed words (each
@@ -21,7 +21,7 @@ from tamis.kernels.splitk import even_split, sm_count, split_buffers
 try:
     import triton
     import triton.language as tl
-    from tamis.kernels.gemv import row_sums, sum_at_arrival
+    from tamis.kernels.gemv import sum_at_arrival
 except ImportError:  # CPU-only installs without triton
     triton = None
 
@@ -35,22 +35,17 @@ class GemvConfig:
     num_stages: int = 3
 
 
-GEMV_MAX_M = 4      # rows the GEMV kernel takes
-
-
-def pick_gemv_config(m: int, n: int, k: int, bits: int, num_sms: int = 132) -> GemvConfig:
-    """GEMV tiles, the fastest of the sweeps (bench/results/quant.md): M = 1 streams 128 columns x 32 word rows per step
-    with 8 K splits (4 once N alone gives more than one column block per SM); more rows
-    take thinner 64 x 8 tiles (fewer live registers per row)."""
-    if m > 1:
-        return GemvConfig(64, 8, 4)
+def pick_gemv_config(n: int, k: int, bits: int, num_sms: int = 132) -> GemvConfig:
+    """GEMV tiles, the fastest of the sweeps (bench/results/quant.md): 128 columns x 32
+    word rows per step with 8 K splits (4 once N alone gives more than one column block
+    per SM)."""
     blocks = -(-n // 128)
     return GemvConfig(128, 32, 8 if blocks < num_sms else 4)
 
 
-def gemv_supported(m: int, k: int, group_size: int, bits: int) -> bool:
-    """The GEMV handles M <= GEMV_MAX_M and groups made of whole words (or one group)."""
-    return m <= GEMV_MAX_M and (group_size % (32 // bits) == 0 or group_size >= k)
+def gemv_supported(k: int, group_size: int, bits: int) -> bool:
+    """The GEMV handles groups made of whole words (or one group for all of K)."""
+    return group_size % (32 // bits) == 0 or group_size >= k
 
 
 if triton is not None:
@@ -58,10 +53,9 @@ if triton is not None:
     @triton.jit
     def _wna16_gemv_kernel(
         x_ptr, qw_ptr, s_ptr, z_ptr, out_ptr, part_ptr, count_ptr,
-        M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
+        N, K, K_SPLIT, stride_qk, stride_sg,
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, ROW_GROUPS: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
-        SPLIT, HAS_SPLIT: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, SPLIT, HAS_SPLIT: tl.constexpr,
     ):
         PACK: tl.constexpr = 32 // BITS
         BLOCK_K: tl.constexpr = BLOCK_KW * PACK
@@ -73,12 +67,7 @@ if triton is not None:
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask_n = offs_n < N
         offs_w = tl.arange(0, BLOCK_KW)
-        m_w = tl.zeros((BLOCK_KW,), dtype=tl.int32) + M  # M as tensors: row masks
-        m_n = tl.zeros((BLOCK_N,), dtype=tl.int32) + M
-        acc0 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-        acc1 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-        acc2 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-        acc3 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
         k_lo = pid_k * K_SPLIT
         k_hi = tl.minimum(k_lo + K_SPLIT, K)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -98,16 +87,8 @@ if triton is not None:
                             other=0.0).to(tl.float32)[None, :]
                 z = tl.load(z_ptr + g * stride_sg + offs_n, mask=mask_n,
                             other=0.0).to(tl.float32)[None, :]
-            a = s * LEVELS
-            b = (z + LEVELS) * s
-            p0 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-            p1 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-            p2 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-            p3 = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
-            sx0 = tl.zeros((BLOCK_KW,), dtype=tl.float32)
-            sx1 = tl.zeros((BLOCK_KW,), dtype=tl.float32)
-            sx2 = tl.zeros((BLOCK_KW,), dtype=tl.float32)
-            sx3 = tl.zeros((BLOCK_KW,), dtype=tl.float32)
+            products = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
+            x_sums = tl.zeros((BLOCK_KW,), dtype=tl.float32)
             for j in tl.static_range(PACK):
                 # value j of each word -> the top mantissa bits of 1.0: w = 1 + q / LEVELS
                 if 23 - BITS - BITS * j >= 0:
@@ -116,72 +97,45 @@ if triton is not None:
                     v = words >> (BITS * j + BITS - 23)
                 w = ((v & CODE_BITS) | ONE).to(tl.float32, bitcast=True)
                 xk = k0 + offs_w * PACK + j
-                xmask = xk < k_hi
-                x0 = tl.load(x_ptr + xk, mask=xmask, other=0.0).to(tl.float32)
-                p0 += w * x0[:, None]
-                sx0 += x0
-                if BLOCK_M > 1:
-                    x1 = tl.load(x_ptr + stride_xm + xk, mask=xmask & (m_w > 1),
-                                 other=0.0).to(tl.float32)
-                    p1 += w * x1[:, None]
-                    sx1 += x1
-                if BLOCK_M > 2:
-                    x2 = tl.load(x_ptr + 2 * stride_xm + xk, mask=xmask & (m_w > 2),
-                                 other=0.0).to(tl.float32)
-                    p2 += w * x2[:, None]
-                    sx2 += x2
-                if BLOCK_M > 3:
-                    x3 = tl.load(x_ptr + 3 * stride_xm + xk, mask=xmask & (m_w > 3),
-                                 other=0.0).to(tl.float32)
-                    p3 += w * x3[:, None]
-                    sx3 += x3
-            acc0 += p0 * a - sx0[:, None] * b
-            if BLOCK_M > 1:
-                acc1 += p1 * a - sx1[:, None] * b
-            if BLOCK_M > 2:
-                acc2 += p2 * a - sx2[:, None] * b
-            if BLOCK_M > 3:
-                acc3 += p3 * a - sx3[:, None] * b
-        # Epilogue: one row at a time (M <= 4), straight to out or through the partials.
-        for m in tl.static_range(BLOCK_M):
-            col = row_sums(acc0, acc1, acc2, acc3, m, 0)
-            if not HAS_SPLIT:
-                tl.store(out_ptr + m * stride_om + offs_n, col.to(out_ptr.dtype.element_ty),
-                         mask=mask_n & (m_n > m))
-            else:
-                tl.store(part_ptr + (pid_k * BLOCK_M + m) * N + offs_n, col, mask=mask_n)
-        if HAS_SPLIT:
-            sum_at_arrival(part_ptr, out_ptr, count_ptr + pid_n, offs_n, mask_n, m_n, N,
-                           stride_om, 1.0, SPLIT, BLOCK_M, BLOCK_N)
+                xj = tl.load(x_ptr + xk, mask=xk < k_hi, other=0.0).to(tl.float32)
+                products += w * xj[:, None]
+                x_sums += xj
+            acc += products * (s * LEVELS) - x_sums[:, None] * ((z + LEVELS) * s)
+        col = tl.sum(acc, axis=0)
+        if not HAS_SPLIT:
+            tl.store(out_ptr + offs_n, col.to(out_ptr.dtype.element_ty), mask=mask_n)
+        else:
+            tl.store(part_ptr + pid_k * N + offs_n, col, mask=mask_n)
+            one_row = tl.full((BLOCK_N,), 1, dtype=tl.int32)
+            sum_at_arrival(part_ptr, out_ptr, count_ptr + pid_n, offs_n, mask_n, one_row, N,
+                           0, 1.0, SPLIT, 1, BLOCK_N)
 
 
 def w4a16_gemv_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                       zeros: torch.Tensor, group_size: int, bits: int = 4,
                       config: GemvConfig | None = None) -> torch.Tensor:
-    """GEMV path of ``w4a16_gemm_ref`` (same contract) for x [M, K], M <= GEMV_MAX_M,
-    groups of whole words (``gemv_supported``). Scales/zeros must be contiguous in N."""
+    """GEMV path of ``w4a16_gemm_ref`` (same contract) for x [1, K], groups of whole
+    words (``gemv_supported``). Scales/zeros must be contiguous in N."""
     if triton is None:
         raise RuntimeError("w4a16_gemv_triton needs triton installed")
     m, k = x.shape
     n = qweight.shape[1]
-    if not gemv_supported(m, k, group_size, bits):
-        raise ValueError(f"GEMV path takes M <= {GEMV_MAX_M} and whole-word groups; got M={m}, "
+    if m != 1 or not gemv_supported(k, group_size, bits):
+        raise ValueError(f"GEMV path takes one row and whole-word groups; got M={m}, "
                          f"group {group_size}, {bits} bits")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    config = config or pick_gemv_config(m, n, k, bits, sm_count(x))
+    x = x.contiguous()
+    config = config or pick_gemv_config(n, k, bits, sm_count(x))
     block_k = config.block_kw * (32 // bits)
     splits, k_split = even_split(k, block_k, config.split_k)
     blocks = triton.cdiv(n, config.block_n)
-    block_m = 1 if m == 1 else (2 if m == 2 else 4)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    partials, counters = split_buffers(out, splits, (block_m, n), blocks)
+    out = torch.empty((1, n), dtype=x.dtype, device=x.device)
+    partials, counters = split_buffers(out, splits, (n,), blocks)
     _wna16_gemv_kernel[(blocks, splits)](
         x, qweight, scales, zeros, out, partials, counters,
-        m, n, k, k_split, x.stride(0), qweight.stride(0), scales.stride(0), out.stride(0),
+        n, k, k_split, qweight.stride(0), scales.stride(0),
         GROUP_SIZE=group_size, BITS=bits,
         ROW_GROUPS=not (group_size % block_k == 0 or group_size >= k),
-        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_KW=config.block_kw,
+        BLOCK_N=config.block_n, BLOCK_KW=config.block_kw,
         SPLIT=splits, HAS_SPLIT=splits > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -36,11 +36,10 @@ multiplies that tile by x^T in fp32 (the tile's rows of x past M repeat row M - 
 output columns are never stored), and the group scale
 multiplies each step's product per output column in fp32: every step lies inside one
 group. K is split over programs; the last program of a tile reduces the splits
-(``tamis.kernels.splitk``). Knobs (``MmaConfig``): words of 1, 2 or 4 steps load together
-(more bytes in flight per thread), and above 16 rows of x the program can stage each x
-tile in shared memory once instead of every warp loading it; at one row the MMA's columns
-of x can carry chunks of K instead of padding rows (``k_chunks``), so that a program sums
-its share of K without split K's global partials.
+(``tamis.kernels.splitk``). Knobs (``MmaConfig``): words of 1 or 2 steps load together
+(more bytes in flight per thread); at one row the MMA's columns of x can carry chunks of
+K instead of padding rows (``k_chunks``), so that a program sums its share of K without
+split K's global partials.
 
 Needs: CUDA, Gluon (triton >= 3.5), bf16 x, 4-bit codes, K % 32 == 0, integer zero
 points in [0, 16], groups a multiple of 32 rows or the whole K (``mma_supported``,
@@ -53,8 +52,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from tamis.kernels import pdl
-from tamis.kernels.splitk import (even_split, last_split_constexpr, linear_partials_constexpr,
-                                  partial_shape, sm_count, split_buffers)
+from tamis.kernels.splitk import even_split, last_split_constexpr, sm_count, split_buffers
 from tamis.kernels.w4a16_common import (code_shifts, integer_zero_points, step_rows,
                                         tensor_core_weight_supported)
 
@@ -65,11 +63,11 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (gdc_launch_dependents, gdc_wait, gl, rows_view,
                                       thread_barrier)
-    from tamis.kernels.w4a16_fragments import (bf16_halves, column_order, logical_columns,
-                                               logical_x, constexpr_min, physical_columns, plain_order,
-                                               store_out_t, unpack_tile,
-                                               unpack_tile_offset, word_layout, x_tile_layout,
-                                               x_word_layout)
+    from tamis.kernels.w4a16_fragments import (bf16_halves, column_order, constexpr_min,
+                                               logical_columns, logical_x,
+                                               physical_columns, plain_order, store_out_t,
+                                               unpack_tile, unpack_tile_offset,
+                                               word_layout, x_tile_layout, x_word_layout)
 
 MMA_MAX_M = 64
 
@@ -80,24 +78,15 @@ class MmaConfig:
     block_k: int = 128      # rows of K per step (inside one group)
     split_k: int = 8        # programs along K per column block
     num_warps: int = 8
-    prefetch: int = 1       # 1: words one step ahead, 0: none
     max_block_m: int = 16   # rows of x per program (more rows: a grid axis)
-    # Warps splitting the rows of x (each unpacks the whole weight tile: more dequantizing,
-    # x fragments not replicated); the others split the columns.
-    warps_m: int = 1
-    # x tiles loaded once per program into shared memory, each warp reading its
-    # fragments there (else each warp loads them from global memory: at 33..64 rows the
-    # warps of a program would read the same x tile several times over).
-    x_shared: bool = False
     # Steps (of block_k rows) whose words and x load together: more bytes in flight per
-    # thread (1, 2 or 4).
+    # thread (1 or 2). Each load's words are loaded a load ahead.
     load_steps: int = 1
     # Output columns permuted so that a thread's words are adjacent (``column_order``).
     vector_columns: bool = True
-    # With prefetch and one or two steps a load: the next load's x tile, scales and zero
-    # points load with its words, a load ahead (else each step waits for its own: one
+    # The next load's x tile, scales and zero points load with its words, a load ahead (else each step waits for its own: one
     # more memory round trip per step, the group's scales coming from DRAM). Costs
-    # registers: on the H200 it won at M = 1 and with two steps a load, lost elsewhere.
+    # registers: it wins at M = 1 and with two steps a load, loses elsewhere.
     params_ahead: bool = False
     # With params_ahead and one step a load: the loop runs steps in pairs, the two loads
     # in flight in two sets of registers that alternate, instead of one set copied into
@@ -107,9 +96,6 @@ class MmaConfig:
     # Split K summed by the last split, its partner splits not waiting for the counter
     # (``_reduce_at_last_split``), instead of by the last to arrive.
     last_split_reduces: bool = False
-    # With last_split_reduces (and warps_m 1): the partials stored and loaded in thread
-    # order, as 16-byte vectors (``_reduce_linear_at_last_split``).
-    linear_partials: bool = False
     # With paired_steps: the codes unpack as 128 + q (no zero point: 7 instructions a
     # word, not 11) and each step's product is corrected in fp32 by (128 + z) times the
     # step's sum of x, summed once per program before the loop (``_x_step_sums``).
@@ -127,19 +113,13 @@ class MmaConfig:
     # With zeros_by_x_sums each chunk's step sums are column j's (the chunks read as rows
     # of x).
     k_chunks: int = 0
-    # With zeros_by_x_sums: each step's sums of x taken by the tensor cores from the x
-    # operand already in registers (``_x_sums_by_mma``: one MMA a 16 rows of K with an
-    # all-ones A, one m16 a warp), instead of a pass over x after the PDL wait that
-    # stores them in shared memory (``_x_step_sums``). (H100, session 32: within 0.1 us
-    # of the defaults while a split-K sum binds the one-row tiles; opt-in.)
-    x_sums_by_mma: bool = False
     # With k_chunks: the grid padded to a whole number of programs a multiprocessor, the
     # extra programs repeating earlier tiles and storing nothing (``whole_wave_programs``).
     # Each GEMM then leaves the same free room on every multiprocessor for the next one's
     # programs, launched early by PDL; with idle multiprocessors two of them land on each
-    # and set its end (H100, session 33: the chunked tile at 128 programs gets nothing
-    # from the early trigger, at 132 it gets 0.8-1.4 us). ``chunked_one_row_config`` sets
-    # it where it pads.
+    # and set its end (the chunked tile at 128 programs gains nothing from the early
+    # trigger, at 132 it gains 0.8-1.4 us). ``chunked_one_row_config`` sets it where it
+    # pads.
     whole_wave: bool = False
     # With k_chunks and paired steps, chunks of exactly 4 steps: steps 1-3 load right
     # after the wait for the kernel before, each into registers of its own (step 0 before
@@ -147,40 +127,27 @@ class MmaConfig:
     # step's loads can only follow the MMAs that read the registers they refill, so a
     # step is issued one step ahead and each pair of steps waits out a memory round trip;
     # here all four are in flight at once. Needs a register cap (``max_registers``):
-    # left to itself ptxas takes 84 registers by moving each load next to its first use.
-    # (H100, session 34: 4096 x 6144 6.34-6.36 against 7.09-7.17 us at a cap of 120.)
+    # left to itself ptxas takes 84 registers by moving each load next to its first use
+    # (4096 x 6144: 6.3 against 7.1 us at a cap of 120, bench/results/quant.md).
     steps_up_front: bool = False
-    # With steps_up_front: the words, scales and zero points of steps 1-3 load before the
-    # wait for the kernel before too (only x after it), so that a chunk's whole weight
-    # share is in flight while the kernel before still runs. The registers are the
-    # program's for its life either way, so the next grid's residency is unchanged.
-    # Opt-in and not yet timed (session 35 got no device machine): its A/B is
-    # ``bash bench/device/session35_last.sh``. (Session 23's like move on the split tile,
-    # a second step before the wait, was 0.3-0.4 us slower on the H200.)
-    words_before_wait: bool = False
 
 
 def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> MmaConfig:
-    """Tiles from the H200 sweeps (bench/results/quant.md), steps of 128 rows of K (or of
-    the group when it is shorter), 16 rows of x per program; x, scales and zero points a
-    load ahead at M = 1 and with two steps a load (session 10: 0.3-1.4 us faster there),
-    at M = 1 steps in pairs (session 11: 0.2-0.7 us faster on every shape).
+    """Tiles by rows of x, the fastest of their sweeps and A/Bs (bench/results/quant.md).
+    Steps of 128 rows of K (or of the group when it is shorter), 16 rows of x per
+    program; x, scales and zero points a load ahead at M = 1 and with two steps a load;
+    at M = 1 steps in pairs.
 
     M = 1: K summed in each program where its programs fill one wave
-    (``chunked_one_row_config``, sessions 31 and 33), else (``split_one_row_config``; session 8,
-    columns permuted for vector loads) wide layers (N >= 8192) 64
-    columns on 2 warps; deep ones (K >= 8192) 256 columns on 8 warps; else 128 columns on
-    4 warps; K split as far as one wave of programs allows (``one_wave_split``; session
-    14: 4096 x 4096 16 ways, 4096 x 28672 2 ways, 21.6-22.2 against 23.0-23.3 us at 4),
-    16 splits summed by the last split (5.6-5.9 against 6.3-6.4 us on 4096 x 4096; with
-    2 or 8 splits it was a wash); on deep layers zero points by sums of x (session 18:
-    10.4-10.7 against 11.0-11.3 us on 14336 x 4096; 0.0-0.16 us slower on the narrow
-    layers). 2..8 rows (session 7, identity column order): 128 columns on 8 warps split 8
-    ways; 9..16 rows (session 8): 64 columns on 2 warps, two steps per load, split 4 ways
-    (8 when K >= 8192); deep layers (K >= 8192) at 2..8 rows also a load ahead (session
-    17); wide layers (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows: 64
-    columns on 2 warps split 4 ways (unsplit on wide layers), or 128 on 4 warps split 8
-    ways when K >= 8192."""
+    (``chunked_one_row_config``), else ``split_one_row_config``: wide layers (N >= 8192)
+    64 columns on 2 warps; deep ones (K >= 8192) 256 columns on 8 warps; else 128
+    columns on 4 warps; K split as far as one wave of programs allows
+    (``one_wave_split``), 16 splits summed by the last split; on deep layers zero points
+    by sums of x. 2..8 rows: 128 columns on 8 warps split 8 ways (a load ahead on deep
+    layers); 9..16 rows: 64 columns on 2 warps, two steps per load, split 4 ways (8 when
+    K >= 8192); wide layers (2..16 rows) 64 columns on 2 warps split 2 ways. 17..32 rows:
+    64 columns on 2 warps split 4 ways (unsplit on wide layers), or 128 on 4 warps split
+    8 ways when K >= 8192."""
     block_k = step_rows(k, group_size)
     if m == 1:
         return (chunked_one_row_config(n, k, group_size, num_sms)
@@ -196,9 +163,8 @@ def pick_mma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     if m > 8:  # 9..16 rows: 64 columns on 2 warps, two steps per load
         return MmaConfig(64, block_k, 8 if k >= 8192 else 4, 2, load_steps=2,
                          vector_columns=False, params_ahead=True)
-    # 2..8 rows: x, scales and zero points a load ahead on deep layers (session 17, 14336 x
-    # 4096: 19.1-20.0 against 20.3-21.3 us at 2, 4 and 8 rows, in two calls; 0.1-3.7 us
-    # slower on 4096 x 4096 and 4096 x 6144).
+    # 2..8 rows: x, scales and zero points a load ahead on deep layers only (14336 x 4096:
+    # 19.1-20.0 against 20.3-21.3 us; slower on the 4096-deep layers).
     return MmaConfig(128, block_k, 8, 8, vector_columns=False, params_ahead=k >= 8192)
 
 
@@ -215,7 +181,7 @@ def split_one_row_config(n: int, k: int, group_size: int, num_sms: int = 132) ->
 
 _CHUNKED_COLUMNS, _CHUNKS = 32, 8
 # ptxas's cap for ``steps_up_front``: two programs of 8 warps a multiprocessor fit under
-# 128, and at 120 the H100 ran 4096 x 6144 / 4096 x 4096 0.1 us faster still (session 34).
+# 128, and 120 ran 4096 x 6144 / 4096 x 4096 0.1 us faster still.
 _UP_FRONT_REGISTERS = 120
 
 
@@ -228,14 +194,11 @@ def chunked_one_row_config(n: int, k: int, group_size: int,
     multiprocessor holds at 128 registers; or at least 7/8 of one a multiprocessor, the
     grid then padded to one each (``whole_wave``).
 
-    H100, session 31 (``bench/ab_w4a16_one_row.py``, 12 rounds in 4 calls): 4096 x 6144
-    (192 programs) 6.96-7.23 against the split tile's 7.53-7.94 us; slower on the wide
-    and deep layers (29.3 against 23.7 us on 4096 x 28672, 16.3 against 13.1 on
-    14336 x 4096). Session 33: 4096 x 4096 (128 programs) 6.25-6.43 unpadded, **5.30-5.44
-    padded** against the split tile's 5.83-5.89; 2048 x 4096 3.99-4.04 / 3.58-3.61
-    against 4.72. Session 34: chunks of 4 steps load them all up front under a cap of
-    120 registers (``MmaConfig.steps_up_front``): 4096 x 6144 6.34-6.36 against
-    7.09-7.17 us, 4096 x 4096 4.76-4.79 against 5.32-5.34."""
+    Against the split tile (bench/results/quant.md): 4096 x 6144 (192 programs) 7.0 against
+    7.5-7.9 us, 4096 x 4096 (128 programs, padded) 5.3-5.4 against 5.8-5.9, faster
+    still with chunks of 4 steps loaded up front (``MmaConfig.steps_up_front``: 6.3 and
+    4.8 us); slower on the wide and deep layers (29.3 against 23.7 us on 4096 x 28672,
+    16.3 against 13.1 on 14336 x 4096)."""
     block_k = step_rows(k, group_size)
     config = MmaConfig(_CHUNKED_COLUMNS, block_k, 1, 8, params_ahead=True,
                        paired_steps=True, k_chunks=_CHUNKS)
@@ -283,7 +246,8 @@ def mma_layout_supported(k: int, group_size: int, bits: int, zeros: torch.Tensor
 
 def mma_supported(x: torch.Tensor, k: int, group_size: int, bits: int) -> bool:
     """A call the kernel takes: bf16 x with at most MMA_MAX_M rows on a weight of
-    ``tensor_core_weight_supported`` shape (zero points are checked once, by ``mma_layout_supported``)."""
+    ``tensor_core_weight_supported`` shape (zero points are checked once, by
+    ``mma_layout_supported``)."""
     return (x.dtype == torch.bfloat16 and x.shape[0] <= MMA_MAX_M
             and tensor_core_weight_supported(k, group_size, bits))
 
@@ -391,40 +355,12 @@ if gluon is not None:
         return acc + product * s.to(gl.float32)[:, None]
 
     @gluon.jit
-    def _step_by_mma_sums(acc, words, x, zc, s, A_LAYOUT: gl.constexpr,
-                          B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
-        """``_step_by_sums`` with the step's sums of x from ``_x_sums_by_mma``."""
-        xb = _x_operand(x, B_LAYOUT)
-        w = unpack_tile_offset(words, A_LAYOUT, ORDER)
-        product = (mma_v2(w, xb, gl.zeros_like(acc))
-                   - zc[:, None] * _x_sums_by_mma(xb, acc, A_LAYOUT))
-        return acc + product * s.to(gl.float32)[:, None]
-
-    @gluon.jit
-    def _x_sums_by_mma(xb, acc, A_LAYOUT: gl.constexpr):
-        """The sums over K of the B operand xb [BLOCK_K, BM] per column, in acc's layout
-        [BLOCK_N, BM] (every row the same): an all-ones A of one m16 a warp times xb (exact
-        products, fp32 sums), its rows then repeated to acc's m16 tiles, which the
-        accumulator layout holds as repeats of the warps' tiles (no data moves)."""
-        MMA: gl.constexpr = acc.type.layout
-        ROWS: gl.constexpr = 16 * MMA.warps_per_cta[0]
-        ones = gl.full([ROWS, xb.shape[0]], 1.0, gl.bfloat16, A_LAYOUT)
-        sums = mma_v2(ones, xb, gl.zeros([ROWS, acc.shape[1]], gl.float32, MMA))
-        for _ in gl.static_range(_log2(acc.shape[0] // ROWS)):  # double the rows
-            sums = gl.reshape(gl.permute(gl.join(sums, sums), [2, 0, 1]),
-                              [2 * sums.shape[0], sums.shape[1]])
-        return gl.convert_layout(sums, MMA, assert_trivial=True)
-
-    @gluon.jit
     def _paired_step(acc, words, x, zp, s, x_sums, step, BY_SUMS: gl.constexpr,
                      A_LAYOUT: gl.constexpr, B_LAYOUT: gl.constexpr, ORDER: gl.constexpr):
         """One step of the paired loop (step: its index in the program's split), by
-        ``_step_by_sums`` (BY_SUMS 1: zp = 128 + z, x_sums from ``_x_step_sums``),
-        ``_step_by_mma_sums`` (BY_SUMS 2) or ``_step_with`` (zp = -(128 + z) as
-        bf16x2)."""
-        if BY_SUMS == 2:
-            acc = _step_by_mma_sums(acc, words, x, zp, s, A_LAYOUT, B_LAYOUT, ORDER)
-        elif BY_SUMS:
+        ``_step_by_sums`` (BY_SUMS: zp = 128 + z, x_sums from ``_x_step_sums``) or
+        ``_step_with`` (zp = -(128 + z) as bf16x2)."""
+        if BY_SUMS:
             x_sum = x_sums.index(step).load(gl.SliceLayout(0, acc.type.layout))
             acc = _step_by_sums(acc, words, x, zp, s, x_sum, A_LAYOUT, B_LAYOUT, ORDER)
         else:
@@ -595,7 +531,7 @@ if gluon is not None:
         [CHUNKS, COLS]: one cross-warp sum a program) and stored as bf16."""
         MMA: gl.constexpr = acc.type.layout
         rows = physical_columns(gl.arange(0, acc.shape[0], layout=gl.SliceLayout(1, MMA)),
-                                 ORDER)
+                                ORDER)
         j = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, MMA))
         own = gl.sum(gl.where(j[None, :] == (rows // COLS)[:, None], acc, 0.0), axis=1)
         physical = logical_columns(gl.expand_dims(own, 1), _inverse_order(ORDER))
@@ -620,14 +556,13 @@ if gluon is not None:
         M, N, K, K_SPLIT, stride_xm, stride_qk, stride_sg, stride_om,
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, SPLIT, HAS_SPLIT: gl.constexpr, NUM_WARPS: gl.constexpr,
-        WARPS_M: gl.constexpr, PREFETCH: gl.constexpr, X_SHARED: gl.constexpr,
         LOAD_STEPS: gl.constexpr, VECTOR_COLUMNS: gl.constexpr,
         PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr, PAIRED: gl.constexpr,
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr, LAST_SPLIT_REDUCES: gl.constexpr,
-        LINEAR_PARTIALS: gl.constexpr = False, BY_SUMS: gl.constexpr = 0,
+        BY_SUMS: gl.constexpr = 0,
         SUM_STEPS: gl.constexpr = 1, X_ROWS: gl.constexpr = 1,
         K_CHUNKS: gl.constexpr = 0, REAL_BLOCKS: gl.constexpr = 0,
-        STEPS_UP_FRONT: gl.constexpr = False, WORDS_BEFORE_WAIT: gl.constexpr = False,
+        STEPS_UP_FRONT: gl.constexpr = False,
     ):
         """out^T = W^T x^T: the weight is the MMA's A operand (16 output columns per MMA
         row block) and x^T its B operand (8 rows of x per MMA column block), so M <= 8
@@ -637,12 +572,12 @@ if gluon is not None:
         if PDL_TRIGGER == 1:
             gdc_launch_dependents()
         MMA: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[NUM_WARPS // WARPS_M, WARPS_M], instr_shape=[16, 8])
+            version=[2, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, 8])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         B_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         STEP_K: gl.constexpr = BLOCK_K * LOAD_STEPS  # rows of K loaded together
         ORDER: gl.constexpr = column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
-                                            VECTOR_COLUMNS)
+                                           VECTOR_COLUMNS)
         WL: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, STEP_K]), ORDER)
         XL: gl.constexpr = x_tile_layout(gl.to_linear_layout(B_LAYOUT, [STEP_K, BLOCK_M]))
         WL1: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
@@ -689,10 +624,9 @@ if gluon is not None:
 
         acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, MMA)
         last = k_lo + (k_hi - k_lo - 1) // STEP_K * STEP_K  # this split's last load
-        AHEAD: gl.constexpr = PARAMS_AHEAD and PREFETCH and LOAD_STEPS <= 2
-        if PREFETCH:
-            ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
-                                K, EVEN)
+        AHEAD: gl.constexpr = PARAMS_AHEAD
+        ahead = _load_words(w_ptrs, (k_lo >> 3) * stride_qk, (k_lo >> 3) + offs_wr, mask_wn,
+                            K, EVEN)
         if AHEAD:
             nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo, K, offs_zn,
                                                mask_zn, offs_cn, GROUP_SIZE, ORDER, BY_SUMS)
@@ -700,18 +634,6 @@ if gluon is not None:
                 nzz2_ahead, s2_ahead = _group_params(z_ptr, s_ptr, stride_sg, k_lo + BLOCK_K,
                                                      K, offs_zn, mask_zn, offs_cn,
                                                      GROUP_SIZE, ORDER)
-        if STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
-            words1, zp1, s1 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + STEP_K, stride_qk,
-                                           stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
-                                           offs_cn, K, GROUP_SIZE, EVEN, ORDER, BY_SUMS)
-            words2, zp2, s2 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 2 * STEP_K,
-                                           stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
-                                           mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
-                                           BY_SUMS)
-            words3, zp3, s3 = _step_params(w_ptrs, z_ptr, s_ptr, k_lo + 3 * STEP_K,
-                                           stride_qk, stride_sg, offs_wr, mask_wn, offs_zn,
-                                           mask_zn, offs_cn, K, GROUP_SIZE, EVEN, ORDER,
-                                           BY_SUMS)
         if PDL:
             gdc_wait()  # x and the outputs belong to the kernels before this one
         if PAIRED:  # x^T as bf16 pairs: one 32-bit register each across the loop's back edge
@@ -722,30 +644,12 @@ if gluon is not None:
                       + _x_rows(offs_xm, x_m)[None, :] * (x_stride // 2) + offs_xk[:, None])
             x_next = _load_x_words(x_ptrs, k_lo, offs_xk, K, EVEN)
             x_sums = 0
-            if BY_SUMS == 1:
+            if BY_SUMS:
                 x_sums = _x_step_sums(x_ptr, x_stride, k_lo, k_hi, pid_m * BLOCK_M, x_m,
                                       STEP_K, SUM_STEPS, BLOCK_M, X_ROWS, NUM_WARPS)
-        elif AHEAD and not X_SHARED:
+        elif AHEAD:
             x_next = _load_x(x_ptrs, k_lo, offs_xk, K, EVEN)
-        if X_SHARED:  # x tiles staged in shared memory, the next one held in registers
-            XG: gl.constexpr = gl.BlockedLayout(
-                [8, 1], [constexpr_min(STEP_K // 8, 32), 32 // constexpr_min(STEP_K // 8, 32)],
-                [1, NUM_WARPS], [0, 1])
-            XS: gl.constexpr = gl.PaddedSharedLayout.with_identity_for(
-                [[STEP_K, _x_row_padding(STEP_K)]], [STEP_K, BLOCK_M], [0, 1])
-            x_smem = gl.allocate_shared_memory(gl.bfloat16, [STEP_K, BLOCK_M], XS)
-            offs_gk = gl.arange(0, STEP_K, layout=gl.SliceLayout(1, XG))
-            offs_gm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, XG))
-            xg_ptrs = x_ptr + _x_rows(offs_gm, M)[None, :] * stride_xm + offs_gk[:, None]
-            x_ahead = _load_x(xg_ptrs, k_lo, offs_gk, K, EVEN)
-        if PAIRED and STEPS_UP_FRONT and WORDS_BEFORE_WAIT:
-            x1 = _load_x_words(x_ptrs, k_lo + STEP_K, offs_xk, K, EVEN)
-            x2 = _load_x_words(x_ptrs, k_lo + 2 * STEP_K, offs_xk, K, EVEN)
-            x3 = _load_x_words(x_ptrs, k_lo + 3 * STEP_K, offs_xk, K, EVEN)
-            acc = _four_steps(acc, ahead, x_next, nzz_ahead, s_ahead, words1, x1, zp1, s1,
-                              words2, x2, zp2, s2, words3, x3, zp3, s3, x_sums, BY_SUMS,
-                              A_LAYOUT, B_LAYOUT, ORDER)
-        elif PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
+        if PAIRED and STEPS_UP_FRONT:  # exactly 4 steps (``_check_steps_up_front``)
             acc = _four_steps_up_front(
                 acc, ahead, x_next, nzz_ahead, s_ahead, x_sums, w_ptrs, x_ptrs, z_ptr,
                 s_ptr, k_lo, stride_qk, stride_sg, offs_wr, mask_wn, offs_zn, mask_zn,
@@ -774,30 +678,20 @@ if gluon is not None:
             for k0 in range(k_lo, k_hi, STEP_K):
                 # Past the split's last load a prefetch reloads that load (no bounds check).
                 k1 = k0 + STEP_K * (k0 < last).to(gl.int32)  # min(k0 + STEP_K, last), aligned
-                if PREFETCH:
-                    words = ahead
-                    ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
-                                        mask_wn, K, EVEN)
-                    if AHEAD:
-                        nzz, s = nzz_ahead, s_ahead
-                        nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
-                                                           offs_zn, mask_zn, offs_cn,
-                                                           GROUP_SIZE, ORDER)
-                        if LOAD_STEPS == 2:
-                            nzz2, s2 = nzz2_ahead, s2_ahead
-                            nzz2_ahead, s2_ahead = _group_params(
-                                z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
-                                offs_cn, GROUP_SIZE, ORDER)
-                else:
-                    words = _load_words(w_ptrs, (k0 >> 3) * stride_qk, (k0 >> 3) + offs_wr,
-                                        mask_wn, K, EVEN)
-                if X_SHARED:
-                    thread_barrier()  # every warp has read the last step's tile
-                    x_smem.store(x_ahead)
-                    x_ahead = _load_x(xg_ptrs, k1, offs_gk, K, EVEN)
-                    thread_barrier()
-                    x = x_smem.load(XL)
-                elif AHEAD:
+                words = ahead
+                ahead = _load_words(w_ptrs, (k1 >> 3) * stride_qk, (k1 >> 3) + offs_wr,
+                                    mask_wn, K, EVEN)
+                if AHEAD:
+                    nzz, s = nzz_ahead, s_ahead
+                    nzz_ahead, s_ahead = _group_params(z_ptr, s_ptr, stride_sg, k1, K,
+                                                       offs_zn, mask_zn, offs_cn,
+                                                       GROUP_SIZE, ORDER)
+                    if LOAD_STEPS == 2:
+                        nzz2, s2 = nzz2_ahead, s2_ahead
+                        nzz2_ahead, s2_ahead = _group_params(
+                            z_ptr, s_ptr, stride_sg, k1 + BLOCK_K, K, offs_zn, mask_zn,
+                            offs_cn, GROUP_SIZE, ORDER)
+                if AHEAD:
                     x = x_next
                     x_next = _load_x(x_ptrs, k1, offs_xk, K, EVEN)
                 else:
@@ -811,23 +705,9 @@ if gluon is not None:
                     acc = _step(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn, mask_zn,
                                 offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER)
                 else:
-                    WL2: gl.constexpr = word_layout(
-                        gl.to_linear_layout(A_LAYOUT, [BLOCK_N, 2 * BLOCK_K]), ORDER)
-                    XL2: gl.constexpr = x_tile_layout(
-                        gl.to_linear_layout(B_LAYOUT, [2 * BLOCK_K, BLOCK_M]))
-                    if LOAD_STEPS == 4:
-                        words_a, words_b = _halves(words, 1, WL2)
-                        x_a, x_b = _halves(x, 0, XL2)
-                        acc = _two_steps(acc, words_a, x_a, k0, z_ptr, s_ptr, stride_sg,
-                                         offs_zn, mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                         B_LAYOUT, ORDER, WL1, XL1)
-                        acc = _two_steps(acc, words_b, x_b, k0 + 2 * BLOCK_K, z_ptr, s_ptr,
-                                         stride_sg, offs_zn, mask_zn, offs_cn, K,
-                                         GROUP_SIZE, A_LAYOUT, B_LAYOUT, ORDER, WL1, XL1)
-                    else:
-                        acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
-                                         mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT,
-                                         B_LAYOUT, ORDER, WL1, XL1)
+                    acc = _two_steps(acc, words, x, k0, z_ptr, s_ptr, stride_sg, offs_zn,
+                                     mask_zn, offs_cn, K, GROUP_SIZE, A_LAYOUT, B_LAYOUT,
+                                     ORDER, WL1, XL1)
 
         if PDL_TRIGGER == 2:
             gdc_launch_dependents()
@@ -836,17 +716,9 @@ if gluon is not None:
                               NUM_WARPS)
             return
         store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
-                     (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
-                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
-                     LINEAR_PARTIALS, NUM_WARPS)
-
-    @gluon.constexpr_function
-    def _x_row_padding(block_k):
-        """Padding after each row of x^T's shared tile (one row of x, BLOCK_K values): 32
-        values (64 bytes), so that the two rows of x an MMA quarter-warp reads land in
-        different halves of the 32 banks (16-byte loads, 8 lanes at a time); 8 values for
-        rows shorter than 64, where that no longer holds for every pair."""
-        return 32 if block_k >= 64 else 8
+                    (offs_cm < M)[None, :] & mask_cn[:, None], stride_om, M, N,
+                    pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES, False,
+                    NUM_WARPS)
 
     @gluon.jit
     def _x_rows(offs_m, M):
@@ -900,23 +772,18 @@ def mma_constexprs(config: MmaConfig, block_m: int, group_size: int, splits: int
         raise ValueError("zeros_by_x_sums sizes its buffer by the rows a split takes: "
                          f"give k_split > 0, got {k_split}")
     steps = -(-chunk_rows(config, k_split) // config.block_k) if by_sums else 1
-    # BY_SUMS: 0 zero points applied per word, 1 by sums of x from ``_x_step_sums``' pass,
-    # 2 by sums of x from ``_x_sums_by_mma``
-    sums = (2 if config.x_sums_by_mma else 1) if by_sums else 0
-    return dict(BY_SUMS=sums, SUM_STEPS=1 << (steps - 1).bit_length(),
+    # BY_SUMS: 0 zero points applied per word, 1 by sums of x from ``_x_step_sums``' pass
+    return dict(BY_SUMS=int(by_sums), SUM_STEPS=1 << (steps - 1).bit_length(),
                 X_ROWS=min(config.k_chunks or m, block_m) if by_sums else 1,
                 GROUP_SIZE=group_size, BLOCK_M=block_m,
                 BLOCK_N=tile_rows(config), K_CHUNKS=config.k_chunks,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1,
-                NUM_WARPS=config.num_warps, WARPS_M=config.warps_m, PREFETCH=config.prefetch,
-                X_SHARED=config.x_shared, LOAD_STEPS=config.load_steps,
+                NUM_WARPS=config.num_warps, LOAD_STEPS=config.load_steps,
                 VECTOR_COLUMNS=config.vector_columns, PARAMS_AHEAD=config.params_ahead,
                 EVEN=even, PAIRED=_paired(config), PDL=pdl_wait, PDL_TRIGGER=pdl_trigger,
                 LAST_SPLIT_REDUCES=last_split_constexpr(config.last_split_reduces, splits),
-                LINEAR_PARTIALS=_linear_partials(config, splits),
                 REAL_BLOCKS=real_blocks,
-                STEPS_UP_FRONT=config.steps_up_front,
-                WORDS_BEFORE_WAIT=config.words_before_wait)
+                STEPS_UP_FRONT=config.steps_up_front)
 
 
 def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
@@ -924,8 +791,8 @@ def mma_compile_options(constexprs: dict, max_registers: int = 0) -> dict:
     config's own register cap (``MmaConfig.max_registers``) where it sets one, else with
     zero points by sums of x a cap of 128: left to itself ptxas builds that loop to
     80-98 registers by moving each load to just before its first use (0-12 MMAs ahead
-    instead of 10-22), and each pair of steps then waits out a memory round trip (H200,
-    session 18: 9.3 against 7.1 us on 4096 x 6144). At 128 the loads stay a step ahead,
+    instead of 10-22), and each pair of steps then waits out a memory round trip (9.3
+    against 7.1 us on 4096 x 6144). At 128 the loads stay a step ahead,
     and ``one_wave_split`` counts on 128 anyway."""
     if max_registers:
         return {"maxnreg": max_registers}
@@ -943,24 +810,10 @@ def tile_rows(config: MmaConfig) -> int:
     return config.block_n * max(config.k_chunks, 1)
 
 
-def _linear_partials(config: MmaConfig, splits: int) -> bool:
-    """LINEAR_PARTIALS (its thread-order view needs every warp along the columns:
-    ``w4a16_gemm_mma`` refuses linear_partials with warps_m > 1)."""
-    return config.warps_m == 1 and linear_partials_constexpr(
-        config.linear_partials, config.last_split_reduces, splits)
-
-
-def _ahead(config: MmaConfig) -> bool:
-    """The loop that loads each step's (or pair of steps') words, x, scales and zero
-    points a load ahead (``params_ahead``): paired or not, one or two steps a load."""
-    return (config.params_ahead and config.prefetch == 1 and config.load_steps in (1, 2)
-            and not config.x_shared)
-
-
 def _paired(config: MmaConfig) -> bool:
     """``paired_steps`` where it applies: x, scales and zero points a load ahead, one step
     a load, x from global memory."""
-    return config.paired_steps and config.load_steps == 1 and _ahead(config)
+    return config.paired_steps and config.load_steps == 1 and config.params_ahead
 
 
 def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -982,22 +835,14 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     config = config or pick_mma_config(m, n, k, group_size, num_sms)
     if group_size < k and group_size % config.block_k:
         raise ValueError(f"block_k {config.block_k} does not divide the group size {group_size}")
-    if config.load_steps not in (1, 2, 4) or config.prefetch not in (0, 1):
-        raise ValueError(f"MmaConfig takes load_steps 1, 2 or 4 and prefetch 0 or 1; got "
-                         f"load_steps={config.load_steps}, prefetch={config.prefetch}")
+    if config.load_steps not in (1, 2):
+        raise ValueError(f"MmaConfig takes load_steps 1 or 2; got {config.load_steps}")
     block_m = min(config.max_block_m, 8 if m <= 8 else (16 if m <= 16 else
                                                         (32 if m <= 32 else 64)))
-    block_m = max(block_m, 8 * config.warps_m)  # each row warp takes at least one n8 block
     block_m = max(block_m, config.k_chunks)  # x^T's columns hold every chunk (16: two n8)
-    if config.linear_partials and config.warps_m != 1:
-        raise ValueError(f"linear_partials needs every warp along the columns (warps_m 1); "
-                         f"got warps_m={config.warps_m}")
     splits, k_split = even_split(k, config.block_k * config.load_steps, config.split_k)
     if config.k_chunks:
         _check_k_chunks(config, m, splits, k_split, group_size, k)
-    if config.words_before_wait and not config.steps_up_front:
-        raise ValueError("words_before_wait loads steps_up_front's steps 1-3 early: set "
-                         "steps_up_front too")
     if config.steps_up_front:
         _check_steps_up_front(config, k_split)
     blocks = -(-n // config.block_n)
@@ -1009,9 +854,7 @@ def w4a16_gemm_mma(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                                 pdl_wait=pdl.launch(x.device),
                                 pdl_trigger=pdl.trigger(x.device, m), k_split=k_split, m=m,
                                 real_blocks=blocks if grid_n > blocks else 0)
-    partials, counters = split_buffers(
-        out, splits, partial_shape(constexprs["LINEAR_PARTIALS"], blocks * m_blocks,
-                                   config.block_n * block_m, m, n), blocks * m_blocks)
+    partials, counters = split_buffers(out, splits, (m, n), blocks * m_blocks)
     _w4_mma_kernel[(grid_n, splits, m_blocks)](
         x, packed, scales, zeros, out, partials, counters,
         m, n, k, k_split, x.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
@@ -1029,15 +872,14 @@ def _check_k_chunks(config: MmaConfig, m: int, splits: int, k_split: int, group_
     4, 8 or 16 chunks of whole loads lying on group boundaries (or one group for all of
     K)."""
     unsupported = {"k_chunks": config.k_chunks not in (2, 4, 8, 16), "m": m != 1,
-                   "params_ahead": not _ahead(config),
+                   "params_ahead": not config.params_ahead,
                    "split_k": splits != 1,
-                   "warps_m": config.warps_m != 1,
                    "chunk rows": _chunks_not_whole(config, k_split, group_size, k)}
     named = [name for name, clash in unsupported.items() if clash]
     if named:
         raise ValueError("k_chunks takes 2, 4, 8 or 16 chunks of whole loads (and whole "
                          "groups) at one row, loads a step ahead (params_ahead), "
-                         f"one split, warps_m 1; these clash: {named} "
+                         f"one split; these clash: {named} "
                          f"(M={m}, K={k}, {splits} splits of {k_split} rows, group {group_size})")
 
 

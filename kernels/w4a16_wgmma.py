@@ -6,9 +6,9 @@ x fragments into every warp; past 16 rows of x its programs either re-dequantize
 weight once per 16 rows or spend registers on x. ``wgmma`` takes its A operand from
 registers and its B operand from shared memory, and is 64 x N x 16 per warpgroup with N
 up to 256: one dequantized weight tile multiplies all rows of x of the program, and x
-is read from shared memory by the tensor cores, not by the threads. ``w4a16_gemm`` now
-sends the shapes ``tamis.kernels.w4a16_wgmma_tma`` takes (natural K order, TMA-fed, fewer
-instructions) there; this kernel keeps the rest (32-row groups, K % 64 != 0).
+is read from shared memory by the tensor cores, not by the threads. The shapes
+``tamis.kernels.w4a16_wgmma_tma`` takes (natural K order, TMA-fed, fewer instructions)
+go there; this kernel keeps the rest (32-row groups, K % 64 != 0).
 
 Orientation and layout as in ``tamis.kernels.w4a16_mma`` (out^T = W^T x^T; the stored
 words of ``mma_pack``; K visited in its permuted order inside each 32-row block, so a
@@ -25,15 +25,15 @@ per warpgroup), x^T [BLOCK_K, BLOCK_M] is B. Per program:
    chains through every step): 3 shifts, 4 lop3, 4 fma for q - z (exact) and 4 fma for
    the scale (one rounding to bf16, as Marlin-class kernels do).
 3. ``warpgroup_mma``, then a wait for it before the next step's unpack. Leaving it
-   running during the next unpack (``num_outstanding=1``) gave wrong results on the
-   H200 (bench/results/quant.md, session 9): the SASS reuses the A operand's registers
+   running during the next unpack (``num_outstanding=1``) gives wrong results: the
+   SASS reuses the A operand's registers
    for the next step's address arithmetic while the wgmma still reads them (passing
    the tile to ``warpgroup_mma_wait``'s deps did not keep them: a loop-carried value
    may move). Overlap comes from the other warpgroups of the multiprocessor, and with
    ``pairs`` from two steps issued before one wait: the second step's unpack runs while
    the first wgmma does, and both tiles, used by that wait, stay where they are
    (checked on the SASS in CI: ``tests/kernels/test_w4a16_sm90_build.py``; the
-   default up to 32 rows, where it won on the H200 in session 10).
+   default up to 32 rows, where it wins).
 
 K is split over programs as in the other W4A16 kernels (the last program of a tile sums
 the partials in split order, ``tamis.kernels.splitk``). Scales and zero points load
@@ -61,14 +61,15 @@ if gluon is not None:
 
     from tamis.kernels._gluon import (async_load, gdc_launch_dependents, gdc_wait, gl,
                                       thread_barrier)
-    from tamis.kernels.w4a16_fragments import (as_bf16x2, column_order, constexpr_min, physical_columns,
-                                               physical_rows, store_out_t, unpack_tile_scaled,
+    from tamis.kernels.w4a16_fragments import (as_bf16x2, column_order, constexpr_min,
+                                               physical_columns, physical_rows,
+                                               store_out_t, unpack_tile_scaled,
                                                word_layout)
 
 WGMMA_MAX_M = 128
 WGMMA_MIN_N = 8192   # wide layers (gate/up of an 8B model)
 WGMMA_DEEP_K = 8192  # deep layers (down of an 8B model)
-SHARED_BYTES = 200 * 1024   # of the H200's 227 KB per block: the ring of tiles
+SHARED_BYTES = 200 * 1024   # of Hopper's 227 KB per block: the ring of tiles
 
 
 @dataclass(frozen=True)
@@ -80,13 +81,8 @@ class WgmmaConfig:
     stages: int = 3           # ring slots of (word, x^T) tiles; stages - 1 in flight
     # Steps in pairs, the second step's unpack overlapping the first's wgmma (stages - 2
     # in flight; needs 3 stages). Hazard-checked for sm_90 in CI; the default up to 32
-    # rows, where it won on the H200 (session 10).
+    # rows, where it wins.
     pairs: bool = False
-    # The ring's refill issued after the step's wgmma instead of before its unpack: the
-    # copies then overlap the wgmma, and the proxy fence the compiler puts before a
-    # wgmma no longer follows them (SASS: one MEMBAR + FENCE.VIEW.ASYNC per step instead
-    # of two). Hazard-checked in CI; timed in session 10, where it won no cell.
-    late_refill: bool = False
     # Steps ahead that the scales and zero points load (1 or 2): each step's come from
     # DRAM (a new group per step), so one step ahead leaves a memory round trip in
     # every step's critical path.
@@ -95,21 +91,19 @@ class WgmmaConfig:
 
 def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
                       num_sms: int = 132) -> WgmmaConfig:
-    """Tiles from the H200 sweeps (bench/results/quant.md, sessions 9-10, weights read
-    from DRAM), steps of ``step_rows``. Wide layers (N >= 8192): 128 columns on one
-    warpgroup, K unsplit; up to 32 rows steps in pairs over three ring slots (47.3 vs
-    50.0 us at M = 32 on 4096 x 28672), else two slots. Other layers up to 32 rows: 64
-    columns, K split 4 ways, steps in pairs over four slots. Above: deep layers (K >=
-    8192) 128 columns, K split 4 ways, two slots (at M = 64 on 14336 x 4096: 41.2 us
-    against 42.3 split 8 ways and more for 16, session 11); others 64 columns on three
-    slots, K split until the column blocks make about two programs per multiprocessor
-    (at least 16 steps a split)."""
+    """Tiles, the fastest of their sweeps with weights read from DRAM
+    (bench/results/quant.md), steps of ``step_rows``. Wide layers (N >= 8192): 128
+    columns on one warpgroup, K unsplit; up to 32 rows steps in pairs over three ring
+    slots, else two slots. Other layers up to 32 rows: 64 columns, K split 4 ways, steps
+    in pairs over four slots. Above: deep layers (K >= 8192) 128 columns, K split 4 ways,
+    two slots; others 64 columns on three slots, K split until the column blocks make
+    about two programs per multiprocessor (at least 16 steps a split)."""
     block_k = step_rows(k, group_size)
     if n >= WGMMA_MIN_N:
         if m <= 32:
             return WgmmaConfig(128, block_k, 1, stages=3, pairs=True)
         return WgmmaConfig(128, block_k, 1, stages=2)
-    if m <= 32:  # K split 4 ways won every narrow cell (8 ran 38.2 vs 32.1 us at 14336)
+    if m <= 32:  # K split 4 ways won every narrow cell
         return WgmmaConfig(64, block_k, 4, stages=4, pairs=True)
     if k >= WGMMA_DEEP_K:
         return WgmmaConfig(128, block_k, 4, stages=2)
@@ -121,12 +115,10 @@ def pick_wgmma_config(m: int, n: int, k: int, group_size: int,
 
 
 def wgmma_dispatch(m: int, n: int, k: int) -> bool:
-    """Whether ``w4a16_gemm`` sends a call of M rows on a [K, N] layer here: 17..32 rows
-    on every layer; 33..64 rows on wide (N >= 8192) or deep (K >= 8192) layers, where it
-    beat the MMA-fragment and tl.dot kernels on the H200 (bench/results/quant.md,
-    sessions 9-10: at M = 32, 13.1 vs 15.0 us on 4096 x 4096, 30.9 vs 31.6 on 14336 x
-    4096; at M = 64, 43.1 vs 50.1 on 14336 x 4096). At 33..64 rows on 4096-deep narrow
-    layers tl.dot tied or won."""
+    """Whether a call of M rows on a [K, N] layer runs here (where the TMA kernel does
+    not take it): 17..32 rows on every layer; 33..64 rows on wide (N >= 8192) or deep
+    (K >= 8192) layers, where it beats the MMA-fragment and tl.dot kernels; at 33..64
+    rows on 4096-deep narrow layers tl.dot ties or wins (bench/results/quant.md)."""
     if 16 < m <= 32:
         return True
     return 32 < m <= 64 and (n >= WGMMA_MIN_N or k >= WGMMA_DEEP_K)
@@ -188,32 +180,26 @@ if gluon is not None:
                     mask_zn, NSTEPS, GROUP_SIZE: gl.constexpr, BLOCK_K: gl.constexpr,
                     STAGES: gl.constexpr, AHEAD: gl.constexpr, WL: gl.constexpr,
                     A_LAYOUT: gl.constexpr, ORDER: gl.constexpr, EVEN: gl.constexpr,
-                    LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr):
+                    PARAMS_AHEAD: gl.constexpr):
         """Step i: wait for its tiles, refill the ring AHEAD steps on, unpack its weight
-        tile (zero points and scales nzz, ss) and issue its wgmma (left running); with
-        LATE_REFILL the refill comes after the wgmma is issued. (nzz1, ss1) are step i +
-        1's parameters, with PARAMS_AHEAD == 2 already loaded (else unused). Returns
-        (acc, the weight tile the wgmma reads, step i + 1's parameters, step i + 2's
-        (PARAMS_AHEAD == 2; else step i + 1's again))."""
+        tile (zero points and scales nzz, ss) and issue its wgmma (left running).
+        (nzz1, ss1) are step i + 1's parameters, with PARAMS_AHEAD == 2 already loaded
+        (else unused). Returns (acc, the weight tile the wgmma reads, step i + 1's
+        parameters, step i + 2's (PARAMS_AHEAD == 2; else step i + 1's again))."""
         async_copy.wait_group(AHEAD - 1)  # this thread's copies of step i landed
         fence_async_shared()               # ... visible to the tensor cores
         thread_barrier()                   # every thread's copies, and every warp is past
                                            # its reads of the slot refilled next
         ahead = i + AHEAD
-        if not LATE_REFILL:
-            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
-                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
-                       NSTEPS, BLOCK_K, EVEN)
+        _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
+                   x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
+                   NSTEPS, BLOCK_K, EVEN)
         words = w_smem.index(i % STAGES).load(WL)
         nzz_next, ss_next = _group_params(z_ptr, s_ptr, stride_sg,
                                           k_lo + (i + PARAMS_AHEAD) * BLOCK_K, K,
                                           offs_zn, mask_zn, GROUP_SIZE)
         w = unpack_tile_scaled(words, nzz[:, None], ss[:, None], A_LAYOUT, ORDER)
         acc = warpgroup_mma(w, x_smem.index(i % STAGES), acc, is_async=True)
-        if LATE_REFILL:
-            _copy_step(w_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs,
-                       x_ptrs, ahead, k_lo, K, offs_wr, offs_xk, mask_wn, mask_xm, stride_qk,
-                       NSTEPS, BLOCK_K, EVEN)
         if PARAMS_AHEAD == 2:
             return acc, w, nzz1, ss1, nzz_next, ss_next
         return acc, w, nzz_next, ss_next, nzz_next, ss_next
@@ -225,7 +211,7 @@ if gluon is not None:
         GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
         BLOCK_K: gl.constexpr, K_SPLIT, SPLIT, HAS_SPLIT: gl.constexpr,
         NUM_WARPS: gl.constexpr, STAGES: gl.constexpr, PAIRS: gl.constexpr,
-        LATE_REFILL: gl.constexpr, PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
+        PARAMS_AHEAD: gl.constexpr, EVEN: gl.constexpr,
         PDL: gl.constexpr, PDL_TRIGGER: gl.constexpr,
     ):
         if PDL_TRIGGER == 1:
@@ -234,7 +220,7 @@ if gluon is not None:
             version=[3, 0], warps_per_cta=[NUM_WARPS, 1], instr_shape=[16, BLOCK_M, 16])
         A_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
         ORDER: gl.constexpr = column_order(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]),
-                                            False)
+                                           False)
         WL: gl.constexpr = word_layout(gl.to_linear_layout(A_LAYOUT, [BLOCK_N, BLOCK_K]), ORDER)
         XG: gl.constexpr = gl.BlockedLayout([2, 1], [16, 2], [NUM_WARPS, 1], [0, 1])
         # K contiguous; the swizzle spans one step's row of x^T (64 bytes at 32 rows).
@@ -295,12 +281,12 @@ if gluon is not None:
                     acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                     stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
                     mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
-                    EVEN, LATE_REFILL, PARAMS_AHEAD)
+                    EVEN, PARAMS_AHEAD)
                 acc, w_b, nzz, ss, nzz1, ss1 = _issue_step(
                     acc, i + 1, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                     stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm,
                     mask_zn, NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER,
-                    EVEN, LATE_REFILL, PARAMS_AHEAD)
+                    EVEN, PARAMS_AHEAD)
                 acc, w_a, w_b = warpgroup_mma_wait(num_outstanding=0, deps=[acc, w_a, w_b])
             first_single = NSTEPS - NSTEPS % 2
         else:
@@ -310,7 +296,7 @@ if gluon is not None:
                 acc, i, nzz, ss, nzz1, ss1, w_smem, x_smem, w_ptrs, x_ptrs, z_ptr, s_ptr,
                 stride_sg, stride_qk, k_lo, K, offs_wr, offs_xk, offs_zn, mask_wn, mask_xm, mask_zn,
                 NSTEPS, GROUP_SIZE, BLOCK_K, STAGES, AHEAD, WL, A_LAYOUT, ORDER, EVEN,
-                LATE_REFILL, PARAMS_AHEAD)
+                PARAMS_AHEAD)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         async_copy.wait_group(0)
         if PDL_TRIGGER == 2:
@@ -320,8 +306,8 @@ if gluon is not None:
             gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, MMA)), ORDER)
         offs_cm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, MMA))
         store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
-                     (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
-                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
+                    (offs_cm < M)[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                    pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT)
 
 
 def wgmma_block_m(m: int) -> int:
@@ -338,7 +324,7 @@ def wgmma_constexprs(config: WgmmaConfig, block_m: int, group_size: int, splits:
     programs along K (shared with the sm_90 build tests, so that they build what runs)."""
     return dict(GROUP_SIZE=group_size, BLOCK_M=block_m, BLOCK_N=config.block_n,
                 BLOCK_K=config.block_k, HAS_SPLIT=splits > 1, NUM_WARPS=config.num_warps,
-                STAGES=config.stages, PAIRS=config.pairs, LATE_REFILL=config.late_refill,
+                STAGES=config.stages, PAIRS=config.pairs,
                 PARAMS_AHEAD=config.params_ahead, EVEN=even, PDL=pdl_wait,
                 PDL_TRIGGER=pdl_trigger)
 

@@ -4,9 +4,9 @@ Accelerator (Gluon, sm_90), for batches of 9..256 rows of x (in blocks of 128 ab
 Why a fourth kernel. ``tamis.kernels.w4a16_wgmma`` visits K in ``mma_pack``'s permuted
 order, so its x^T tile must be gathered into shared memory two values at a time: at 64
 rows of x that is 32 ``cp.async`` a thread per step, each with its own 64-bit address,
-and the profile of session 11 (bench/results/quant.md) counted 1.9-3.7x cuBLAS's
-instructions. Here K is visited in its natural order, so x and the words are plain 2-D
-boxes that one thread asks the TMA for; the threads only unpack and multiply.
+and its profile counts 1.9-3.7x cuBLAS's instructions (bench/results/quant.md). Here K
+is visited in its natural order, so x and the words are plain 2-D boxes that one thread
+asks the TMA for; the threads only unpack and multiply.
 
 The natural order from the same stored words. Within a 32-row block of K, the word of
 physical rows 8r .. 8r + 7 holds rows 8r + 2c and 8r + 2c + 1 at nibbles c and c + 4
@@ -112,39 +112,33 @@ class TmaConfig:
 
 
 def tma_supported(m: int, n: int, k: int, group_size: int) -> bool:
-    """Shapes the kernel takes (x's alignment is fixed at the call); ``w4a16_gemm`` sends
-    it those of bf16 x on a Hopper GPU whose rows ``tma_dispatch`` picks."""
+    """Shapes the kernel takes (x's alignment is fixed at the call); a layer's kernel
+    (``tamis.quant.wna16_kernels``) sends it those of bf16 x on a Hopper GPU whose rows
+    ``tma_dispatch`` picks."""
     return (gluon is not None and 1 <= m <= TMA_MAX_M and k % X_BOX_K == 0 and n % 4 == 0
             and (group_size >= k or group_size % X_BOX_K == 0))
 
 
 def tma_dispatch(m: int, n: int) -> bool:
-    """Whether ``w4a16_gemm`` sends a call of M rows on N columns here (where
-    ``tma_supported``): 17..256 rows, and 9..16 on layers narrower than 8192 columns,
-    where it beat every other kernel on the H200 (session 13: at 16 rows 9.6 vs 11.1 us
-    on 4096 x 4096, 20.3 vs 21.9 on 14336 x 4096; on 4096 x 28672 the MMA-fragment
-    kernel kept it, 31.9 vs 35.2, and at one row everywhere, 7.1 vs 8.0 at best).
-    Session 16, 65..256 rows in 64-row blocks, against the tl.dot kernel below 128 rows
-    and dequantize + cuBLAS from 128 (``bench/bench_w4a16_rows.py``): 96 rows
-    16.6 vs 52.6 us on 4096 x 4096, 84.8 vs 172.4 on 4096 x 28672; 256 rows 24.6 vs
-    25.6 on 4096 x 4096, 71.0 vs 89.7 on 14336 x 4096; faster at every row count and
-    shape tried."""
+    """Whether a call of M rows on N columns runs here (where ``tma_supported``): 17..256
+    rows, and 9..16 on layers narrower than 8192 columns, where it beats every other
+    kernel (bench/results/quant.md; at one row, and at 9..16 rows on 4096 x 28672, the
+    MMA-fragment kernel wins; from 65 rows it beats tl.dot and dequantize + cuBLAS at
+    every row count and shape measured)."""
     return 16 < m <= TMA_MAX_M or (8 < m <= 16 and n < 8192)
 
 
 def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> TmaConfig:
-    """Tiles from the H200 sweeps of sessions 13-15 (bench/results/quant.md; weights read
-    from DRAM), steps of 128 rows of K (64 where the group is 64 rows). Wide layers (N >=
-    8192), K unsplit: above 32 rows 128 columns on one warpgroup over four slots, the next
-    step's unpack overlapping this step's wgmmas (44.0 us at 4096 x 28672), else 64
-    columns over two (37.7 us). Others: 64 columns over two slots without the overlap, K
-    split until the column blocks make about two programs per multiprocessor while each
-    split keeps at least 8 steps (4 ways on 4096-deep layers, 8 on 14336), and up to 16
-    rows at least 8 ways while each split keeps 4 steps (session 15, 16 rows: 4096 x
-    4096 8.6 against 9.8 us with 4 by arrival, 4096 x 6144 10.8 against 11.2), summed as
-    ``_sums_at_last_split`` says; above 32 rows with the producer warp where
-    ``_producer_split`` finds a split that fills the GPU with it. Above 64 rows,
-    ``_tile_of_128_rows``."""
+    """Tiles, the fastest of their sweeps with weights read from DRAM
+    (bench/results/quant.md), steps of 128 rows of K (64 where the group is 64 rows).
+    Wide layers (N >= 8192), K unsplit: above 32 rows 128 columns on one warpgroup over
+    four slots, the next step's unpack overlapping this step's wgmmas, else 64 columns
+    over two. Others: 64 columns over two slots without the overlap, K split until the
+    column blocks make about two programs per multiprocessor while each split keeps at
+    least 8 steps (4 ways on 4096-deep layers, 8 on 14336), and up to 16 rows at least 8
+    ways while each split keeps 4 steps, summed as ``_sums_at_last_split`` says; above
+    32 rows with the producer warp where ``_producer_split`` finds a split that fills the
+    GPU with it. Above 64 rows, ``_tile_of_128_rows``."""
     block_k = 128 if group_size >= k or group_size % 128 == 0 else 64
     if m > 64:
         return _tile_of_128_rows(m, n, k, block_k, num_sms)
@@ -157,7 +151,7 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
     split = 1
     while blocks * split < 2 * num_sms and k // (block_k * split * 2) >= 8:
         split *= 2
-    if block_m <= 16:  # session 15: 8 splits (4 steps each on 4096-deep layers) won
+    if block_m <= 16:  # 8 splits (4 steps each on 4096-deep layers) win
         while split < 8 and k // (block_k * split * 2) >= 4:
             split *= 2
     producer = block_m > 32 and _producer_split(blocks, split, k // block_k, num_sms,
@@ -170,24 +164,17 @@ def pick_tma_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132)
 
 def _tile_of_128_rows(m: int, n: int, k: int, block_k: int, num_sms: int) -> TmaConfig:
     """65..256 rows: blocks of 128 rows of x (the wgmma's N = 128, so each word is
-    unpacked once per 128 rows, against twice in 64-row blocks), two slots, no overlap.
-    Narrow layers: 64 columns, K split while the programs fit three a multiprocessor
-    (the tile's shared memory, and its registers capped at 168 from 4 splits, whose sum
-    otherwise takes 174) and each split keeps 8 steps. Wide layers (N >= 8192), K
-    unsplit: 128 columns on two warpgroups in one block of rows, 64 columns on one in
-    two. Swept on the H200 in session 20 (``sweep_w4a16_tma.py --family rows128``; at 72
-    rows the default was again the fastest of the family in session 21). Against
-    64-row blocks (session 21, ``bench/bench_w4a16_rows.py``): 128 rows 4096 x 4096 15.0
-    against 15.8 us, 4096 x 6144 18.5 against 20.7, 14336 x 4096 34.4 against 38.9,
-    4096 x 28672 58.9 against 84.6; 200 rows 20.6 / 26.9 / 55.8 / 114.1 against 24.3 /
-    35.7 / 71.5 / 161.0 us. The wide layers' two-warpgroup tile is capped at 128
-    registers, two programs a multiprocessor whatever its boxes (``x_box_rows``): whole
-    boxes build to 128 uncapped, half boxes to 136 under the H200's Triton 3.6, and capped
-    to 128 with 24 bytes of stack (session 22). Builds under the H200's Triton (3.6)
-    differ from CI's (3.9): a refactor that left 3.9's machine code byte-identical took
-    3.6's 2-split tile from 148 registers to 189 (one program a multiprocessor fewer)
-    and 4096 x 6144 at 200 rows from 26.9 to 34.9 us; it was reverted (session 23), and
-    ``bench/occupancy_w4a16_tma.py`` reads the builds under either."""
+    unpacked once per 128 rows, against twice in 64-row blocks, which it beats on every
+    shape: bench/results/quant.md), two slots, no overlap. Narrow layers: 64 columns, K
+    split while the programs fit three a multiprocessor (the tile's shared memory, and
+    its registers capped at 168 from 4 splits, whose sum otherwise takes 174) and each
+    split keeps 8 steps. Wide layers (N >= 8192), K unsplit: 128 columns on two
+    warpgroups in one block of rows, 64 columns on one in two. The wide layers'
+    two-warpgroup tile is capped at 128 registers, two programs a multiprocessor whatever
+    its boxes (``x_box_rows``). Register counts differ between Triton releases (3.6
+    builds some of these tiles to more registers than 3.9, one program a multiprocessor
+    fewer): ``tests/kernels/test_sm90_builds_under_h200_triton.py`` checks the builds
+    under both."""
     if n >= 8192:
         if m <= 128:
             return TmaConfig(128, block_k, 1, 8, 2, overlap=False, block_m=128, maxnreg=128)
@@ -206,12 +193,8 @@ def _producer_split(blocks: int, split: int, steps: int, num_sms: int, halve: bo
     split ``split`` ways. The warp makes a program two warpgroups, of which two fit a
     multiprocessor (``PRODUCER_WARP_MAXNREG``), so it pays only where the programs fill
     1.5-2 per multiprocessor in one wave, halving the split to get there if each split
-    keeps 8 steps (session 16, 64 rows: 4096 x 4096 10.6 against 12.0 us; 14336 x 4096
-    split 4 with it 24.7 against 26.5 split 8 without; 4096 x 6144 split 2 with it 15.7
-    against 14.0 split 4 without, 192 programs on 132 multiprocessors). At 17..32 rows
-    it did not pay: 4096 x 4096 9.7 against 9.6 us (split 8 without), 14336 x 4096
-    23.1 against 20.8. Over several 64-row blocks of x (``halve`` false) halving lost:
-    14336 x 4096 at 128 rows 42.4 against 39.0, at 256 73.3 against 71.1."""
+    keeps 8 steps. At 17..32 rows it does not pay, nor does halving over several 64-row
+    blocks of x (``halve`` false; bench/results/quant.md)."""
     while (halve and blocks * split > 2 * num_sms and split > 1
            and steps // (split // 2) >= 8):
         split //= 2
@@ -221,14 +204,10 @@ def _producer_split(blocks: int, split: int, steps: int, num_sms: int, halve: bo
 def _sums_at_last_split(block_m: int, splits: int) -> bool:
     """Whether split K is summed by the last split through partials in thread order
     (``last_split_reduces`` and ``linear_partials``), else by the last split to arrive;
-    from the H200 A/Bs (bench/results/quant.md). Above 16 rows, by the last split in
-    thread order (session 15: 4096 x 6144 at 64 rows 13.8 us against 15.0 by the last
-    split and 23.5 by arrival; 14336 x 4096 at 64 rows, 8 splits, 26.2 against 28.2 with
-    4 by the last split; every 32-row cell); their 16-byte accesses also take the 64-row
-    tile from 168 registers to 111, so 8 splits stay one wave. Up to 16 rows the same
-    with 8 splits or more (session 15: 4096 x 4096 8.6 against 9.0 by the last split
-    and 9.6 by arrival; 14336 x 4096 19.8 against 19.7 and 20.5), else by arrival (the
-    last split lost by 0.2-0.8 us with 4 in session 14)."""
+    whichever won its A/B (bench/results/quant.md): above 16 rows, by the last split in
+    thread order (their 16-byte accesses also take the 64-row tile from 168 registers to
+    111, so 8 splits stay one wave); up to 16 rows the same with 8 splits or more, else
+    by arrival."""
     return splits > 1 and (block_m > 16 or splits >= 8)
 
 
@@ -287,7 +266,7 @@ if gluon is not None:
         ``quad`` transposed, the lane bits of c broadcast (the four lanes of a quad hold
         the same words). Loaded in this layout and permuted in registers, because in
         Triton 3.6 a load through a permuted view of an unswizzled shared tile reads the
-        wrong addresses (seen on the H200, session 13)."""
+        wrong addresses."""
         def t(b):
             return [b[1], b[0]]
         return gl.DistributedLinearLayout(
@@ -508,9 +487,9 @@ if gluon is not None:
         offs_cm, own_rows = _tile_rows(m0, m1, pid_m, M, x_desc.block_shape[0], BLOCK_M,
                                        gl.SliceLayout(0, MMA))
         store_out_t(acc, out_ptr, part_ptr, count_ptr, offs_cm, offs_cn,
-                     own_rows[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
-                     pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
-                     LINEAR_PARTIALS, NUM_WARPS)
+                    own_rows[None, :] & (offs_cn < N)[:, None], stride_om, M, N,
+                    pid_m, pid_n, pid_k, SPLIT, HAS_SPLIT, LAST_SPLIT_REDUCES,
+                    LINEAR_PARTIALS, NUM_WARPS)
 
     @gluon.jit
     def _tile_rows(m0, m1, pid_m, M, X_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -534,9 +513,8 @@ if gluon is not None:
         the last block of several starts BLOCK_M rows before M, overlapping the block
         before (whose rows it then does not store), so that its x boxes read at most the
         15 rows past x that ``launched_rows`` adds (zeros from the TMA), not up to 63.
-        Boxes mostly past x made every step slower on the H200 (session 19, launched
-        rows, against the last block at pid_m * BLOCK_M: 14336 x 4096 at 65 rows 38.2
-        against 51.2 us, at 72 38.3 against 48.2; 4096 x 4096 at 72 15.9 against 20.7)."""
+        Boxes mostly past x make every step slower (against the last block at
+        pid_m * BLOCK_M: 14336 x 4096 at 65 rows 38.2 against 51.2 us)."""
         first = pid_m * BLOCK_M
         if M > BLOCK_M:
             first = gl.minimum(first, M - BLOCK_M)
@@ -736,8 +714,8 @@ def launched_rows(m: int) -> int:
     are cut off (``w4a16_gemm_wgmma_tma`` returns the first m). Triton specialises M on
     whether 16 divides it, and the other build of the 64-row tile needs 144 registers
     instead of 113: 3 programs a multiprocessor instead of 4, so a split launch of 512
-    programs takes two waves (session 19, H200: 14336 x 4096 at 72 rows 56.7 us, at 80
-    38.5; with launched rows 38.3 at 72)."""
+    programs takes two waves (14336 x 4096 at 72 rows: 56.7 us, with launched rows
+    38.3)."""
     return -(-m // 16) * 16
 
 
@@ -747,18 +725,13 @@ def x_box_rows(m: int, block_m: int, num_warps: int = 4) -> int:
     would reach more than ``MOST_ROWS_PAST_X[num_warps]`` rows past x: then half, two
     boxes a tile, the second ending at the launched rows (overlapping the first;
     ``_tile_rows``). Why: rows of a box past the end of x, which the TMA fills with
-    zeros, cost as much as rows read or more, and a second box costs a copy. H200,
-    halves against a whole box (``bench/probe_w4a16_box_rows.py``). One warpgroup
-    (session 21 call 3): 33 / 40 / 48 rows on 4096 x 4096 11.3 / 11.0 / 11.0 against
-    14.0 / 12.0 / 11.0 us (48 rows, 16 past x: 0.0-0.5 us slower in halves on every
-    shape), 72 / 96 / 104 rows 15.2 / 14.7 / 15.5 against 20.6 / 17.0 / 15.6. Two
-    warpgroups (4096 x 28672, 65..128 rows; halves with the tile's 128-register cap of
-    ``_tile_of_128_rows``, session 23): 65 / 72 / 80 rows 60.1-60.7 / 59.3-60.5 /
-    60.3-60.6 against 73.1-73.3 / 68.8-69.3 / 65.4-65.9 us, 88 / 96 / 104 rows
-    60.8-61.1 / 60.1-60.6 / 60.7-60.9 against 58.3-58.4 / 57.3-58.0 / 57.9-58.1;
-    uncapped (136 registers under Triton 3.6, one program a multiprocessor) halves had
-    lost at every row count, 79.1 / 79.6 / 80.7 against 67.8 / 58.3 / 58.9 us at 72 / 96
-    / 104 rows (session 21)."""
+    zeros, cost as much as rows read or more, and a second box costs a copy. Halves
+    against a whole box (bench/results/quant.md): one warpgroup, 33 / 40 rows on
+    4096 x 4096 11.3 / 11.0 against 14.0 / 12.0 us (at 48 rows, 16 past x, halves lose
+    by up to 0.5 us), 72 / 96 rows 15.2 / 14.7 against 20.6 / 17.0; two warpgroups
+    (4096 x 28672 under the 128-register cap of ``_tile_of_128_rows``), 65 / 72 / 80
+    rows 60 against 73 / 69 / 65 us, while from 88 rows the whole box wins (58 against
+    61 us)."""
     rows = launched_rows(m)
     if block_m // 2 < rows < block_m and block_m - m > MOST_ROWS_PAST_X[num_warps]:
         return block_m // 2

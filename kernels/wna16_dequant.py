@@ -3,7 +3,8 @@
 
 For large M (prefill) a dequantize-then-cuBLAS GEMM beats dequantizing inside a Triton
 tl.dot main loop: the dense write costs ~2 bytes per weight once per call, while the
-GEMM then runs at cuBLAS's rate. ``w4a16_gemm`` uses it above ``DEQUANT_MIN_M``.
+GEMM then runs at cuBLAS's rate (``w4a16_gemm_dequant``; a layer's kernel,
+``tamis.quant.wna16_kernels``, runs it from ``DEQUANT_MIN_M`` rows on).
 
 Each program unpacks a [BLOCK_KW, BLOCK_N] tile of words (loaded once, coalesced along N)
 into 32 // bits rows of output per word row; ``(q - z) * s`` in fp32, rounded once.

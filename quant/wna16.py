@@ -7,7 +7,8 @@ g_idx)``. That stores, on the layer (see ``tamis.kernels.w4a16`` for the layout)
 
     wna16_qweight  int32 [ceil(K/P), N]   codes packed along K (canonical words, or the
                                           interleaved order when ``wna16_interleaved``)
-    wna16_scales   [G, N]                 fp16 when the checkpoint's scales are fp16-exact, else fp32
+    wna16_scales   [G, N]                 fp16 when the checkpoint's scales are fp16-exact,
+                                          else fp32
     wna16_zeros    [G, N]                 float zero points, same dtype
     wna16_perm     int64 [K] or absent    act-order: x[..., perm] feeds the kernel
     wna16_kernel                          the kernel chosen for the model's dtype and device

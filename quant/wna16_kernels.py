@@ -23,6 +23,7 @@ import contextlib
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
@@ -38,8 +39,6 @@ try:
 except ImportError:  # CPU-only installs: the reference only
     triton = None
 
-GEMV_DISPATCH_M = 1  # canonical words: rows for the GEMVs (from 2 rows tl.dot with split-K
-                     # was as fast or faster, bench/results/quant.md)
 MMA_DISPATCH_M = 32  # interleaved words: rows for the MMA-fragment kernel (at 64 rows it
                      # lost to tl.dot, bench/results/quant.md)
 DEQUANT_MIN_M = 128  # from here on: dequantize to a dense weight, then a cuBLAS GEMM
@@ -116,7 +115,7 @@ class _TritonWordsKernel(WNA16Kernel):
     names for the rows of x (``launchers``: name -> f(x2d, qweight, scales, zeros,
     group_size))."""
 
-    launchers: dict[str, object]
+    launchers: dict[str, Callable[..., torch.Tensor]]
 
     @abstractmethod
     def route(self, m: int) -> str:
@@ -145,7 +144,9 @@ def _needs_triton_on_cuda(spec: WNA16Spec) -> str | None:
 class CanonicalWordsKernel(_TritonWordsKernel):
     """Canonical words on any CUDA GPU and activation dtype: the packed-arithmetic GEMV
     for one row (4-bit, bf16/fp16 x, groups of whole 4-word blocks), else the fp32
-    GEMV for one row, tl.dot below ``DEQUANT_MIN_M`` rows, dequantize + cuBLAS above."""
+    GEMV for one row; tl.dot below ``DEQUANT_MIN_M`` rows (from two rows tl.dot with
+    split-K is as fast as a GEMV or faster, bench/results/quant.md), dequantize +
+    cuBLAS above."""
 
     @classmethod
     def can_implement(cls, spec):
@@ -159,7 +160,7 @@ class CanonicalWordsKernel(_TritonWordsKernel):
         from tamis.kernels.w4a16_gemv_packed import packed_gemv_supported, w4a16_gemv_packed
         k, group, bits = spec.in_features, spec.group_size, spec.bits
         self.packed_gemv = packed_gemv_supported(1, k, group, bits, spec.act_dtype)
-        self.gemv = gemv_supported(1, k, group, bits)
+        self.gemv = gemv_supported(k, group, bits)
         self.launchers = {name: functools.partial(fn, bits=bits) for name, fn in (
             ("packed_gemv", w4a16_gemv_packed), ("gemv", w4a16_gemv_triton),
             ("tl_dot", w4a16_gemm_triton), ("dequant", w4a16_gemm_dequant))}
@@ -167,7 +168,7 @@ class CanonicalWordsKernel(_TritonWordsKernel):
     def route(self, m: int) -> str:
         if m == 1 and self.packed_gemv:
             return "packed_gemv"
-        if m <= GEMV_DISPATCH_M and self.gemv:
+        if m == 1 and self.gemv:
             return "gemv"
         return "dequant" if m >= DEQUANT_MIN_M else "tl_dot"
 
@@ -244,6 +245,10 @@ def _interleaved_rules_out(spec: WNA16Spec) -> str | None:
 
 KERNELS: tuple[type[WNA16Kernel], ...] = (InterleavedWordsKernel, CanonicalWordsKernel,
                                           ReferenceKernel)
+# The families by the names the benchmarks take (``--kernel``, ``--w4a16-kernels``).
+FAMILIES: dict[str, type[WNA16Kernel]] = {"interleaved": InterleavedWordsKernel,
+                                          "canonical": CanonicalWordsKernel,
+                                          "reference": ReferenceKernel}
 _only: tuple[type[WNA16Kernel], ...] | None = None
 
 

@@ -76,24 +76,25 @@ def test_dispatcher_tile_choice_is_correct(m):
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
 
 
-GEMV_CASES = [  # m, k, n, group_size, bits, config
-    (1, 256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 16, 1)),   # one group per tile, no split
-    (2, 256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
-    (3, 256, 40, 32, 4, w4a16_gemv.GemvConfig(32, 8, 4)),     # group 32 < tile: per-row groups, N tail
-    (4, 320, 64, 64, 4, w4a16_gemv.GemvConfig(64, 16, 2)),    # group 64 < tile, K tail past a group
-    (1, 200, 32, 40, 4, w4a16_gemv.GemvConfig(32, 4, 3)),     # K not a multiple of the group (GPTQ)
-    (4, 200, 32, 200, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # one group over K (group -1)
-    (3, 96, 40, 32, 8, w4a16_gemv.GemvConfig(16, 8, 2)),      # 8-bit
+GEMV_CASES = [  # k, n, group_size, bits, config
+    (256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 16, 1)),   # one group per tile, no split
+    (256, 64, 128, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # split-K reduced in-kernel
+    (256, 40, 32, 4, w4a16_gemv.GemvConfig(32, 8, 4)),     # group 32 < tile: row groups
+    (320, 64, 64, 4, w4a16_gemv.GemvConfig(64, 16, 2)),    # group 64 < tile, K past a group
+    (200, 32, 40, 4, w4a16_gemv.GemvConfig(32, 4, 3)),     # K not a multiple of the group
+    (200, 32, 200, 4, w4a16_gemv.GemvConfig(32, 8, 2)),    # one group over K (group -1)
+    (96, 40, 32, 8, w4a16_gemv.GemvConfig(16, 8, 2)),      # 8-bit
 ]
 
 
 @pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
                     reason="Triton needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("m,k,n,group_size,bits,config", GEMV_CASES)
-def test_gemv_matches_reference(m, k, n, group_size, bits, config):
+@pytest.mark.parametrize("k,n,group_size,bits,config", GEMV_CASES)
+def test_gemv_matches_reference(k, n, group_size, bits, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    _, qweight, scales, zeros = _random_layout(k, n, group_size, bits, torch.float16, seed=k + m)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    m = 1
+    _, qweight, scales, zeros = _random_layout(k, n, group_size, bits, torch.float16, seed=k + n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
     expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(),
                                     group_size, bits)
     got = w4a16_gemv.w4a16_gemv_triton(x.to(device), qweight.to(device), scales.to(device),
@@ -133,11 +134,14 @@ def test_split_buffers_fresh_partials_and_zeroed_counters():
     assert int(counters.abs().sum()) == 0
 
 
-def test_gemv_refuses_partial_word_groups():
-    assert w4a16_gemv.gemv_supported(1, 4096, 128, 4)
-    assert not w4a16_gemv.gemv_supported(w4a16_gemv.GEMV_MAX_M + 1, 4096, 128, 4)
-    assert not w4a16_gemv.gemv_supported(1, 4096, 12, 4)  # a group that splits a word
-    assert w4a16_gemv.gemv_supported(1, 100, 100, 4)      # ... unless it spans all of K
+def test_gemv_refuses_partial_word_groups_and_more_rows():
+    assert w4a16_gemv.gemv_supported(4096, 128, 4)
+    assert not w4a16_gemv.gemv_supported(4096, 12, 4)  # a group that splits a word
+    assert w4a16_gemv.gemv_supported(100, 100, 4)      # ... unless it spans all of K
+    qweight = torch.zeros(4096 // 8, 16, dtype=torch.int32)
+    with pytest.raises(ValueError, match="one row"):
+        w4a16_gemv.w4a16_gemv_triton(torch.zeros(2, 4096), qweight, torch.ones(32, 16),
+                                     torch.zeros(32, 16), 128)
 
 
 @pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
@@ -162,7 +166,7 @@ def test_act_order_layer_through_gemv(group_size):
     layer.prefix = "layer"
     wna16.finalize_wna16(layer, codes, scales.half().float(), zeros, group_size, bits, g_idx)
     assert layer.wna16_perm is not None
-    x = torch.randn(2, k, generator=gen)
+    x = torch.randn(1, k, generator=gen)
     expected = x @ ((codes.float() - zeros[g_idx.long()]) * scales.half().float()[g_idx.long()])
     layer.to(device)
     perm = layer.wna16_perm
@@ -196,7 +200,7 @@ def test_pick_config_splits_k_only_when_columns_are_few():
     assert few.split_k > many.split_k >= 1
     assert w4a16.pick_config(16, 4096, 4096, 128, num_sms=132).split_k > 1
     assert w4a16.pick_config(2048, 4096, 4096, 128).split_k == 1
-    assert w4a16_gemv.pick_gemv_config(1, 4096, 4096, 4).split_k > 1
+    assert w4a16_gemv.pick_gemv_config(4096, 4096, 4).split_k > 1
 
 
 def test_reference_reads_interleaved_words():

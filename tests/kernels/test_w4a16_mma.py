@@ -59,9 +59,7 @@ def test_layout_needs_integer_zero_points_in_range():
 
 
 @pytest.mark.parametrize("config,match", [
-    (MmaConfig(load_steps=3), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
-    (MmaConfig(prefetch=2), "load_steps 1, 2 or 4 and prefetch 0 or 1"),
-    (MmaConfig(warps_m=2, last_split_reduces=True, linear_partials=True), "warps_m 1"),
+    (MmaConfig(load_steps=4), "load_steps 1 or 2"),
     # K = 128 in 8 chunks: 16 rows a chunk, not whole steps
     (MmaConfig(32, 128, 1, 8, params_ahead=True, paired_steps=True, k_chunks=8),
      r"clash: \['chunk rows'\]"),
@@ -75,7 +73,6 @@ def test_layout_needs_integer_zero_points_in_range():
      r"clash: \['k_chunks', 'chunk rows'\]"),
     (MmaConfig(whole_wave=True), "whole_wave pads the grid of k_chunks tiles only"),
     (MmaConfig(steps_up_front=True), "steps_up_front takes a k_chunks tile"),
-    (MmaConfig(words_before_wait=True), "set steps_up_front too"),
     # K = 128 in 2 chunks of two 32-row steps: not 4 steps a chunk
     (MmaConfig(32, 32, 1, 8, params_ahead=True, paired_steps=True, k_chunks=2,
                steps_up_front=True), "chunks of 64 rows")])
@@ -89,14 +86,10 @@ def test_unsupported_config_is_refused_before_launch(config, match):
         w4a16_gemm_mma(x, packed, scales, zeros, 128, config)
 
 
-_CONFIGS = [None, MmaConfig(128, 64, 1, 8, 1, 16), MmaConfig(64, 32, 3, 2, 1, 64),
-            MmaConfig(128, 128, 4, 4, 1, 16, x_shared=True), MmaConfig(256, 128, 2, 8, 0, 32),
-            MmaConfig(64, 64, 1, 2, 1, 64), MmaConfig(256, 32, 3, 8, 1, 8),
-            MmaConfig(32, 128, 8, 1), MmaConfig(128, 64, 4, 2, 1, 32),
-            MmaConfig(64, 64, 3, 4, 1, 64, x_shared=True),
-            MmaConfig(128, 32, 2, 8, 0, 64, 2, x_shared=True),
-            MmaConfig(64, 128, 3, 2, load_steps=2), MmaConfig(128, 64, 2, 4, 1, 16, load_steps=4),
-            MmaConfig(64, 64, 2, 4, 1, 64, x_shared=True, load_steps=2),
+_CONFIGS = [None, MmaConfig(128, 64, 1, 8, 16), MmaConfig(64, 32, 3, 2, 64),
+            MmaConfig(64, 64, 1, 2, 64), MmaConfig(256, 32, 3, 8, 8),
+            MmaConfig(32, 128, 8, 1), MmaConfig(128, 64, 4, 2, 32),
+            MmaConfig(64, 128, 3, 2, load_steps=2),
             MmaConfig(128, 128, 4, 8, vector_columns=False),
             MmaConfig(128, 64, 3, 4, params_ahead=True),
             MmaConfig(64, 128, 3, 2, load_steps=2, params_ahead=True),
@@ -121,23 +114,6 @@ def test_kernel_matches_reference(m, k, n, group_size, config):
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
                          group_size, cfg)
-    assert_matches_reference(got, x, qweight, scales, zeros, group_size)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Gluon kernels need a CUDA GPU")
-@pytest.mark.parametrize("m", [1, 20, 33, 64])
-@pytest.mark.parametrize("config", [MmaConfig(64, 64, 2, 4, 1, 64, 4),
-                                    MmaConfig(128, 128, 3, 8, 1, 32, 2, x_shared=True),
-                                    MmaConfig(32, 32, 1, 4, 1, 64, 4)])
-def test_kernel_rows_split_over_warps(m, config):
-    k, n, group_size = 576, 200, 32 if config.block_k == 32 else 64
-    if config.block_k == 128:
-        k, group_size = 1024, 128
-    _, qweight, scales, zeros = _operands(k, n, group_size, seed=m + 7)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
-    got = w4a16_gemm_mma(x.cuda(), mma_pack(qweight.cuda(), k), scales.cuda(), zeros.cuda(),
-                         group_size, config)
     assert_matches_reference(got, x, qweight, scales, zeros, group_size)
 
 
@@ -225,8 +201,6 @@ _BY_SUMS = [replace(c, zeros_by_x_sums=True)
             for c in _CONFIGS + [MmaConfig(256, 128, 16, 8, params_ahead=True,
                                            paired_steps=True, last_split_reduces=True)]
             if c is not None and c.paired_steps]
-# ... and the same with each step's sums of x taken by an MMA on the x operand.
-_BY_SUMS += [replace(c, x_sums_by_mma=True) for c in _BY_SUMS]
 
 
 @pytest.mark.gpu
@@ -235,8 +209,7 @@ _BY_SUMS += [replace(c, x_sums_by_mma=True) for c in _BY_SUMS]
 @pytest.mark.parametrize("k,n,group_size", KERNEL_SHAPES)
 @pytest.mark.parametrize("config", range(len(_BY_SUMS)))
 def test_zero_points_by_x_sums_match_the_reference(m, k, n, group_size, config):
-    """Codes unpacked as 128 + q and (128 + z) times each step's sum of x (by a pass over
-    x, or by an MMA) taken off the
+    """Codes unpacked as 128 + q and (128 + z) times each step's sum of x taken off the
     product: the result of the zero point applied per word, within bf16 rounding (rows
     of x summed per program, up to 16 rows in a program, splits of 1-7 steps, odd and
     even, groups of 32 rows to all of K)."""
@@ -290,30 +263,15 @@ _CHUNKED = [(4096, 4096, 128, _paired_chunks(32, 128, 8, 8)),
                                            max_registers=120)),
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
                                              zeros_by_x_sums=True)),
-            # steps 1-3's words and group parameters before the PDL wait too (columns
-            # past N, 64-row groups, zero points by sums of x)
-            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
-                                             words_before_wait=True, max_registers=120)),
-            (2048, 136, 64, _paired_chunks(32, 64, 8, 8, steps_up_front=True,
-                                           words_before_wait=True, max_registers=120)),
-            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, steps_up_front=True,
-                                             words_before_wait=True, zeros_by_x_sums=True)),
-            # zero points by sums of x, each chunk's sums its column's;
-            # the sums by a pass over x or by an MMA (each chunk's column summed by the
-            # tensor cores)
+            # zero points by sums of x, each chunk's sums its column's
             (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True)),
             (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True)),
-            (4096, 4096, 128, _paired_chunks(32, 128, 8, 8, zeros_by_x_sums=True,
-                                             x_sums_by_mma=True)),
-            (576, 136, 32, _paired_chunks(32, 32, 4, 2, zeros_by_x_sums=True,
-                                          x_sums_by_mma=True)),
             # 16 chunks in two n8 blocks of x^T's columns (2 steps a chunk; one step a
-            # chunk with columns past N; 16 warps of one m16; sums of x by an MMA)
+            # chunk with columns past N; 16 warps of one m16; sums of x)
             (4096, 4096, 128, _paired_chunks(16, 128, 8, 16)),
             (2048, 520, 128, _paired_chunks(16, 128, 8, 16)),
             (4096, 4096, 128, _paired_chunks(32, 128, 16, 16)),
-            (4096, 4096, 128, _paired_chunks(16, 128, 8, 16, zeros_by_x_sums=True,
-                                             x_sums_by_mma=True))]
+            (4096, 4096, 128, _paired_chunks(16, 128, 8, 16, zeros_by_x_sums=True))]
 
 
 @pytest.mark.gpu

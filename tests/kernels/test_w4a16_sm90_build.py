@@ -62,23 +62,21 @@ def _before_the_wait(build) -> list[str]:
 
 
 @needs_gluon
-@pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even,pairs,late", [
-    (32, 128, 128, 4, 2, False, True, False, False),   # wide layers, 17..32 rows, two slots
-    (64, 128, 128, 4, 2, False, True, False, False),   # wide layers, 33..64 rows
-    (64, 128, 128, 4, 2, True, True, False, False),    # deep layers, 33..64 rows, split K
-    (64, 64, 128, 4, 3, True, True, False, False),     # the narrow default, split K
-    (32, 64, 32, 4, 3, True, False, False, False),     # 32-row groups, masked tails
-    (64, 256, 64, 8, 3, True, True, False, False),     # two warpgroups
-    (64, 64, 128, 4, 3, False, True, True, False),     # steps in pairs
-    (32, 64, 128, 4, 4, True, True, True, False),      # 17..32 rows, narrow (dispatched)
-    (32, 128, 128, 4, 3, False, True, True, False),    # 17..32 rows, wide (dispatched)
-    (64, 64, 64, 4, 3, True, False, True, False),
-    (64, 128, 128, 4, 2, False, True, False, True),    # refill after the wgmma
-    (64, 64, 128, 4, 3, True, False, True, True),
+@pytest.mark.parametrize("block_m,block_n,block_k,warps,stages,split,even,pairs", [
+    (32, 128, 128, 4, 2, False, True, False),   # wide layers, 17..32 rows, two slots
+    (64, 128, 128, 4, 2, False, True, False),   # wide layers, 33..64 rows
+    (64, 128, 128, 4, 2, True, True, False),    # deep layers, 33..64 rows, split K
+    (64, 64, 128, 4, 3, True, True, False),     # the narrow default, split K
+    (32, 64, 32, 4, 3, True, False, False),     # 32-row groups, masked tails
+    (64, 256, 64, 8, 3, True, True, False),     # two warpgroups
+    (64, 64, 128, 4, 3, False, True, True),     # steps in pairs
+    (32, 64, 128, 4, 4, True, True, True),      # 17..32 rows, narrow (dispatched)
+    (32, 128, 128, 4, 3, False, True, True),    # 17..32 rows, wide (dispatched)
+    (64, 64, 64, 4, 3, True, False, True),
 ])
 def test_wgmma_kernel_builds_for_sm90_without_hazards(block_m, block_n, block_k, warps,
-                                                      stages, split, even, pairs, late):
-    build = wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late)
+                                                      stages, split, even, pairs):
+    build = wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs)
     assert build.count("HGMMA") > 0, "no wgmma in the SASS"
     assert build.stack_bytes == 0, f"{build.stack_bytes} bytes of stack (spills)"
     assert inflight_clobbers(build.instructions()) == []
@@ -100,7 +98,6 @@ def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
     (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False)),
     (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
                              params_ahead=True)),
-    (64, w4a16_mma.MmaConfig(64, 64, 2, 4, 1, 64, 1, x_shared=True)),
     (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
@@ -160,20 +157,6 @@ def test_chunks_of_four_steps_load_them_all_up_front(k, n):
     leads = [lead for lead, x in zip(load_leads(after), loads)
              if x.opcode.startswith("LDG.E.128")]
     assert statistics.median(leads) >= 16, sorted(leads)
-
-
-@needs_gluon
-def test_words_before_wait_issues_every_weight_load_before_the_pdl_wait():
-    """``words_before_wait``: steps 1-3's words and group parameters load before
-    griddepcontrol.wait beside step 0's (four times the 16-byte word loads there), only
-    x after it, still under the 120-register cap with no spill."""
-    config = w4a16_mma.pick_mma_config(1, 4096, 4096, 128, 132)
-    early = dataclasses.replace(config, words_before_wait=True)
-    builds = [mma_build(8, c, pdl_trigger=1, k=4096) for c in (config, early)]
-    words = [sum(op.startswith("LDG.E.128") for op in _before_the_wait(b)) for b in builds]
-    assert words[1] == 4 * words[0] > 0, words
-    assert builds[1].registers <= 120 and builds[1].stack_bytes == 0
-    assert not [op for op in _before_the_wait(builds[1]) if op.split(".")[0] in _WRITES]
 
 
 def _steps(build) -> list:
@@ -243,30 +226,6 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     assert len(loop) - _words_own(config) * words <= 150
     assert sum(x.opcode.startswith("HADD2") for x in loop) <= words, "zero point FMAs left"
     assert min(load_leads(loop)) >= 6
-
-
-@needs_gluon
-@pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (4096, 28672), (14336, 4096)])
-def test_sums_of_x_by_an_mma_leave_no_pass_over_x(k, n):
-    """``x_sums_by_mma``: the sums of x come from half an MMA a word (an all-ones m16 a
-    warp, 3 MMAs where the words take 2) instead of the pass of ``_x_step_sums``,
-    whose shared sums (stores and loads) are gone; no zero point applied in bf16, the
-    loop's overhead as small, 128 registers, no spill, and every load still a few MMAs
-    ahead of its use (4 or more: in session 32's builds 5 to 9)."""
-    by_pass = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
-                                  zeros_by_x_sums=True)
-    by_mma = dataclasses.replace(by_pass, x_sums_by_mma=True)
-    pass_build, build = mma_build(8, by_pass, k=k), mma_build(8, by_mma, k=k)
-    assert build.registers <= 128 and build.stack_bytes == 0
-    assert build.count("STS") < pass_build.count("STS")
-    assert build.count("LDS") < pass_build.count("LDS")
-    loop = _main_loop(build)
-    mmas = sum(x.opcode.startswith("HMMA") for x in loop)
-    assert mmas % 3 == 0 and mmas > 0
-    words = 2 * mmas // 3
-    assert len(loop) - (_words_own(by_mma) * words + mmas // 3) <= 150
-    assert sum(x.opcode.startswith("HADD2") for x in loop) <= words, "zero point FMAs left"
-    assert min(load_leads(loop)) >= 4
 
 
 _WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")

@@ -72,8 +72,6 @@ _CONFIGS = [None, WgmmaConfig(64, 128, 1, 4, 4), WgmmaConfig(128, 128, 2, 8, 3),
             WgmmaConfig(128, 64, 4, 4, 6), WgmmaConfig(64, 32, 3, 4, 2),
             WgmmaConfig(256, 64, 8, 8, 3), WgmmaConfig(128, 128, 1, 4, 3),
             WgmmaConfig(64, 128, 2, 4, 3, pairs=True), WgmmaConfig(128, 64, 3, 4, 4, pairs=True),
-            WgmmaConfig(128, 128, 1, 4, 2, late_refill=True),
-            WgmmaConfig(64, 128, 2, 4, 3, pairs=True, late_refill=True),
             WgmmaConfig(64, 128, 2, 4, 3, params_ahead=1),
             WgmmaConfig(64, 128, 2, 4, 3, pairs=True, params_ahead=1)]
 

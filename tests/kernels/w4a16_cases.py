@@ -54,13 +54,13 @@ def assert_refused(gemm, x: torch.Tensor, config, match: str, group_size: int):
 
 def assert_sums_agree(gemm, args: tuple, at_arrival, launches: int = 10) -> torch.Tensor:
     """``gemm(*args, config)`` summing split K by arrival (``at_arrival``), at the last
-    split (the same config, ``last_split_reduces``) and there through partials in thread
-    order (``linear_partials``), ``launches`` times each back to back (each must leave
-    its counters at zero for the next): every output bit-equal, the sums adding the same
-    partials in the same order. Returns the last output."""
-    at_last = replace(at_arrival, last_split_reduces=True)
-    linear = replace(at_last, linear_partials=True)
-    outs = [gemm(*args, cfg) for cfg in [at_arrival] * launches + [at_last] * launches
-            + [linear] * launches]
+    split (the same config, ``last_split_reduces``) and, where the config has it, there
+    through partials in thread order (``linear_partials``), ``launches`` times each back
+    to back (each must leave its counters at zero for the next): every output bit-equal,
+    the sums adding the same partials in the same order. Returns the last output."""
+    configs = [at_arrival, replace(at_arrival, last_split_reduces=True)]
+    if hasattr(at_arrival, "linear_partials"):
+        configs.append(replace(configs[1], linear_partials=True))
+    outs = [gemm(*args, cfg) for cfg in configs for _ in range(launches)]
     assert all(torch.equal(out, outs[0]) for out in outs)
     return outs[-1]

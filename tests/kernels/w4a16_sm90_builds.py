@@ -21,11 +21,11 @@ SIGNATURE = {"x_ptr": "*bf16", "qw_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*fp
              "stride_qk": "i32", "stride_sg": "i32", "stride_om": "i32"}
 
 
-def wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs, late=False,
+def wgmma_build(block_m, block_n, block_k, warps, stages, split, even, pairs,
                 params_ahead=2, pdl_trigger=None) -> Build:
     """The cp.async wgmma kernel for a tile (K split 2 ways when ``split``)."""
     config = w4a16_wgmma.WgmmaConfig(block_n, block_k, 2 if split else 1, warps, stages,
-                                     pairs, late, params_ahead)
+                                     pairs, params_ahead)
     pdl = pdl_trigger is not None
     constexprs = w4a16_wgmma.wgmma_constexprs(config, block_m, 128, config.split_k, even,
                                               pdl_wait=pdl, pdl_trigger=pdl_trigger or 0)

@@ -40,10 +40,10 @@ QUANT_CONFIGS = {
 }
 
 
-def _load(tmp_path, name):
+def _load(tmp_path, name, dtype="float32"):
     config = dict(TINY_LLAMA, quantization_config=QUANT_CONFIGS[name])
     (tmp_path / "config.json").write_text(json.dumps(config))
-    engine_config = SimpleNamespace(model=str(tmp_path), dtype="float32", load_format="dummy",
+    engine_config = SimpleNamespace(model=str(tmp_path), dtype=dtype, load_format="dummy",
                                     quantization=None, seed=0, attention_backend="torch")
     model, _ = load_model(engine_config, "cpu")
     return model
@@ -70,3 +70,26 @@ def test_dummy_fp8_weights_have_the_dummy_spread(tmp_path):
     assert layer.weight.dtype == torch.float8_e4m3fn
     dense = layer.weight.float() * layer.weight_scale[:, None]
     assert math.isclose(dense.std().item(), 0.02, rel_tol=0.1)
+
+
+@pytest.mark.parametrize("name", ["awq", "gptq-act-order"])
+def test_w4a16_kernels_are_chosen_at_load_for_the_model_dtype(tmp_path, name, monkeypatch):
+    """Every W4A16 layer of a CPU model gets the reference kernel at load, for the
+    model's dtype, and a forward pass chooses nothing again."""
+    from tamis.quant import wna16, wna16_kernels
+    model = _load(tmp_path, name, dtype="bfloat16")
+    layers = [m for m in model.modules() if hasattr(m, "wna16_kernel")]
+    assert len(layers) == 4 * TINY_LLAMA["num_hidden_layers"]  # qkv, o, gate_up, down
+    for layer in layers:
+        assert isinstance(layer.wna16_kernel, wna16_kernels.ReferenceKernel)
+        assert layer.wna16_kernel.spec.act_dtype == torch.bfloat16
+        assert layer.wna16_dense.dtype == torch.bfloat16
+    chosen = [layer.wna16_kernel for layer in layers]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a W4A16 kernel was chosen on the forward path")
+    monkeypatch.setattr(wna16, "choose_wna16_kernel", refuse)
+    with forward_context(None, []):
+        hidden = model(torch.arange(6), torch.arange(6))
+    assert hidden.dtype == torch.bfloat16 and torch.isfinite(hidden).all()
+    assert [layer.wna16_kernel for layer in layers] == chosen
