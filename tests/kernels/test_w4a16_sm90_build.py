@@ -145,8 +145,8 @@ def test_chunks_of_four_steps_load_them_all_up_front(k, n):
     of 4 steps): under its cap the tile builds to at most 120 registers (two programs of
     8 warps a multiprocessor), no spill, and its 16-byte loads after the PDL wait issue
     a step or more (16 MMAs) before their use, at the median. Without the cap ptxas
-    builds 84 registers with each load 7 MMAs ahead at the median (session 34): the
-    round trips the tile exists to overlap."""
+    builds 84 registers with each load 7 MMAs ahead at the median: the round trips the
+    tile exists to overlap."""
     config = w4a16_mma.pick_mma_config(1, n, k, 128, 132)
     assert config.steps_up_front and config.max_registers
     build = mma_build(8, config, pdl_trigger=1, k=k)
@@ -183,8 +183,8 @@ def _main_loop(build) -> list:
 @pytest.mark.parametrize("k,n", [(4096, 4096), (4096, 6144), (4096, 28672), (14336, 4096)])
 def test_one_row_loop_spends_its_instructions_on_the_words(k, n):
     """At one row every instruction of the main loop (or unrolled steps) outside the
-    unpack and the MMAs is overhead the H200 pays for (session 17: 6-9% faster without
-    the ones below): the scales load as vectors (no 16-bit loads), the zero points
+    unpack and the MMAs is overhead the GPU pays for (6-9% faster without the ones
+    below): the scales load as vectors (no 16-bit loads), the zero points
     become bf16 without float conversions, x loads unmasked (no zeroing of its registers
     before the loads), and at most 150 instructions of the loop (of 2 steps, 32 words a
     thread) are not the 11 of each word's unpack or its MMA."""
@@ -216,7 +216,7 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     with ``mma_compile_options``' register cap) every load of the loop still issues at
     least 6 MMAs before its first use, as in the per-word loop: without the cap ptxas
     put some right before their use (0 MMAs), a memory round trip exposed per pair of
-    steps (session 18: 9.3 against 7.1 us on 4096 x 6144)."""
+    steps (9.3 against 7.1 us on 4096 x 6144)."""
     config = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
                                  zeros_by_x_sums=True)
     build = mma_build(8, config, k=k)
@@ -337,11 +337,11 @@ def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
     """Above 64 rows, 128-row blocks of x: the narrow layers' tiles fit the 168
     registers by which ``_tile_of_128_rows`` counts three programs a multiprocessor
     (at 4 K splits capped there: ptxas then spills a few registers in the loop, which
-    the H200 timed faster than two programs a multiprocessor), the wide layers' 8-warp
-    tile two, in whole boxes (100 rows) or half boxes (72), with at most 32 bytes of
-    stack; no wgmma operand overwritten in flight. With the installed Triton: run it
-    under the H200's too (3.6; ``bench/occupancy_w4a16_tma.py`` says how), whose builds
-    differ (``_tile_of_128_rows``)."""
+    timed faster than two programs a multiprocessor), the wide layers' 8-warp tile two,
+    in whole boxes (100 rows) or half boxes (72), with at most 32 bytes of stack; no
+    wgmma operand overwritten in flight. With the installed Triton; under Triton 3.6,
+    whose builds differ (``_tile_of_128_rows``), through
+    ``test_sm90_builds_under_h200_triton.py``."""
     config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
     assert config.block_m == 128
     build = tma_build(128, config, rows=m)

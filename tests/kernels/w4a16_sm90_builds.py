@@ -1,6 +1,6 @@
-"""The W4A16 Gluon kernels built for sm_90 as their launchers would launch them (the
-sm_90 build tests and ``bench/occupancy_w4a16_tma.py``): each returns ``sm90_build``'s
-``Build`` (SASS, registers, stack bytes), with the installed Triton."""
+"""The W4A16 Gluon kernels built for sm_90 as their launchers would launch them (for the
+sm_90 build tests): each returns ``sm90_build``'s ``Build`` (SASS, registers, stack
+bytes), with the installed Triton."""
 from __future__ import annotations
 
 import sys
