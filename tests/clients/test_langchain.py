@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import jsonschema
-from .client_setup import PROMPT, City, get_weather
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
+
+from .client_setup import PROMPT, City, get_weather
 
 
 def _parameters(tool, strict: bool | None = None) -> dict:

@@ -9,9 +9,10 @@ import json
 import httpx
 import jsonschema
 import pytest
-from .client_setup import KEY, MAX_TOKENS, PROMPT, City, get_weather
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from live_server import MODEL_NAME
+
+from .client_setup import KEY, MAX_TOKENS, PROMPT, City, get_weather
 
 CITY_FORMAT = {"type": "json_schema",
                "json_schema": {"name": "City", "strict": True,
