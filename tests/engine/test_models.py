@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from paged_harness import PagedBatcher
 from tamis.engine.attention.metadata import forward_context
 from tamis.engine.layers.linear import MergedColumnLinear, QKVLinear
 from tamis.engine.layers.quant_method import LinearMethodBase, set_weight_attrs
 from tamis.engine.layers.rotary import get_rope
 from tamis.engine.loader import kv_cache_spec, load_model
-from tests.engine.paged_harness import PagedBatcher
 
 torch.set_num_threads(1)   # 2 threads stall on OpenMP barriers when the CPUs are shared
 ATOL = 1e-4

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.quant.libraries import LibraryUnavailable, run_library
-from tests.quant.test_roundtrip import PROMPT, SHAPES, _tamis_logits, _tamis_model, _tamis_weight
+from libraries import LibraryUnavailable, run_library
+from test_roundtrip import PROMPT, SHAPES, _tamis_logits, _tamis_model, _tamis_weight
 
 torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
 pytestmark = pytest.mark.network   # the libraries' venv is built from PyPI on first use

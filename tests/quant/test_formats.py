@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from formats import load_layer, make_layer, pack_along_cols, pack_along_rows, pack_awq
 from tamis.kernels.fp8 import FP8_DTYPE
 from tamis.quant import get_quant_config
 from tamis.quant.awq import AWQConfig
@@ -14,8 +15,6 @@ from tamis.quant.compressed_tensors import CompressedTensorsConfig
 from tamis.quant.fp8 import Fp8Config
 from tamis.quant.gptq import GPTQConfig
 from tamis.quant.wna16_kernels import dequantized_weight
-from tests.quant.formats import (load_layer, make_layer, pack_along_cols, pack_along_rows,
-                                 pack_awq)
 
 torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
 SHARDS = {"q": 32, "k": 16, "v": 16}

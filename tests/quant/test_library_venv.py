@@ -7,7 +7,7 @@ from __future__ import annotations
 import sysconfig
 from pathlib import Path
 
-from tests.quant import libraries
+import libraries
 
 
 def _cached_venv(cache: Path) -> Path:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from tamis.kernels import fp8 as fp8_kernels
 from tamis.quant.quantizer.pipeline import QuantizeOptions, quantize_checkpoint
-from tests.quant.test_roundtrip import _tamis_model
+from test_roundtrip import _tamis_model
 
 torch.set_num_threads(1)
 

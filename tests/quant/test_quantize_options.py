@@ -15,7 +15,7 @@ from tamis.quant.quantizer.grid import (SHRINK_FACTORS, _grid_for_range, fit_gri
 from tamis.quant.quantizer.pipeline import QuantizeOptions, _split_rows
 from tamis.quant.quantizer.refit import refit_scales
 
-from tests.quant.test_roundtrip import _round_trip, one_layer, samples, tiny  # noqa: F401  (fixtures)
+from test_roundtrip import _round_trip, one_layer, samples, tiny  # noqa: F401  (fixtures)
 
 torch.manual_seed(0)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tamis.quant.quantizer.rotate import residual_rotation, rotate_residual
-from tests.tiny_models import SUPPORTED_ARCHS, tiny_model
+from tiny_models import SUPPORTED_ARCHS, tiny_model
 
 torch.set_num_threads(1)
 

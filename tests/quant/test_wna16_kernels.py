@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from formats import load_layer, make_layer, pack_along_cols, pack_along_rows
 from tamis.quant import wna16, wna16_kernels
 from tamis.quant.awq import AWQConfig
 from tamis.quant.gptq import GPTQConfig
@@ -13,7 +14,6 @@ from tamis.quant.packing import pack_awq
 from tamis.quant.wna16_kernels import (CanonicalWordsKernel, InterleavedWordsKernel,
                                        ReferenceKernel, WNA16Spec, choose_wna16_kernel,
                                        dequantized_weight)
-from tests.quant.formats import load_layer, make_layer, pack_along_cols, pack_along_rows
 
 K, N, GROUP = 64, 32, 32
 
