@@ -1,4 +1,4 @@
-"""The optional yardstick backends (xgrammar, llguidance) behind tamis's matcher contract.
+"""The optional yardstick backends (xgrammar, llguidance) behind the Matcher protocol (constrain/backend.py).
 
 These are third-party libraries used for side-by-side figures, not tamis code: each test is
 skipped (importorskip) where its package is not installed."""
