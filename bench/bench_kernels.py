@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks on the GPU: each Triton kernel checked, then timed against torch.
 
-Run on the device (one call):  python bench/bench_kernels.py [--out DIR]
+Run on a CUDA GPU:  python bench/bench_kernels.py [--out DIR]
 
 - decode attention, 64 sequences x 2,048 tokens, Llama-3.1-8B heads (32 q / 8 kv, D 128),
   bf16, block 16: against the KV-read byte floor (bytes / measured copy bandwidth) and

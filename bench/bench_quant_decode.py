@@ -22,10 +22,10 @@ kernels on interleaved words, "canonical" the GEMV / tl.dot / dequantize kernels
 "chosen" what a load picks by itself), so that a family is kept for the shapes and batch
 sizes where it wins end to end.
 
-``--engines tamis vllm`` adds vLLM as the peer (carried to the device as wheels:
-``bench/device/carried.sh``): the same config folders, workload and timing, vLLM's
-defaults otherwise (it picks its own kernels for each ``quantization_config``: on Hopper
-vLLM 0.26 runs AWQ through Machete), one process per engine and method.
+``--engines tamis vllm`` adds vLLM as the peer (installed on the GPU machine from the wheels
+``bench/device/make_bundle.py`` collects): the same config folders, workload and timing,
+vLLM's defaults otherwise (it picks its own kernels for each ``quantization_config``: on
+Hopper vLLM 0.26 runs AWQ through Machete), one process per engine and method.
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ METHODS = {  # name -> (config.json quantization_config, LLM(quantization=...))
 def engine_classes(engine: str):
     """(LLM, SamplingParams) of ``engine``: tamis's, or vLLM's (imported only here)."""
     if engine == "vllm":
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not in the bundle
         from vllm import LLM, SamplingParams
         return LLM, SamplingParams
     from tamis.engine.llm import LLM

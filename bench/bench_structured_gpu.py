@@ -17,11 +17,11 @@ grammars); each unfinished one must be a valid prefix (tamis's matcher, byte by 
     python bench/bench_structured_gpu.py --tokenizer DIR [--engines tamis,vllm]
         [--variants unconstrained,json,regex,gbnf,lark] [--repeats 2] [--profile]
 
-Each engine runs in its own subprocess (``subprocess_runs.run_each``); vLLM is carried to
-the device as wheels (bench/device/carried.sh) and is not a dependency of tamis. A
-warm-up pass of 8 short requests per variant compiles the constraint first (both engines
-cache compiled constraints, as a server does); mask rows of the states the timed pass
-reaches first are computed during the timed pass. ``--profile`` adds tamis's host time
+Each engine runs in its own subprocess (``subprocess_runs.run_each``); vLLM, installed on
+the GPU machine from the wheels bench/device/make_bundle.py collects, is not a dependency of
+tamis. A warm-up pass of 8 short requests per variant compiles the constraint first (both
+engines cache compiled constraints, as a server does); mask rows of the states the timed
+pass reaches first are computed during the timed pass. ``--profile`` adds tamis's host time
 per step phase (tamis only). ``--tokenizer`` defaults to the embedded SmolLM2's folder.
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ class TamisRunner(Runner):
 
 class VllmRunner(Runner):
     def __init__(self, folder: Path, args):
-        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not carried
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")   # flashinfer is not in the bundle
         import vllm
         from vllm.sampling_params import StructuredOutputsParams
         self.name = f"vllm {vllm.__version__}"

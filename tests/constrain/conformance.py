@@ -108,9 +108,10 @@ def walk(compiled, text: str, check_mask: bool = False) -> tuple[bool, int]:
 
 def maskbench_sample(per_subset: int = 40, seed: int = 0,
                      root: Path | None = None) -> list[tuple[str, Path]]:
-    """BENCHMARKS.md's sample: up to ``per_subset`` files per subset, sorted then shuffled
-    with ``seed``. A subset folder with an ``ORDER.txt`` (the repository's sample) lists its
-    files in the whole set's seed-0 order, so the same files come first either way."""
+    """The maskbench sample the tests and bench/bench_structured.py walk: up to ``per_subset``
+    files per subset, sorted then shuffled with ``seed``. A subset folder with an
+    ``ORDER.txt`` (the repository's sample) lists its files in the whole set's seed-0 order,
+    so the same files come first either way."""
     out = []
     for subset in sorted(p for p in (root or MASKBENCH).iterdir() if p.is_dir()):
         order = subset / "ORDER.txt"

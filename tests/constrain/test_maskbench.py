@@ -1,7 +1,8 @@
 """maskbench-dev (model-free): compile coverage per subset, and on compiled schemas no invalid
 instance accepted and >= 98% of valid instances accepted. CI walks a deterministic sample
-(TAMIS_MASKBENCH_PER_SUBSET files per subset, BENCHMARKS.md's ordering); the full sample
-runs in bench/bench_structured.py."""
+(TAMIS_MASKBENCH_PER_SUBSET files per subset, in conformance.maskbench_sample's order); larger
+samples run in bench/bench_structured.py and the whole set in bench/maskbench_coverage.py
+(figures in bench/RESULTS.md)."""
 import json
 import os
 from collections import Counter, defaultdict

@@ -1,6 +1,6 @@
 """The kernels subpackage under its bare name. A Python started in a checkout (a REPL,
-``python -c``, pytest with ``pythonpath = ["."]``) finds the subpackage as ``kernels``,
-first on ``sys.path``; the PyPI package ``kernels`` (Hugging Face's hub kernels, which transformers
+``python -c``, ``python -m pytest``) finds the subpackage as ``kernels``, first on
+``sys.path``; the PyPI package ``kernels`` (Hugging Face's hub kernels, which transformers
 >= 5.25 requires and imports as it loads a model) must still be what that name imports."""
 from __future__ import annotations
 
