@@ -9,11 +9,12 @@
         W4A16 (group 128; a bf16 layer whose kernel is chosen as at load, or forced with
         --kernel interleaved | canonical | reference) and FP8 (per-channel weights; W8A16
         GEMV for M <= 4, per-token dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes
-        for M = 1, 4, 16, 64, 256, 2048 against bf16 F.linear, timed by CUDA-graph replay (--eager: CUDA events on
-        eager calls), median of repeats; each result is checked against its reference
-        first. --sweep also times grids of W4A16 and FP8-GEMV tile configs and prints the
-        best per cell. --rotate N cycles the timed calls through N copies of each weight
-        (weights that fit in the L2 cache are otherwise re-read from it). --pdl MODE ...
+        for M = 1, 4, 16, 64, 256, 2048 against bf16 F.linear, timed by CUDA-graph replay
+        (--eager: CUDA events on eager calls), median of repeats; each result is checked
+        against its reference first. --sweep also times grids of W4A16 and FP8-GEMV tile
+        configs and prints the best per cell. --rotate N cycles the timed calls through N
+        copies of each weight (weights that fit in the L2 cache are otherwise re-read from
+        it). --pdl MODE ...
         times the W4A16 / FP8 kernels under each launch mode of tamis.kernels.pdl (default
         auto, the engine's; in a graph of back-to-back calls a kernel launched with PDL
         overlaps the one before, as a model's layers do) and adds a table by mode.

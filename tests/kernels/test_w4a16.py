@@ -151,8 +151,6 @@ def test_act_order_layer_through_gemv(group_size):
     """A GPTQ act-order layer repacked by finalize_wna16 (K sorted by group), fed x
     permuted by ``wna16_perm`` as apply_wna16's CUDA path does, gives the checkpoint's
     product through the GEMV."""
-    from types import SimpleNamespace
-
     from tamis.quant import wna16
     device = "cuda" if torch.cuda.is_available() else "cpu"
     k, n, bits = 2 * group_size + 24, 48, 4   # K not a multiple of the group

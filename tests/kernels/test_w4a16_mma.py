@@ -13,11 +13,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from w4a16_cases import KERNEL_SHAPES, assert_matches_reference, assert_sums_agree  # noqa: E402
 from w4a16_cases import wna16_operands as _operands  # noqa: E402
 
-from tamis.kernels import w4a16_mma  # noqa: E402
-from tamis.kernels.w4a16_mma import (MmaConfig, mma_layout_supported, mma_pack,  # noqa: E402
-                                     mma_supported, mma_unpack, one_wave_split,
-                                     pick_mma_config, split_one_row_config, step_rows,
-                                     w4a16_gemm_mma)
+from tamis.kernels import w4a16_mma, w4a16_mma_tiles  # noqa: E402
+from tamis.kernels.w4a16_common import step_rows  # noqa: E402
+from tamis.kernels.w4a16_mma import (mma_layout_supported, mma_pack, mma_supported,  # noqa: E402
+                                     mma_unpack, w4a16_gemm_mma)
+from tamis.kernels.w4a16_mma_tiles import (MmaConfig, one_wave_split,  # noqa: E402
+                                           pick_mma_config, split_one_row_config)
 
 
 def test_pack_interleaves_each_word_like_awq():
@@ -295,7 +296,7 @@ def test_chunks_of_k_in_the_columns_of_x_match_the_reference(case):
 def test_whole_wave_rounds_the_grid_up_to_whole_multiprocessors(blocks, num_sms, whole_wave,
                                                                  programs):
     config = _paired_chunks(32, 128, 8, 8, whole_wave=whole_wave)
-    assert w4a16_mma.whole_wave_programs(config, blocks, num_sms) == programs
+    assert w4a16_mma_tiles.whole_wave_programs(config, blocks, num_sms) == programs
 
 
 @pytest.mark.gpu

@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sm90_build import inflight_clobbers, load_leads, parse_sass  # noqa: E402
 from w4a16_sm90_builds import mma_build, tma_build, wgmma_build  # noqa: E402
 
-from tamis.kernels import w4a16_mma, w4a16_wgmma_tma  # noqa: E402
+from tamis.kernels import (w4a16_mma, w4a16_mma_tiles, w4a16_tma_tiles,  # noqa: E402
+                           w4a16_wgmma_tma)
 
 needs_gluon = pytest.mark.skipif(w4a16_mma.gluon is None, reason="triton without Gluon")
 
@@ -93,12 +94,12 @@ def test_wgmma_kernel_with_params_one_step_ahead_builds_without_hazards(pairs):
 
 @needs_gluon
 @pytest.mark.parametrize("block_m,config", [
-    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
-    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=False)),
-    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False)),
-    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
+    (8, w4a16_mma_tiles.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
+    (8, w4a16_mma_tiles.MmaConfig(128, 128, 8, 4, params_ahead=False)),
+    (16, w4a16_mma_tiles.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False)),
+    (16, w4a16_mma_tiles.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
                              params_ahead=True)),
-    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
+    (8, w4a16_mma_tiles.MmaConfig(128, 128, 8, 4, params_ahead=True, paired_steps=True)),
 ])
 def test_mma_kernel_builds_for_sm90(block_m, config):
     build = mma_build(block_m, config)
@@ -112,7 +113,7 @@ def test_one_row_tiles_fit_the_programs_one_wave_split_counts_on(k, n):
     """``one_wave_split`` counts 16 / num_warps resident programs a multiprocessor: the
     one-row tiles must build to at most 128 registers (65536 a multiprocessor); those
     summed by their last split count their partners in with a RED (no wait for it)."""
-    config = w4a16_mma.split_one_row_config(n, k, 128)
+    config = w4a16_mma_tiles.split_one_row_config(n, k, 128)
     assert config.split_k > 1
     build = mma_build(8, config, k=k)
     assert build.registers <= 128, f"{build.registers} registers: fewer programs resident"
@@ -127,7 +128,7 @@ def test_padded_chunked_grid_builds_the_unpadded_loop():
     4096 x 4096's one-row default (the chunked tile, 128 column blocks padded to 132)
     builds within its register cap, with no spill, to the unpadded tile's steps (the
     same MMAs; ptxas may schedule a few instructions differently)."""
-    config = w4a16_mma.pick_mma_config(1, 4096, 4096, 128, 132)
+    config = w4a16_mma_tiles.pick_mma_config(1, 4096, 4096, 128, 132)
     assert config.whole_wave
     padded = mma_build(8, config, k=4096, real_blocks=128)
     plain = mma_build(8, config, k=4096)
@@ -147,7 +148,7 @@ def test_chunks_of_four_steps_load_them_all_up_front(k, n):
     a step or more (16 MMAs) before their use, at the median. Without the cap ptxas
     builds 84 registers with each load 7 MMAs ahead at the median: the round trips the
     tile exists to overlap."""
-    config = w4a16_mma.pick_mma_config(1, n, k, 128, 132)
+    config = w4a16_mma_tiles.pick_mma_config(1, n, k, 128, 132)
     assert config.steps_up_front and config.max_registers
     build = mma_build(8, config, pdl_trigger=1, k=k)
     assert build.registers <= 120 and build.stack_bytes == 0
@@ -188,7 +189,7 @@ def test_one_row_loop_spends_its_instructions_on_the_words(k, n):
     become bf16 without float conversions, x loads unmasked (no zeroing of its registers
     before the loads), and at most 150 instructions of the loop (of 2 steps, 32 words a
     thread) are not the 11 of each word's unpack or its MMA."""
-    config = w4a16_mma.pick_mma_config(1, n, k, 128)
+    config = w4a16_mma_tiles.pick_mma_config(1, n, k, 128)
     loop = _steps(mma_build(8, config, k=k))
     opcodes = [x.opcode for x in loop]
     assert not [op for op in opcodes if op.startswith("LDG.E.U16")]
@@ -217,7 +218,7 @@ def test_zero_points_by_x_sums_leave_the_words_8_instructions_and_the_loads_ahea
     least 6 MMAs before its first use, as in the per-word loop: without the cap ptxas
     put some right before their use (0 MMAs), a memory round trip exposed per pair of
     steps (9.3 against 7.1 us on 4096 x 6144)."""
-    config = dataclasses.replace(w4a16_mma.split_one_row_config(n, k, 128),
+    config = dataclasses.replace(w4a16_mma_tiles.split_one_row_config(n, k, 128),
                                  zeros_by_x_sums=True)
     build = mma_build(8, config, k=k)
     assert build.registers <= 128 and build.stack_bytes == 0
@@ -234,10 +235,10 @@ _WRITES = ("STG", "RED", "ATOM", "ATOMG", "STS")
 @needs_gluon
 @pytest.mark.parametrize("trigger", [0, 1, 2])
 @pytest.mark.parametrize("block_m,config", [
-    (8, w4a16_mma.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
-    (16, w4a16_mma.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
+    (8, w4a16_mma_tiles.MmaConfig(128, 128, 8, 4, params_ahead=True)),               # M = 1
+    (16, w4a16_mma_tiles.MmaConfig(64, 128, 4, 2, load_steps=2, vector_columns=False,
                              params_ahead=True)),
-    (16, w4a16_mma.MmaConfig(128, 128, 8, 8, vector_columns=False)),
+    (16, w4a16_mma_tiles.MmaConfig(128, 128, 8, 8, vector_columns=False)),
 ])
 def test_mma_kernel_with_pdl_writes_nothing_before_the_wait(block_m, config, trigger):
     """Launched with PDL the kernel may run beside the one before it: no global or
@@ -263,7 +264,7 @@ def test_chunks_of_k_sum_in_the_program(block_n, warps, chunks, by_sums):
     step's before griddepcontrol.wait and nothing written before it, x's chunks as
     16-byte vectors, no spills; by sums of x (each chunk's sums its column's) no zero
     point in bf16."""
-    config = w4a16_mma.MmaConfig(block_n, 128, 1, warps, params_ahead=True,
+    config = w4a16_mma_tiles.MmaConfig(block_n, 128, 1, warps, params_ahead=True,
                                  paired_steps=True, k_chunks=chunks, zeros_by_x_sums=by_sums)
     build = mma_build(8, config, pdl_trigger=1, k=4096)
     assert build.registers <= 128 and build.stack_bytes == 0
@@ -304,17 +305,17 @@ def test_wgmma_kernel_with_pdl_copies_only_words_before_the_wait(
 
 
 _TMA_CONFIGS = [
-    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False)),   # 17..32, narrow
-    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 1, 4, 2, overlap=False)),   # 17..32, wide
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True)),    # 33..64, narrow
-    (64, w4a16_wgmma_tma.TmaConfig(128, 128, 1, 4, 4, overlap=True)),   # 33..64, wide
-    (64, w4a16_wgmma_tma.TmaConfig(64, 64, 4, 4, 3, overlap=True)),     # 64-row groups
-    (64, w4a16_wgmma_tma.TmaConfig(128, 128, 2, 8, 2, overlap=True)),   # two warpgroups
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 2, 4, 3, 1, overlap=False)),
-    (32, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True)),
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=True, last_split_reduces=True)),
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True)),
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True,
+    (32, w4a16_tma_tiles.TmaConfig(64, 128, 4, 4, 2, overlap=False)),   # 17..32, narrow
+    (32, w4a16_tma_tiles.TmaConfig(64, 128, 1, 4, 2, overlap=False)),   # 17..32, wide
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 4, 4, 2, overlap=True)),    # 33..64, narrow
+    (64, w4a16_tma_tiles.TmaConfig(128, 128, 1, 4, 4, overlap=True)),   # 33..64, wide
+    (64, w4a16_tma_tiles.TmaConfig(64, 64, 4, 4, 3, overlap=True)),     # 64-row groups
+    (64, w4a16_tma_tiles.TmaConfig(128, 128, 2, 8, 2, overlap=True)),   # two warpgroups
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 2, 4, 3, 1, overlap=False)),
+    (32, w4a16_tma_tiles.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True)),
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 4, 4, 2, overlap=True, last_split_reduces=True)),
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True)),
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 8, 4, 2, overlap=False, last_split_reduces=True,
                                    linear_partials=True)),
 ]
 
@@ -342,7 +343,7 @@ def test_tiles_of_128_rows_fit_three_programs_a_multiprocessor(m, k, n):
     wgmma operand overwritten in flight. With the installed Triton; under Triton 3.6,
     whose builds differ (``_tile_of_128_rows``), through
     ``test_sm90_builds_under_h200_triton.py``."""
-    config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
+    config = w4a16_tma_tiles.pick_tma_config(m, n, k, 128)
     assert config.block_m == 128
     build = tma_build(128, config, rows=m)
     assert build.registers <= 168
@@ -357,8 +358,8 @@ def test_a_block_with_more_than_16_empty_rows_copies_x_in_two_half_boxes(rows, b
     """Where x's rows leave more than 16 rows of the one row block empty (and fill more
     than half of it), x comes in two half boxes a tile (``x_box_rows``): twice the x
     copies, the same wgmmas."""
-    config = w4a16_wgmma_tma.pick_tma_config(rows, 4096, 4096, 128)
-    assert w4a16_wgmma_tma.x_box_rows(rows, block_m) == block_m // 2
+    config = w4a16_tma_tiles.pick_tma_config(rows, 4096, 4096, 128)
+    assert w4a16_tma_tiles.x_box_rows(rows, block_m) == block_m // 2
     halves = tma_build(block_m, config, rows=rows)
     whole = tma_build(block_m, config)
     assert halves.count("HGMMA") == whole.count("HGMMA")
@@ -367,10 +368,10 @@ def test_a_block_with_more_than_16_empty_rows_copies_x_in_two_half_boxes(rows, b
 
 
 _PRODUCER_CONFIGS = [
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True,
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 4, 4, 2, overlap=False, last_split_reduces=True,
                                    linear_partials=True, producer_warp=True)),
-    (64, w4a16_wgmma_tma.TmaConfig(64, 128, 1, 4, 4, overlap=True, producer_warp=True)),
-    (32, w4a16_wgmma_tma.TmaConfig(64, 64, 2, 4, 4, 1, overlap=False, producer_warp=True)),
+    (64, w4a16_tma_tiles.TmaConfig(64, 128, 1, 4, 4, overlap=True, producer_warp=True)),
+    (32, w4a16_tma_tiles.TmaConfig(64, 64, 2, 4, 4, 1, overlap=False, producer_warp=True)),
 ]
 
 
@@ -420,7 +421,7 @@ def test_tma_kernel_sums_through_vector_partials_in_one_wave(m, n, k, splits):
     stays within 128 registers: 4 programs a multiprocessor, so 6 column blocks a
     multiprocessor split 4 ways (384 programs), or 8 splits of 64 column blocks (512
     programs), are one wave."""
-    config = w4a16_wgmma_tma.pick_tma_config(m, n, k, 128)
+    config = w4a16_tma_tiles.pick_tma_config(m, n, k, 128)
     assert config.linear_partials and config.split_k == splits
     assert not config.producer_warp
     build = tma_build(64, config)

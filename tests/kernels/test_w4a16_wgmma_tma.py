@@ -15,10 +15,11 @@ from w4a16_cases import (KERNEL_SHAPES, assert_matches_reference,  # noqa: E402
 
 from tamis.kernels import w4a16_wgmma_tma  # noqa: E402
 from tamis.kernels.w4a16_mma import mma_pack  # noqa: E402
-from tamis.kernels.w4a16_wgmma_tma import (SHARED_BYTES, TmaConfig, launched_rows,  # noqa: E402
+from tamis.kernels.w4a16_tma_tiles import (SHARED_BYTES, TmaConfig, launched_rows,  # noqa: E402
                                            pick_tma_config, shared_bytes, tma_block_m,
-                                           tma_dispatch, tma_supported,
-                                           w4a16_gemm_wgmma_tma, x_box_rows)
+                                           x_box_rows)
+from tamis.kernels.w4a16_wgmma_tma import (tma_dispatch, tma_supported,  # noqa: E402
+                                           w4a16_gemm_wgmma_tma)
 
 _SHAPES = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (576, 200), (1024, 520)]
 
