@@ -4,15 +4,13 @@
         SmolLM2-135M quantized by `tamis quantize` (AWQ 4-bit, GPTQ 4-bit g128 with and
         without act-order, FP8 dynamic), perplexity in tamis on pydoc_data.topics (ships
         with Python) against the unquantized model. Targets: FP8 <= +1%, 4-bit <= +10%.
-    python bench/bench_quant.py gemm [--kernel FAMILY] [--sweep] [--eager] [--ms 1 4 16 ...]
-                                     [--rotate N]
+    python bench/bench_quant.py gemm [--kernel FAMILY] [--eager] [--ms 1 4 16 ...] [--rotate N]
         W4A16 (group 128; a bf16 layer whose kernel is chosen as at load, or forced with
         --kernel interleaved | canonical | reference) and FP8 (per-channel weights; W8A16
         GEMV for M <= 4, per-token dynamic W8A8 above) GEMMs at Llama-3.1-8B layer shapes
         for M = 1, 4, 16, 64, 256, 2048 against bf16 F.linear, timed by CUDA-graph replay
         (--eager: CUDA events on eager calls), median of repeats; each result is checked
-        against its reference first. --sweep also times grids of W4A16 and FP8-GEMV tile
-        configs and prints the best per cell. --rotate N cycles the timed calls through N
+        against its reference first. --rotate N cycles the timed calls through N
         copies of each weight (weights that fit in the L2 cache are otherwise re-read from
         it). --pdl MODE ...
         times the W4A16 / FP8 kernels under each launch mode of tamis.kernels.pdl (default
@@ -25,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -295,7 +292,7 @@ def weight_copies(tensors: tuple, copies: int) -> list[tuple]:
 
 
 def start_on_gpu() -> None:
-    """What each GPU sweep does first: seed torch (the same operands every run) and name
+    """What each GPU benchmark does first: seed torch (the same operands every run) and name
     the device in its log."""
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), flush=True)
@@ -335,35 +332,6 @@ def w4a16_operands(k: int, n: int, group: int = 128):
     scales = (torch.rand(k // group, n, device="cuda") * 0.002 + 0.001).half()
     zeros = torch.randint(0, 16, (k // group, n), device="cuda").half()
     return qweight, scales, zeros
-
-
-def sweep_configs(m: int, n: int, k: int):
-    """W4A16 candidates around the defaults (the grids that chose them are in
-    bench/results/quant.md): packed-PTX GEMV tiles and the fp32 GEMV's default at M = 1,
-    16-row tl.dot tiles at M = 2..4, tl.dot against dequantize + cuBLAS
-    ("dequant") above."""
-    from tamis.kernels.w4a16 import GemmConfig, pick_config
-    from tamis.kernels.w4a16_gemv import GemvConfig
-    from tamis.kernels.w4a16_gemv_packed import PackedGemvConfig
-    if m == 1:
-        return [GemvConfig(128, 32, 4 if n > 128 * 132 else 8)] + [
-            PackedGemvConfig(bn, kw, sk, w, pf) for bn, kw, w, sks, pfs in (
-                (256, 16, 4, (8, 16, 32), (False, True)), (128, 16, 4, (8, 16, 32), (False,)),
-                (256, 8, 4, (16, 32), (False,)), (128, 8, 2, (16, 32), (False,)),
-                (256, 16, 8, (8, 16), (False,)), (512, 8, 4, (8, 16), (False,)),
-                (64, 16, 2, (16, 32), (False,)))
-            for sk in sks for pf in pfs]
-    if m <= 4:
-        return [GemmConfig(16, 64, 128, sk, 4, 4, True) for sk in (2, 4, 8)]
-    return [pick_config(m, n, k, 128), "dequant"]
-
-
-def fp8_sweep_configs(m: int = 1):
-    from tamis.kernels.gemv import GemvTiles
-    if m > 1:
-        return []
-    return [GemvTiles(16, bk, sk, 4, 3, prefetch) for bk in (256, 512) for sk in (1, 2)
-            for prefetch in (False, True)]
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -416,23 +384,16 @@ def run_gemm(args) -> None:
             pdl.set_mode(args.pdl[0])
             t_w4, t_fp8 = t_w4_modes[0], t_fp8_modes[0]
             pdl_rows.append((f"{k}x{n}", m, t_bf16, t_w4_modes, t_fp8_modes))
-            best4 = best8 = (float("nan"), "")
-            if args.sweep and m in args.sweep_ms:
-                best4 = _sweep_w4(x, qweight, scales, zeros, dense_w4, timer)
-                if fp8_sweep_configs(m):
-                    best8 = _sweep_fp8(x, w8, w8_scale, dense_w8, timer)
-            rows.append((f"{k}x{n}", m, t_bf16, t_w4, t_fp8, best4[0], best8[0]))
+            rows.append((f"{k}x{n}", m, t_bf16, t_w4, t_fp8))
             print(f"{k}x{n} M={m}: bf16 {t_bf16 * 1e3:.1f}us w4a16 {t_w4 * 1e3:.1f}us "
-                  f"fp8 {t_fp8 * 1e3:.1f}us | W4 {best4[1]} | FP8 {best8[1]}", flush=True)
+                  f"fp8 {t_fp8 * 1e3:.1f}us", flush=True)
     print(f"\nus per GEMM (median, {'eager' if args.eager else 'CUDA graph'}, "
           f"{args.rotate} weight cop{'y' if args.rotate == 1 else 'ies'}); "
-          "x = bf16 time / ours; best = fastest swept config (--sweep)")
-    print(f"{'KxN':12s} {'M':>5s} {'bf16':>8s} {'W4A16':>8s} {'x':>6s} {'FP8':>8s} {'x':>6s} "
-          f"{'W4best':>8s} {'x':>6s} {'F8best':>8s} {'x':>6s}")
-    for shape, m, tb, t4, t8, b4, b8 in rows:
+          "x = bf16 time / ours")
+    print(f"{'KxN':12s} {'M':>5s} {'bf16':>8s} {'W4A16':>8s} {'x':>6s} {'FP8':>8s} {'x':>6s}")
+    for shape, m, tb, t4, t8 in rows:
         print(f"{shape:12s} {m:5d} {tb * 1e3:8.1f} {t4 * 1e3:8.1f} {tb / t4:6.2f} "
-              f"{t8 * 1e3:8.1f} {tb / t8:6.2f} {b4 * 1e3:8.1f} {tb / b4:6.2f} "
-              f"{b8 * 1e3:8.1f} {tb / b8:6.2f}")
+              f"{t8 * 1e3:8.1f} {tb / t8:6.2f}")
     if len(args.pdl) > 1:
         _print_pdl_table(args.pdl, pdl_rows)
 
@@ -453,67 +414,6 @@ def _fp8_weight(weight):
     return quantize_weight_per_channel(weight)
 
 
-def _label(config) -> str:
-    """GemvConfig(block_n=128, block_kw=16, ...) -> 'n128 kw16 sk4 w4 s3'."""
-    from dataclasses import astuple, fields
-    if isinstance(config, str):
-        return config
-    short = {"block_m": "m", "block_n": "n", "block_k": "k", "block_kw": "kw", "split_k": "sk",
-             "num_warps": "w", "num_stages": "s", "unpack_once": "once", "prefetch": "pf",
-             "loop_stages": "ls", "last_split_reduces": "last"}
-    if type(config).__name__ == "PackedGemvConfig":
-        short = {**short, "block_n": "P n"}
-    return " ".join(f"{short[f.name]}{int(v)}" for f, v in zip(fields(config), astuple(config)))
-
-
-def _best(candidates, timer) -> tuple[float, str]:
-    """Times each (label, fn, check) candidate whose check passes; the fastest."""
-    results = []
-    for label, fn, check in candidates:
-        try:
-            err = check(fn())
-            if err >= 2e-2:
-                print(f"  {label}: WRONG (rel err {err:.3g})", flush=True)
-                continue
-            results.append((timer(fn), label))
-            print(f"  {label}: {results[-1][0] * 1e3:.1f}us (rel err {err:.1e})", flush=True)
-        except Exception as exc:  # out of shared memory etc.: skip that config
-            print(f"  {label} failed: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
-    if not results:
-        return float("nan"), "none"
-    t, label = min(results)
-    return t, f"best {t * 1e3:.1f}us {label}"
-
-
-def _sweep_w4(x, qweight, scales, zeros, dense, timer) -> tuple[float, str]:
-    from tamis.kernels import w4a16, w4a16_gemv, w4a16_gemv_packed
-    ref = x.float() @ dense
-
-    def run(c):
-        if c == "dequant":
-            return w4a16.w4a16_gemm_dequant(x, qweight, scales, zeros, 128, 4)
-        if isinstance(c, w4a16_gemv_packed.PackedGemvConfig):
-            fn = w4a16_gemv_packed.w4a16_gemv_packed
-        elif isinstance(c, w4a16_gemv.GemvConfig):
-            fn = w4a16_gemv.w4a16_gemv_triton
-        else:
-            fn = w4a16.w4a16_gemm_triton
-        return fn(x, qweight, scales, zeros, 128, 4, config=c)
-
-    (m, k), n = x.shape, qweight.shape[1]
-    candidates = [(_label(c), (lambda c=c: run(c)), lambda got: relative_error(got, ref))
-                  for c in sweep_configs(m, n, k)]
-    return _best(candidates, timer)
-
-
-def _sweep_fp8(x, w8, w8_scale, dense, timer) -> tuple[float, str]:
-    from tamis.kernels import fp8
-    ref = x.float() @ dense.t()
-    candidates = [(_label(c), (lambda c=c: fp8.fp8_gemv_triton(x, w8, w8_scale, config=c)),
-                   lambda got: relative_error(got, ref)) for c in fp8_sweep_configs(x.shape[0])]
-    return _best(candidates, timer)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -530,7 +430,6 @@ def main() -> None:
     ppl.add_argument("--threads", type=int, default=2)
     ppl.add_argument("--workdir", default=None, help="keep / reuse quantized checkpoints here")
     gemm = sub.add_parser("gemm")
-    gemm.add_argument("--sweep", action="store_true")
     gemm.add_argument("--kernel", choices=W4A16_KERNELS, default="chosen",
                       help="the W4A16 kernel family: as chosen at load (default) or forced")
     gemm.add_argument("--eager", action="store_true",
@@ -543,8 +442,6 @@ def main() -> None:
                       choices=["off", "exit", "late", "early", "auto"],
                       help="PDL launch modes of the W4A16 / FP8 kernels (tamis.kernels.pdl) to"
                            " time, each in the same process; the main table shows the first")
-    gemm.add_argument("--sweep-ms", type=int, nargs="+", default=[1, 4, 64, 256, 2048],
-                      help="the M values --sweep sweeps")
     args = parser.parse_args()
     run_ppl(args) if args.mode == "ppl" else run_gemm(args)
 
