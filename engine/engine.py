@@ -110,12 +110,16 @@ class LLMEngine:
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         text, token_ids = self._tokenize(prompt, params)
         self._check_params(params)
+        salt = _cache_salt(prompt)
         params = params.clone()
         if not params.ignore_eos:
             params.all_stop_token_ids |= self.eos_token_ids
+        if params.bad_words:
+            params.update_from_tokenizer(self.tokenizer)
         children = [self._make_child(request_id, text, token_ids, params, priority, arrival_time, i)
                     for i in range(params.n)]
         for child in children:
+            child.cache_salt = salt
             if child.sampling_params.structured_outputs is not None:
                 self._structured_manager().add_request(child)
                 child.status = RequestStatus.WAITING_FOR_GRAMMAR
@@ -166,8 +170,9 @@ class LLMEngine:
             if bad:
                 raise ValueError(f"{name} holds token id {bad[0]} outside the vocabulary "
                                  f"(valid ids: 0..{self.vocab_size - 1})")
-        if self.tokenizer is None and (params.stop or params.structured_outputs is not None):
-            raise ValueError("stop strings and structured_outputs need a tokenizer")
+        if self.tokenizer is None and (params.stop or params.bad_words
+                                       or params.structured_outputs is not None):
+            raise ValueError("stop strings, bad_words and structured_outputs need a tokenizer")
         spec = params.structured_outputs
         if spec is not None and hasattr(spec, "validate"):
             spec.validate()
@@ -495,6 +500,14 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()
+
+
+def _cache_salt(prompt: Any) -> str | None:
+    """A dict prompt's ``cache_salt`` (vLLM's prompt key): a non-empty string, or None."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ValueError("cache_salt must be a non-empty string")
+    return salt
 
 
 def _async_scheduling_default(device: torch.device) -> bool:

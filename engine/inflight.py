@@ -44,7 +44,8 @@ def is_pipelinable(params: SamplingParams, jump_forward: bool = False) -> bool:
     (``jump_forward``: the engine appends forced tokens of constrained requests)."""
     return ((params.structured_outputs is None or not jump_forward) and params.min_tokens == 0
             and params.prompt_logprobs is None and params.repetition_penalty == 1.0
-            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0)
+            and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
+            and not params.bad_words_token_ids)
 
 
 @dataclass

@@ -6,7 +6,11 @@ table is append-only, block ``i`` holding tokens ``i*B .. i*B+B-1``::
     all_token_ids:  [t0 .. t15][t16 .. t31][t32 t33 t34]
     block_ids:      [    7    ][    2     ][    9     ]      B = 16
     block_hashes:   [   h0    ][   h1     ]                  only full blocks are hashed
-                    h0 = hash((None, t0..t15)),  h1 = hash((h0, t16..t31))
+                    h0 = hash((root, t0..t15)),  h1 = hash((h0, t16..t31))
+
+``root`` is None, or ``hash_salt(cache_salt)`` for a request with a ``cache_salt`` (vLLM's
+per-request salt): the whole chain then differs, and since a hit compares parent hashes,
+requests share cached blocks only with requests of the same salt.
 
 Prefix caching: a full, computed block is registered under its chain hash. A new request
 walks its own chain; a block is a hit when the hash is registered *and* the stored
@@ -40,6 +44,11 @@ class KVBlock:
 
 def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def hash_salt(cache_salt: str | None) -> int | None:
+    """The parent hash of a request's first block: None without a salt."""
+    return None if cache_salt is None else hash(("cache_salt", cache_salt))
 
 
 class BlockPool:
@@ -155,7 +164,7 @@ class KVCacheManager:
         self._update_hashes(request)
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         hits: list[KVBlock] = []
-        parent = None
+        parent = hash_salt(request.cache_salt)
         for i in range(limit):
             tokens = self._block_tokens(request, i)
             block = self.pool.lookup(request.block_hashes[i], parent, tokens)
@@ -205,7 +214,7 @@ class KVCacheManager:
             return
         self._update_hashes(request)
         for i in range(start, num_full):
-            parent = request.block_hashes[i - 1] if i else None
+            parent = request.block_hashes[i - 1] if i else hash_salt(request.cache_salt)
             self.pool.register(self.pool.blocks[request.block_ids[i]], request.block_hashes[i],
                                parent, self._block_tokens(request, i))
         request.num_registered_blocks = num_full
@@ -229,8 +238,8 @@ class KVCacheManager:
         num_full = request.num_tokens // self.block_size
         hashes = request.block_hashes
         while len(hashes) < num_full:
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else hash_salt(request.cache_salt)
             hashes.append(hash_block(parent, self._block_tokens(request, len(hashes))))
 
 
-__all__ = ["KVCacheManager", "BlockPool", "KVBlock", "hash_block"]
+__all__ = ["KVCacheManager", "BlockPool", "KVBlock", "hash_block", "hash_salt"]

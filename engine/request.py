@@ -89,6 +89,7 @@ class Request:
         self.num_registered_blocks = 0        # leading full blocks registered in the prefix cache
         self.block_hashes: list[int] = []     # prefix-cache hash chain of full blocks
         self.num_cached_tokens = 0            # prompt tokens served by the prefix cache
+        self.cache_salt: str | None = None    # prefix-cache hits only among equal salts
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
         self.error: str | None = None

@@ -4,6 +4,7 @@ Processing order (each step skipped when no row in the batch uses it)::
 
     logits [B, V] (float32, raw)
       -> logit_bias, allowed_token_ids
+      -> bad_words (a bad word's last token, where the output ends with the rest of it)
       -> constraint bitmask (structured outputs; bit set = allowed)
       -> penalties: repetition (prompt + output), presence and frequency (output)
       -> min_tokens (stop ids masked until enough tokens)
@@ -45,6 +46,7 @@ class SamplingMetadata:
     # the per-row loops of those steps are skipped when none has.
     any_bias_or_allowed: bool = True
     any_min_tokens: bool = True
+    any_bad_words: bool = True
 
     @classmethod
     def build(cls, requests: list[Request], vocab_size: int, device: torch.device) -> "SamplingMetadata":
@@ -70,7 +72,8 @@ class SamplingMetadata:
             generators={i: r.generator for i, r in enumerate(requests) if r.generator is not None},
             max_num_logprobs=max(wanted, default=-1),
             any_bias_or_allowed=any(p.logit_bias or p.allowed_token_ids is not None for p in params),
-            any_min_tokens=any(p.min_tokens > 0 and p.all_stop_token_ids for p in params))
+            any_min_tokens=any(p.min_tokens > 0 and p.all_stop_token_ids for p in params),
+            any_bad_words=any(p.bad_words_token_ids for p in params))
 
 
 def _to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -136,6 +139,8 @@ class Sampler:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         if meta.any_bias_or_allowed:
             apply_bias_and_allowed(logits, meta.requests)
+        if meta.any_bad_words:
+            apply_bad_words(logits, meta.requests)
         if bitmask is not None:
             apply_bitmask(logits, bitmask, bitmask_rows)
         if meta.any_penalties:
@@ -180,6 +185,20 @@ def apply_bias_and_allowed(logits: torch.Tensor, requests: list[Request]) -> Non
             bias = torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype,
                                 device=logits.device)
             logits[row].index_add_(0, ids, bias)
+
+
+def apply_bad_words(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Bans the last token of each bad word whose other tokens end the output so far (a
+    one-token bad word is always banned), as vLLM does. Only output tokens are matched
+    (vLLM's rule): a bad word begun at the end of the prompt is not caught."""
+    for row, request in enumerate(requests):
+        output = request.output_token_ids
+        for word in request.sampling_params.bad_words_token_ids:
+            prefix_len = len(word) - 1
+            if prefix_len > len(output):
+                continue
+            if prefix_len == 0 or output[-prefix_len:] == word[:-1]:
+                logits[row, word[-1]] = _NEG_INF
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int] | None) -> None:
@@ -299,4 +318,4 @@ def gather_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> Top
 
 
 __all__ = ["Sampler", "SamplingMetadata", "SamplerOutput", "SampledTokens", "TopLogprobs", "gather_logprobs",
-           "apply_top_k_top_p", "apply_min_p", "apply_penalties"]
+           "apply_top_k_top_p", "apply_min_p", "apply_penalties", "apply_bad_words"]

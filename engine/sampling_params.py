@@ -4,7 +4,11 @@
 of 0 means greedy (top-p/top-k/min-p are then reset, seed is ignored). ``top_k`` of 0
 or -1 disables top-k. Invalid values raise ``ValueError`` naming the field. Checks that
 need the model (vocabulary size for ``logit_bias`` / ``allowed_token_ids``,
-``max_logprobs``) happen in ``LLMEngine.add_request``.
+``max_logprobs``) happen in ``LLMEngine.add_request``, which also turns ``bad_words`` into
+token sequences (``update_from_tokenizer``).
+
+Size caps against hostile requests: at most ``MAX_STOP_STRINGS`` stop strings and
+``MAX_LOGIT_BIAS_ENTRIES`` logit_bias entries (vLLM's GPU sampler's bound).
 """
 from __future__ import annotations
 
@@ -15,6 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SAMPLING_EPS = 1e-5   # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
+# vLLM sets no bound on stop strings; each one is searched for after every token, so a
+# request may not hold more than this (OpenAI's API allows 4).
+MAX_STOP_STRINGS = 128
+MAX_LOGIT_BIAS_ENTRIES = 1024   # vLLM's MAX_NUM_LOGIT_BIAS_TOKENS
 
 
 class RequestOutputKind(enum.Enum):
@@ -56,10 +64,13 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     structured_outputs: Any = None   # tamis.constrain.StructuredOutputsParams
     extra_args: dict[str, Any] | None = None
     # Filled by the engine: EOS ids (unless ignore_eos) plus stop_token_ids.
     all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Filled by the engine from ``bad_words`` (``update_from_tokenizer``).
+    bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._normalize()
@@ -74,6 +85,9 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
+        self.bad_words = list(self.bad_words or [])
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
@@ -108,6 +122,9 @@ class SamplingParams:
             _check_int("seed", self.seed, minimum=None)
             if not -2**63 <= self.seed < 2**63:   # vLLM's bound: a 64-bit signed integer
                 raise ValueError(f"seed must be a 64-bit signed integer, got {self.seed}")
+        if len(self.logit_bias or ()) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias holds {len(self.logit_bias)} entries; at most "
+                             f"{MAX_LOGIT_BIAS_ENTRIES} are allowed")
         for token, bias in (self.logit_bias or {}).items():
             if not -100.0 <= bias <= 100.0:   # OpenAI's bound
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for "
@@ -130,6 +147,11 @@ class SamplingParams:
             _check_int("truncate_prompt_tokens", self.truncate_prompt_tokens, minimum=1)
         if any(not isinstance(s, str) or s == "" for s in self.stop):
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop holds {len(self.stop)} strings; at most {MAX_STOP_STRINGS} "
+                             f"are allowed")
+        if any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words must hold non-empty strings, got {self.bad_words!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings are only supported when detokenize is True")
         for token_id in self.stop_token_ids:
@@ -141,6 +163,18 @@ class SamplingParams:
                 _check_int("allowed_token_ids", token_id, minimum=0)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+
+    def update_from_tokenizer(self, tokenizer) -> None:
+        """Fills ``bad_words_token_ids``: each bad word as it is tokenized at the start of a
+        text and, when that gives a different first token of the same length, after a space
+        (as vLLM does, so a word is banned both at the start and inside the text)."""
+        self.bad_words_token_ids = []
+        for word in self.bad_words:
+            bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            self.bad_words_token_ids.append(bare)
+            if spaced[0] != bare[0] and len(spaced) == len(bare):
+                self.bad_words_token_ids.append(spaced)
 
     @property
     def sampling_type(self) -> SamplingType:
@@ -173,4 +207,5 @@ def _check_int(name: str, value: Any, minimum: int | None, hint: str = "") -> No
         raise ValueError(f"{name} must be at least {minimum}{extra}, got {value}")
 
 
-__all__ = ["SamplingParams", "RequestOutputKind", "SamplingType", "SAMPLING_EPS"]
+__all__ = ["SamplingParams", "RequestOutputKind", "SamplingType", "SAMPLING_EPS", "MAX_STOP_STRINGS",
+           "MAX_LOGIT_BIAS_ENTRIES"]
