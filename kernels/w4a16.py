@@ -69,7 +69,6 @@ class GemmConfig:
     split_k: int
     num_warps: int
     num_stages: int
-    unpack_once: bool = False  # load each word once and unpack by reshape (else 8 loads)
 
 
 def _pow2_split(blocks: int, target: int, cap: int) -> int:
@@ -91,16 +90,14 @@ def pick_config(m: int, n: int, k: int, group_size: int, num_sms: int = 132) -> 
     n64 = -(-n // 64)
     if m <= 16:
         if n64 >= 2 * num_sms:   # wide layers: 128-column tiles
-            return GemmConfig(16, 128, block_k, _pow2_split(-(-n // 128), 4 * num_sms, 8), 4, 3,
-                              True)
-        return GemmConfig(16, 64, block_k, _pow2_split(n64, 4 * num_sms, 4), 4, 3, True)
+            return GemmConfig(16, 128, block_k, _pow2_split(-(-n // 128), 4 * num_sms, 8), 4, 3)
+        return GemmConfig(16, 64, block_k, _pow2_split(n64, 4 * num_sms, 4), 4, 3)
     if m <= 64:
         if n64 >= 2 * num_sms:
-            return GemmConfig(64, 128, block_k, 1, 4, 3, True)
-        return GemmConfig(64, 64, block_k, _pow2_split(n64, 2 * num_sms, 4), 4, 3, True)
+            return GemmConfig(64, 128, block_k, 1, 4, 3)
+        return GemmConfig(64, 64, block_k, _pow2_split(n64, 2 * num_sms, 4), 4, 3)
     blocks = -(-m // 128) * -(-n // 128)
-    return GemmConfig(128, 128, min(block_k, 64), 2 if 2 * blocks <= num_sms else 1, 8, 3,
-                      True)
+    return GemmConfig(128, 128, min(block_k, 64), 2 if 2 * blocks <= num_sms else 1, 8, 3)
 
 
 if triton is not None:
@@ -109,26 +106,20 @@ if triton is not None:
     def _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
                   stride_qk, stride_qn, stride_sg, stride_sn,
                   GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, BLOCK_K: tl.constexpr,
-                  GROUPS_ALIGNED: tl.constexpr, UNPACK_ONCE: tl.constexpr,
-                  INTERLEAVED: tl.constexpr):
-        """x [BLOCK_M, BLOCK_K] @ the dequantized [BLOCK_K, BLOCK_N] tile of rows k0.., fp32."""
+                  GROUPS_ALIGNED: tl.constexpr, INTERLEAVED: tl.constexpr):
+        """x [BLOCK_M, BLOCK_K] @ the dequantized [BLOCK_K, BLOCK_N] tile of rows k0.., fp32.
+        Each word loads once and unpacks by a reshape."""
         PACK: tl.constexpr = 32 // BITS
         MASK: tl.constexpr = (1 << BITS) - 1
         BLOCK_N: tl.constexpr = offs_n.shape[0]
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K
-        if UNPACK_ONCE:
-            rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-            words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
-                            mask=(rows[:, None] * PACK < K) & mask_n[None, :], other=0)
-            shifts = code_shift(tl.arange(0, PACK), BITS, INTERLEAVED)
-            q3 = (words[:, None, :] >> shifts[None, :, None]) & MASK
-            q = tl.reshape(q3, (BLOCK_K, BLOCK_N))
-        else:
-            words = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk
-                            + offs_n[None, :] * stride_qn,
-                            mask=mask_k[:, None] & mask_n[None, :], other=0)
-            q = (words >> code_shift(offs_k[:, None] % PACK, BITS, INTERLEAVED)) & MASK
+        rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+        words = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                        mask=(rows[:, None] * PACK < K) & mask_n[None, :], other=0)
+        shifts = code_shift(tl.arange(0, PACK), BITS, INTERLEAVED)
+        q3 = (words[:, None, :] >> shifts[None, :, None]) & MASK
+        q = tl.reshape(q3, (BLOCK_K, BLOCK_N))
         if GROUPS_ALIGNED:
             # One group per tile: the scale goes on the dot's result, not every element.
             g = k0 // GROUP_SIZE
@@ -154,7 +145,7 @@ if triton is not None:
         stride_om, stride_on,
         GROUP_SIZE: tl.constexpr, BITS: tl.constexpr, GROUPS_ALIGNED: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        SPLIT_K, HAS_SPLIT: tl.constexpr, UNPACK_ONCE: tl.constexpr,
+        SPLIT_K, HAS_SPLIT: tl.constexpr,
         LOOP_STAGES: tl.constexpr, INTERLEAVED: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
@@ -172,8 +163,7 @@ if triton is not None:
                         mask=mask_m[:, None] & mask_k[None, :], other=0.0)
             acc += _dot_tile(x, qw_ptr, s_ptr, z_ptr, k0, offs_n, mask_n, K,
                              stride_qk, stride_qn, stride_sg, stride_sn,
-                             GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED, UNPACK_ONCE,
-                             INTERLEAVED)
+                             GROUP_SIZE, BITS, BLOCK_K, GROUPS_ALIGNED, INTERLEAVED)
         out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :] * stride_on
         out_mask = mask_m[:, None] & mask_n[None, :]
         if not HAS_SPLIT:
@@ -216,7 +206,7 @@ def w4a16_gemm_triton(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
         scales.stride(0), scales.stride(1), out.stride(0), out.stride(1),
         GROUP_SIZE=group_size, BITS=bits, GROUPS_ALIGNED=aligned,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        SPLIT_K=splits, HAS_SPLIT=splits > 1, UNPACK_ONCE=config.unpack_once,
+        SPLIT_K=splits, HAS_SPLIT=splits > 1,
         LOOP_STAGES=config.num_stages, INTERLEAVED=interleaved,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -116,6 +116,8 @@ def select_wna16_kernel(layer: nn.Module, act_dtype: torch.dtype,
 
 
 def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] -> [..., N] through the layer's kernel; ValueError for activations of
+    another dtype or device type than it was chosen for."""
     kernel = layer.wna16_kernel
     spec = kernel.spec
     if x.dtype != spec.act_dtype or x.device.type != spec.device.type:

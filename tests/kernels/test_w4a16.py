@@ -45,8 +45,8 @@ def _interpreted():
     (5, 80, 32, 32, 4, w4a16.GemmConfig(16, 32, 32, 2, 4, 1)),     # K tail (ceil groups), split-K
     (17, 64, 32, 16, 4, w4a16.GemmConfig(16, 32, 32, 1, 4, 1)),    # group < BLOCK_K: gather path
     (4, 64, 32, 64, 8, w4a16.GemmConfig(16, 32, 32, 1, 4, 1)),     # 8-bit
-    (5, 96, 48, 32, 4, w4a16.GemmConfig(16, 32, 64, 1, 4, 1, True)),  # words loaded once, K tail
-    (3, 64, 32, 64, 8, w4a16.GemmConfig(16, 32, 32, 2, 4, 1, True)),  # ... 8-bit, split-K
+    (5, 96, 48, 32, 4, w4a16.GemmConfig(16, 32, 64, 1, 4, 1)),     # K tail in a 64-row tile
+    (3, 64, 32, 64, 8, w4a16.GemmConfig(16, 32, 32, 2, 4, 1)),     # 8-bit, split-K
 ])
 def test_triton_matches_reference(dtype, m, k, n, group_size, bits, config):
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -212,8 +212,7 @@ def test_reference_reads_interleaved_words():
 
 @pytest.mark.skipif(not _interpreted() and not torch.cuda.is_available(),
                     reason="Triton needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("unpack_once", [False, True])
-def test_triton_reads_interleaved_words(unpack_once):
+def test_triton_reads_interleaved_words():
     """The tl.dot and dequantize kernels on the MMA kernel's (AWQ-interleaved) words."""
     from tamis.kernels.w4a16_mma import mma_pack
     from tamis.kernels.wna16_dequant import dequantize_wna16_triton
@@ -223,7 +222,7 @@ def test_triton_reads_interleaved_words(unpack_once):
     packed = mma_pack(qweight, k).to(device)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(4)).half()
     expected = w4a16.w4a16_gemm_ref(x.float(), qweight, scales.float(), zeros.float(), group_size)
-    config = w4a16.GemmConfig(16, 32, 32, 2, 4, 1, unpack_once)
+    config = w4a16.GemmConfig(16, 32, 32, 2, 4, 1)
     got = w4a16.w4a16_gemm_triton(x.to(device), packed, scales.to(device), zeros.to(device),
                                   group_size, config=config, interleaved=True)
     torch.testing.assert_close(got.float().cpu(), expected, rtol=2e-2, atol=2e-2)
