@@ -8,15 +8,20 @@ the checkpoint's config is read (``resolve_*`` helpers below).
 
 Every invalid value raises ``ValueError`` naming the CLI flag, so the message says
 what to change.
+
+torch is imported inside the functions that use it, not here: ``tamis serve`` parses its
+flags and takes its port before it pays for importing torch (1-2 s), so that a busy port
+fails at once.
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_CPU_KV_CACHE_BYTES = 512 * 1024**2   # a modest budget: never swallow the machine
 DEFAULT_CPU_BATCHED_TOKENS = 2048
@@ -29,10 +34,10 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
-_DTYPE_NAMES = {
-    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+_DTYPE_NAMES = {   # a --dtype spelling -> the name of its torch dtype
+    "float32": "float32", "float": "float32", "fp32": "float32",
+    "float16": "float16", "half": "float16", "fp16": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
 }
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2,
                "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
@@ -122,7 +127,7 @@ class EngineConfig:
                 raise ValueError(f"{flag(name)} must be one of {', '.join(allowed)}; got {value!r}")
         from tamis.constrain.backends import check_installed   # ValueError: unknown / not installed
         check_installed(self.structured_outputs_backend)
-        if self.device == "cuda" and not torch.cuda.is_available():
+        if self.device == "cuda" and not _cuda_available():
             raise ValueError("--device cuda was asked for but no CUDA device is available")
 
     def _check_numbers(self) -> None:
@@ -154,6 +159,8 @@ class EngineConfig:
     # --- resolution once the device and the checkpoint are known -----------------------
 
     def resolved_device(self) -> torch.device:
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -188,13 +195,15 @@ class EngineConfig:
 def resolve_dtype(dtype: str, device: torch.device, hf_config: Any = None) -> torch.dtype:
     """The compute dtype: explicit names map directly; ``auto`` is float32 on CPU and the
     checkpoint's float16/bfloat16 on GPU (bfloat16 for a float32 checkpoint)."""
+    import torch
+
     if dtype != "auto":
-        return _DTYPE_NAMES[dtype]
+        return getattr(torch, _DTYPE_NAMES[dtype])
     if device.type == "cpu":
         return torch.float32
     stored = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
     if isinstance(stored, str):
-        stored = _DTYPE_NAMES.get(stored)
+        stored = getattr(torch, _DTYPE_NAMES[stored]) if stored in _DTYPE_NAMES else None
     return stored if stored in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
@@ -210,6 +219,12 @@ def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
         raise ValueError(f"--max-model-len {requested} exceeds the model's maximum context "
                          f"length {derived} (max_position_embeddings)")
     return requested
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _positive(config: EngineConfig, *names: str) -> None:

@@ -4,6 +4,9 @@ Each subcommand lives in ``tamis/commands/<name>.py`` and exposes
 ``add_parser(subparsers)`` (registering its flags and ``set_defaults(func=run)``)
 and ``run(args) -> int``. A subcommand whose module is missing or fails to import
 is still listed, and says why when invoked, so one broken subpackage never hides the others.
+Every subcommand module is imported to build the parser, so neither it nor its
+``add_parser`` may import torch or another heavy module: ``tamis --help`` and a busy
+``tamis serve`` port answer in a tenth of a second; ``run`` imports what it needs.
 The benchmarks are scripts of a source checkout, run as ``python bench/bench_NAME.py``.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ No MODEL serves the embedded SmolLM2-135M-Instruct. Every engine flag of
 ``--load-format dummy``, ...). The key comes from ``--api-key`` or ``TAMIS_API_KEY``.
 SIGTERM / SIGINT: uvicorn stops accepting connections, lets in-flight responses finish
 for up to ``--shutdown-timeout`` seconds, then the engine thread aborts whatever is left.
-The port is taken before the model loads (a busy port fails at once); while it loads,
+The port is taken before torch or the model loads (a busy port fails at once); while it loads,
 ``/health`` answers 200 and ``/ready`` 503 (``tamis.server.startup``).
 """
 from __future__ import annotations
