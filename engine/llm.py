@@ -9,12 +9,15 @@
 (``{"prompt": ...}`` / ``{"prompt_token_ids": [...]}``), and one ``SamplingParams`` for all
 or one per prompt. Outputs come back in input order, finished. Engine arguments keep
 vLLM's names (``max_model_len``, ``dtype``, ``seed``, ``enable_prefix_caching``...).
+``beam_search(prompts, BeamSearchParams(...))`` is vLLM's too (``engine/beam_search.py``).
 """
 from __future__ import annotations
 
 import itertools
 from typing import Any, Sequence
 
+from tamis.engine.beam_search import (BeamSearch, BeamSearchOutput, BeamSearchParams,
+                                      step_sampling_params)
 from tamis.engine.config import EngineConfig
 from tamis.engine.engine import LLMEngine
 from tamis.engine.outputs import RequestOutput
@@ -44,6 +47,62 @@ class LLM:
         params = _per_prompt(sampling_params, len(prompts), "sampling_params")
         priorities = _per_prompt(priority if priority is not None else 0, len(prompts), "priority")
         return self._run(prompts, params, priorities, use_tqdm)
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (all searched together, one engine step loop per
+        token); returns one ``BeamSearchOutput`` per prompt, in input order, each with its
+        ``beam_width`` best sequences, best first. A sequence's ``text`` decodes its
+        ``tokens`` (prompt included, special tokens kept), as vLLM's does. Raises
+        ValueError for a bad prompt or parameter before anything runs."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        engine = self.llm_engine
+        step_params = step_sampling_params(params, engine.eos_token_ids)
+        limit = engine.config.max_logprobs
+        if limit != -1 and step_params.logprobs > limit:
+            raise ValueError(f"beam_width={params.beam_width} scores {step_params.logprobs} "
+                             f"candidates per beam, over the engine's max_logprobs={limit} "
+                             f"(raise max_logprobs or lower beam_width)")
+        tokenizer = self.get_tokenizer()
+        decode = tokenizer.decode if tokenizer is not None else None
+        searches = [BeamSearch(self._prompt_token_ids(p), params, engine.eos_token_ids,
+                               engine.max_model_len, decode) for p in _as_prompt_list(prompts)]
+        bar = _progress_bar(params.max_tokens, "Beam search") if use_tqdm else None
+        while not all(search.done for search in searches):
+            self._beam_step([search for search in searches if not search.done], step_params)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        outputs = [search.result() for search in searches]
+        for sequence in (s for output in outputs for s in output.sequences):
+            sequence.text = decode(sequence.tokens) if decode is not None else None
+        return outputs
+
+    def _beam_step(self, searches: list[BeamSearch], step_params: SamplingParams) -> None:
+        """Scores every live beam of ``searches`` in one batch and advances them."""
+        beams = [(search, tokens) for search in searches for tokens in search.beams_to_score()]
+        outputs = self._run([tokens for _, tokens in beams], [step_params] * len(beams),
+                            [0] * len(beams), use_tqdm=False)
+        start = 0
+        for search in searches:
+            count = len(search.live)
+            search.advance([out.outputs[0].logprobs[0] for out in outputs[start:start + count]])
+            start += count
+
+    def _prompt_token_ids(self, prompt: Prompt) -> list[int]:
+        """A prompt as token ids, tokenized as ``generate`` does."""
+        if isinstance(prompt, dict):
+            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if isinstance(prompt, str):
+            tokenizer = self.get_tokenizer()
+            if tokenizer is None:
+                raise ValueError("text prompts need a tokenizer (the engine runs with skip_tokenizer_init)")
+            prompt = tokenizer.encode(prompt)
+        if not isinstance(prompt, (list, tuple)) or not prompt:
+            raise ValueError("a prompt must be a non-empty string or list of token ids")
+        return list(prompt)
 
     def chat(self, messages: list[Message] | list[list[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -165,9 +224,9 @@ def _per_prompt(value: Any, count: int, name: str) -> list:
     return [value] * count
 
 
-def _progress_bar(total: int):
+def _progress_bar(total: int, desc: str = "Processed prompts"):
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, dynamic_ncols=True)
 
 
 __all__ = ["LLM"]

@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "LLM": "tamis.engine.llm",
     "LLMEngine": "tamis.engine.engine",
+    "BeamSearchParams": "tamis.engine.beam_search",
     "EngineConfig": "tamis.engine.config",
     "SamplingParams": "tamis.engine.sampling_params",
     "RequestOutputKind": "tamis.engine.sampling_params",
