@@ -1,9 +1,10 @@
 """One log line per HTTP request: id, method, path, status, tokens, latency.
 
 Pure ASGI middleware. It gives each request an id (the client's ``X-Request-Id`` or a
-new one), stores it in ``scope["state"]["request_id"]`` for the handlers, echoes it in the
-response header, and logs after the last body byte, so a streamed response is logged
-when it ends. Handlers add token counts to ``scope["state"]["usage"]``.
+new one), stores it in ``scope["state"]["request_id"]`` for the handlers (which may
+replace it with the body's ``request_id``), echoes it in the response header, and logs
+after the last body byte, so a streamed response is logged when it ends. Handlers add
+token counts to ``scope["state"]["usage"]``.
 """
 from __future__ import annotations
 
@@ -48,13 +49,13 @@ class AccessLogMiddleware:
                 status = message["status"]
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"],
-                                      (b"x-request-id", request_id.encode("latin-1"))]
+                                      (b"x-request-id", state["request_id"].encode("latin-1"))]
             await send(message)
 
         try:
             await self.app(scope, receive, logging_send)
         finally:
-            self._log(scope, state, request_id, status, time.monotonic() - start)
+            self._log(scope, state, state["request_id"], status, time.monotonic() - start)
 
     def _log(self, scope, state, request_id, status, elapsed) -> None:
         usage = state.get("usage") or {}

@@ -3,7 +3,11 @@
 A prompt is a string, a list of strings, a list of token ids or a list of those lists;
 each prompt is one engine request and its ``n`` choices are numbered
 ``prompt_index * n + choice_index``, as OpenAI does. ``suffix`` (insertion) is refused:
-no served model has a fill-in-the-middle template.
+no served model has a fill-in-the-middle template. ``truncate_prompt_tokens`` cuts each
+prompt (``echo`` then repeats what was kept). Each choice carries vLLM's extras when asked:
+``prompt_logprobs`` (also with ``echo`` and ``logprobs``), and ``prompt_token_ids`` /
+``token_ids`` with ``return_token_ids`` (streamed: the prompt's ids in a choice's first
+chunk, then each chunk's new ids).
 """
 from __future__ import annotations
 
@@ -12,12 +16,13 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from tamis.server.context import ServerContext, new_id
+from tamis.server.context import ServerContext
 from tamis.server.errors import invalid
-from tamis.server.logprobs import completion_logprobs
+from tamis.server.fields import check_request_fields, request_ids
+from tamis.server.logprobs import completion_logprobs, prompt_logprobs_json, token_id_text
 from tamis.server.protocol import CompletionRequest
-from tamis.server.sampling import (build_sampling_params, check_stream_options,
-                                   max_tokens_for)
+from tamis.server.sampling import (build_sampling_params, check_stream_options, engine_prompt,
+                                   max_tokens_for, truncate_prompt)
 from tamis.server.streaming import Cursor, merge, sse_body, start_generations
 from tamis.server.structured import resolve_structured_outputs
 
@@ -33,14 +38,20 @@ async def completion_prompts(ctx: ServerContext,
     if not prompt:
         raise invalid("prompt must not be empty", "prompt")
     out = []
+    truncated = body.truncate_prompt_tokens is not None
     for item in prompt:
         if isinstance(item, str):
-            ids = await ctx.encode(item, "prompt", add_special_tokens=body.add_special_tokens)
+            ids = await ctx.encode(item, "prompt", truncated=truncated,
+                                   add_special_tokens=body.add_special_tokens)
             text = item
         else:
             ids = list(item)
             ctx.check_token_ids(ids, "prompt")
-            text = ctx.tokenizer.decode(ids)
+            text = None
+        kept = truncate_prompt(ids, body, body.max_tokens, ctx.max_model_len)
+        if text is None or len(kept) < len(ids):
+            text = ctx.tokenizer.decode(kept)
+        ids = kept
         if not ids:
             raise invalid("prompt must hold at least one token", "prompt")
         out.append((text, ids))
@@ -49,6 +60,7 @@ async def completion_prompts(ctx: ServerContext,
 
 async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Request):
     model = ctx.check_model(body.model)
+    check_request_fields(ctx, body)
     check_stream_options(body)
     if body.suffix:
         raise invalid("suffix is not supported: the served model has no fill-in-the-middle "
@@ -58,7 +70,7 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
     constraint = resolve_structured_outputs(body)
     if ctx.metrics is not None:
         ctx.metrics.observe_constraint(constraint)
-    request_id = new_id("cmpl")
+    response_id, engine_id = request_ids(raw, body, "cmpl")
     jobs = []
     for i, (_text, ids) in enumerate(prompts):
         max_tokens = max_tokens_for(body.max_tokens, len(ids), ctx.max_model_len)
@@ -66,9 +78,9 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
                                        structured_outputs=constraint)
         if body.echo and body.logprobs is not None:
             params.prompt_logprobs = body.logprobs
-        jobs.append((f"{request_id}-{i}", ids, params, body.priority))
+        jobs.append((f"{engine_id}-{i}", engine_prompt(ids, body), params, body.priority))
     gens = await start_generations(ctx.engine, jobs)
-    writer = _CompletionWriter(ctx, body, model, request_id, prompts, raw)
+    writer = _CompletionWriter(ctx, body, model, response_id, prompts, raw)
     if body.stream:
         return StreamingResponse(writer.stream(gens), media_type="text/event-stream")
     finals = {}
@@ -84,6 +96,9 @@ class _CompletionWriter:
         self.ctx, self.body, self.model = ctx, body, model
         self.request_id, self.prompts, self.raw = request_id, prompts, raw
         self.created = int(time.time())
+        self.token_text = token_id_text if body.return_tokens_as_token_ids else ctx.token_text
+        self.wants_prompt_logprobs = body.prompt_logprobs is not None or (
+            body.echo and body.logprobs is not None)
 
     def _logprobs(self, prompt_index, choice, start_token, text_offset, prompt_output=None):
         if self.body.logprobs is None:
@@ -94,8 +109,21 @@ class _CompletionWriter:
             ids = self.prompts[prompt_index][1] + ids
             positions = list(prompt_output.prompt_logprobs or
                               [None] * len(self.prompts[prompt_index][1])) + positions
-        return completion_logprobs(ids, positions, self.body.logprobs, self.ctx.token_text,
+        return completion_logprobs(ids, positions, self.body.logprobs, self.token_text,
                                    text_offset)
+
+    def _extras(self, prompt_index, output, choice, start_token: int = 0,
+                first: bool = True) -> dict:
+        """vLLM's per-choice extras: prompt logprobs, prompt and output token ids."""
+        extras = {}
+        if self.wants_prompt_logprobs and first:
+            extras["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs,
+                                                             self.token_text)
+        if self.body.return_token_ids:
+            if first:
+                extras["prompt_token_ids"] = list(self.prompts[prompt_index][1])
+            extras["token_ids"] = list(choice.token_ids[start_token:])
+        return extras
 
     def _choice(self, prompt_index, output, choice) -> dict:
         text = choice.text
@@ -105,7 +133,8 @@ class _CompletionWriter:
         return {"index": prompt_index * self.body.n + choice.index, "text": text,
                 "logprobs": self._logprobs(prompt_index, choice, 0, 0,
                                            output if echo else None),
-                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason}
+                "finish_reason": choice.finish_reason, "stop_reason": choice.stop_reason,
+                **self._extras(prompt_index, output, choice)}
 
     def usage(self, outputs) -> dict:
         prompt = sum(len(ids) for _, ids in self.prompts)
@@ -158,13 +187,15 @@ class _CompletionWriter:
     def _delta(self, p, output, choice, cursor: "Cursor") -> dict | None:
         if cursor.done or not cursor.has_news(choice):
             return None
-        echo = self.body.echo and not cursor.started
+        first = not cursor.started
+        echo = self.body.echo and first
         prefix = self.prompts[p][0] if echo else ""
         logprobs = self._logprobs(p, choice, cursor.tokens, cursor.text,
                                   output if echo else None)
+        extras = self._extras(p, output, choice, cursor.tokens, first)
         text = cursor.advance(choice)
         return {"index": p * self.body.n + choice.index, "text": prefix + text,
                 "logprobs": logprobs, "finish_reason": choice.finish_reason,
-                "stop_reason": choice.stop_reason}
+                "stop_reason": choice.stop_reason, **extras}
 
 

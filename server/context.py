@@ -19,6 +19,9 @@ class ServerContext:
     max_model_len: int
     max_logprobs: int = 20
     metrics: object = None         # tamis.server.metrics.ServerMetrics
+    scheduling_policy: str = "fcfs"            # the engine's; "priority" honours `priority`
+    reject_unknown_fields: bool = False        # --reject-unknown-fields
+    trust_request_chat_template: bool = False  # --trust-request-chat-template
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self):
@@ -41,11 +44,13 @@ class ServerContext:
             raise invalid(f"{param} must be between 0 and {self.max_logprobs} "
                           f"(--max-logprobs), got {value}", param)
 
-    async def encode(self, text: str, param: str, **kwargs) -> list[int]:
+    async def encode(self, text: str, param: str, truncated: bool = False,
+                     **kwargs) -> list[int]:
         """``text``'s token ids, tokenized off the event loop (a long prompt takes seconds);
         400 naming ``param`` when it cannot fit the context, decided first from its length
-        where that alone proves it (no token spans more than ``max_token_chars`` characters)."""
-        if len(text) > self.max_model_len * self.max_token_chars:
+        where that alone proves it (no token spans more than ``max_token_chars`` characters).
+        ``truncated``: the caller keeps only part of the ids, so any length may fit."""
+        if not truncated and len(text) > self.max_model_len * self.max_token_chars:
             raise invalid(f"{param} is too long: {len(text):,} characters cannot fit this "
                           f"model's maximum context length of {self.max_model_len} tokens", param)
         return await asyncio.to_thread(self.tokenizer.encode, text, **kwargs)

@@ -4,7 +4,11 @@ The engine gives, per generated position, a mapping ``token_id -> Logprob`` (an 
 with ``.logprob``, as vLLM's) or ``token_id -> float`` holding the sampled token and the
 top-k alternatives. Chat wants ``{"content": [{token, logprob, bytes, top_logprobs}],
 "refusal": None}``; completions want parallel lists ``tokens``, ``token_logprobs``,
-``top_logprobs`` (dicts), ``text_offset``.
+``top_logprobs`` (dicts), ``text_offset``. ``prompt_logprobs`` (vLLM's field) is a list
+holding None for the first prompt token, then ``{token_id: {logprob, rank,
+decoded_token}}`` per prompt position. With ``return_tokens_as_token_ids`` every token's
+text is written ``token_id:{id}`` (``token_id_text``), as vLLM does, so tokens that are
+not valid UTF-8 on their own can still be told apart.
 """
 from __future__ import annotations
 
@@ -30,6 +34,20 @@ class TokenText:
 
     def __call__(self, token_id: int) -> str:
         return self._decode(int(token_id))
+
+
+def token_id_text(token_id: int) -> str:
+    return f"token_id:{int(token_id)}"
+
+
+def prompt_logprobs_json(positions, token_text) -> list[dict | None] | None:
+    """The engine's prompt logprobs as vLLM's JSON (token ids as keys)."""
+    if positions is None:
+        return None
+    return [None if position is None else
+            {str(t): {"logprob": _value(entry), "rank": getattr(entry, "rank", None),
+                      "decoded_token": token_text(t)} for t, entry in position.items()}
+            for position in positions]
 
 
 def _chat_token(text: str, logprob: float) -> dict:

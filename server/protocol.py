@@ -1,8 +1,10 @@
 """Request bodies of the OpenAI-compatible API, with OpenAI's field names.
 
 Unknown fields are kept (``extra="allow"``), as vLLM does, so clients that send
-provider-specific extras still work; the legacy ``guided_*`` extras are the exception
-and are refused by ``server.structured`` with the ``structured_outputs`` field to use.
+provider-specific extras still work; ``server.fields`` warns about them once per name,
+refuses them under ``--reject-unknown-fields``, and always refuses near-misses of known
+names and the fields this server does not serve. The legacy ``guided_*`` extras are
+refused by ``server.structured`` with the ``structured_outputs`` field to use.
 Response bodies are plain dicts built in ``server.responses`` and checked by the tests
 against OpenAI's OpenAPI schemas.
 """
@@ -103,6 +105,12 @@ class SamplingFields(_RequestBody):
     structured_outputs: dict[str, Any] | None = None
     priority: int = 0
     request_id: str | None = None
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -147,7 +155,12 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
+    # OpenAI's legacy function calling, served as tools (server.tools.legacy_functions)
+    functions: list[FunctionDefinition] | None = Field(default=None, min_length=1)
+    function_call: Literal["none", "auto"] | dict[str, Any] | None = None
 
 
 class TokenizeRequest(_RequestBody):

@@ -1,4 +1,5 @@
-"""Request body -> ``SamplingParams``, with vLLM's server defaults.
+"""Request body -> ``SamplingParams`` and the prompt the engine gets, with vLLM's server
+defaults.
 
 ``max_tokens`` left unset means "until the context is full" for chat and 16 for
 completions (OpenAI's default). A prompt plus ``max_tokens`` past the model's context is
@@ -16,7 +17,7 @@ _PASSTHROUGH = ("n", "best_of", "temperature", "top_p", "top_k", "min_p", "seed"
                 "presence_penalty", "frequency_penalty", "repetition_penalty",
                 "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
                 "skip_special_tokens", "spaces_between_special_tokens", "allowed_token_ids",
-                "prompt_logprobs")
+                "prompt_logprobs", "bad_words")
 
 
 def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
@@ -39,9 +40,41 @@ def max_tokens_for(request_max: int | None, prompt_len: int, max_model_len: int,
     return request_max
 
 
+def truncate_prompt(ids: list[int], request, budget: int | None, max_model_len: int) -> list[int]:
+    """The prompt ids ``truncate_prompt_tokens`` (k) keeps, as vLLM: the last k
+    (``truncation_side`` "left", the default) or the first k ("right"); -1 keeps as many as
+    fit beside the output budget (``budget``, None = unset). 400 when k cannot fit."""
+    k = request.truncate_prompt_tokens
+    if k is None:
+        return ids
+    room = max(max_model_len - (budget or 1), 1)
+    if k == -1:
+        k = room
+    elif k == 0:
+        raise invalid("truncate_prompt_tokens must be -1 (as many as fit) or at least 1",
+                      "truncate_prompt_tokens")
+    elif k > room:
+        raise invalid(f"truncate_prompt_tokens={k} cannot be greater than the maximum context "
+                      f"length {max_model_len} minus the output budget ({room} tokens left); "
+                      f"request a smaller truncation size", "truncate_prompt_tokens")
+    if len(ids) <= k:
+        return ids
+    return ids[:k] if request.truncation_side == "right" else ids[-k:]
+
+
+def engine_prompt(ids: list[int], request):
+    """The engine's prompt: the ids, with the request's ``cache_salt`` when it has one."""
+    if request.cache_salt is None:
+        return ids
+    return {"prompt_token_ids": ids, "cache_salt": request.cache_salt}
+
+
 def check_stream_options(request) -> None:
     if request.stream_options is not None and not request.stream:
         raise invalid("stream_options can only be set when stream is true", "stream_options")
+    if request.stream and request.prompt_logprobs is not None:
+        raise invalid("prompt_logprobs are not available when stream is true (as in vLLM); "
+                      "send a non-streaming request", "prompt_logprobs")
 
 
 def build_sampling_params(request, *, max_tokens: int, logprobs: int | None,

@@ -16,6 +16,14 @@ tool_choice        what the model is made to write            how it becomes too
 
 Constrained arguments are always valid JSON for the schema; parsed "auto" calls are
 only as good as the model.
+
+OpenAI's legacy ``functions`` / ``function_call`` are served as tools
+(``apply_legacy_functions``): ``function_call`` "none" / "auto" / ``{"name"}`` is the
+matching ``tool_choice``, one call at most; the answer carries ``message.function_call``
+(``delta.function_call`` when streaming) and ``finish_reason`` "function_call" where tools
+would give ``tool_calls`` and "tool_calls". Earlier turns may hold an assistant
+``function_call`` and ``role: "function"`` results; the template sees them as tool calls
+and tool results.
 """
 from __future__ import annotations
 
@@ -38,6 +46,47 @@ class ToolPlan:
     schema: dict | None = None          # JSON schema the output must follow, if any
     function_name: str | None = None    # for "named"
     parallel: bool = True
+
+
+def apply_legacy_functions(body) -> bool:
+    """Rewrites a body's legacy ``functions`` / ``function_call`` as ``tools`` /
+    ``tool_choice``; True when the body used them. 400 when mixed with tools."""
+    if body.functions is None:
+        if body.function_call is not None:
+            raise invalid("`function_call` needs `functions`", "function_call")
+        return False
+    if body.tools is not None or body.tool_choice is not None:
+        raise invalid("send `tools`/`tool_choice` or the legacy `functions`/`function_call`, "
+                      "not both", "functions")
+    from tamis.server.protocol import ChatTool
+
+    body.tools = [ChatTool(function=function) for function in body.functions]
+    choice = body.function_call
+    if isinstance(choice, dict):
+        if not isinstance(choice.get("name"), str):
+            raise invalid('function_call must be "none", "auto" or {"name": ...}',
+                          "function_call")
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    body.tool_choice = choice
+    body.parallel_tool_calls = False
+    return True
+
+
+def legacy_message(message: dict) -> dict:
+    """A legacy turn as the template expects it: an assistant ``function_call`` becomes one
+    tool call, a ``function`` role message a ``tool`` result."""
+    call = message.pop("function_call", None)
+    if isinstance(call, dict) and not message.get("tool_calls"):
+        message["tool_calls"] = [{"id": make_tool_call_id(), "type": "function",
+                                  "function": call}]
+    if message.get("role") == "function":
+        message["role"] = "tool"
+    return message
+
+
+def as_function_call(calls: list[dict]) -> dict:
+    """The legacy ``function_call`` of a message: its first call's name and arguments."""
+    return dict(calls[0]["function"])
 
 
 def make_tool_call_id() -> str:

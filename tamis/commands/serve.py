@@ -44,6 +44,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     server.add_argument("--metrics-namespace", default="tamis", choices=("tamis", "vllm"),
                         help="prefix of the /metrics names: `vllm` serves vLLM's names "
                              "(vllm:num_requests_running, ...) for its dashboards")
+    server.add_argument("--reject-unknown-fields", action="store_true",
+                        help="answer a request holding a field the API does not know with "
+                             "400 naming it (default: served, the field logged once)")
+    server.add_argument("--trust-request-chat-template", action="store_true",
+                        help="let chat requests bring their own `chat_template` (default: "
+                             "refused with 400, as vLLM)")
     from tamis.engine.arg_utils import add_engine_args
 
     add_engine_args(parser)
@@ -96,7 +102,10 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
     ctx = ServerContext(engine=async_engine, tokenizer=engine.tokenizer,
                         model_names=served_model_names(args),
                         max_model_len=_max_model_len(engine),
-                        max_logprobs=getattr(engine.config, "max_logprobs", 20))
+                        max_logprobs=getattr(engine.config, "max_logprobs", 20),
+                        scheduling_policy=engine.config.scheduling_policy,
+                        reject_unknown_fields=args.reject_unknown_fields,
+                        trust_request_chat_template=args.trust_request_chat_template)
     return build_app(ctx, api_key=api_key, max_body_bytes=args.max_request_body_bytes,
                      metrics_namespace=args.metrics_namespace)
 
