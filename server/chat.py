@@ -19,6 +19,7 @@ import json
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tamis.server.beam import beam_search_outputs
 from tamis.server.chat_writer import ChatWriter
 from tamis.server.context import ServerContext
 from tamis.server.errors import invalid
@@ -132,13 +133,17 @@ async def create_chat_completion(ctx: ServerContext, body: ChatCompletionRequest
                                   add_special_tokens=body.add_special_tokens)
     prompt_ids = truncate_prompt(prompt_ids, body, budget, ctx.max_model_len)
     max_tokens = max_tokens_for(budget, len(prompt_ids), ctx.max_model_len, param, "messages")
-    params = build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
-                                   structured_outputs=constraint)
     response_id, engine_id = request_ids(raw, body, "chatcmpl")
-    gens = await start_generations(ctx.engine, [(engine_id, engine_prompt(prompt_ids, body),
-                                                 params, body.priority)])
     writer = ChatWriter(ctx, body, model, response_id, plan, prompt_ids, raw, legacy,
                         echo=echoed_text(body))
+    if body.use_beam_search:
+        [output] = await beam_search_outputs(ctx, body, [(prompt_ids, max_tokens)], engine_id,
+                                             logprobs, constraint)
+        return JSONResponse(writer.response(output))
+    params = build_sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                   structured_outputs=constraint)
+    gens = await start_generations(ctx.engine, [(engine_id, engine_prompt(prompt_ids, body),
+                                                 params, body.priority)])
     if body.stream:
         return StreamingResponse(writer.stream(gens), media_type="text/event-stream")
     final = None

@@ -16,6 +16,7 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from tamis.server.beam import beam_search_outputs
 from tamis.server.context import ServerContext
 from tamis.server.errors import invalid
 from tamis.server.fields import check_request_fields, request_ids
@@ -71,6 +72,12 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
     if ctx.metrics is not None:
         ctx.metrics.observe_constraint(constraint)
     response_id, engine_id = request_ids(raw, body, "cmpl")
+    writer = _CompletionWriter(ctx, body, model, response_id, prompts, raw)
+    if body.use_beam_search:
+        jobs = [(ids, max_tokens_for(body.max_tokens, len(ids), ctx.max_model_len))
+                for _, ids in prompts]
+        outputs = await beam_search_outputs(ctx, body, jobs, engine_id, body.logprobs, constraint)
+        return JSONResponse(writer.response(outputs))
     jobs = []
     for i, (_text, ids) in enumerate(prompts):
         max_tokens = max_tokens_for(body.max_tokens, len(ids), ctx.max_model_len)
@@ -80,7 +87,6 @@ async def create_completion(ctx: ServerContext, body: CompletionRequest, raw: Re
             params.prompt_logprobs = body.logprobs
         jobs.append((f"{engine_id}-{i}", engine_prompt(ids, body), params, body.priority))
     gens = await start_generations(ctx.engine, jobs)
-    writer = _CompletionWriter(ctx, body, model, response_id, prompts, raw)
     if body.stream:
         return StreamingResponse(writer.stream(gens), media_type="text/event-stream")
     finals = {}

@@ -105,6 +105,8 @@ class SamplingFields(_RequestBody):
     structured_outputs: dict[str, Any] | None = None
     priority: int = 0
     request_id: str | None = None
+    use_beam_search: bool = False     # n is the beam width (server.beam)
+    length_penalty: float = 1.0
     bad_words: list[str] | None = None
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None

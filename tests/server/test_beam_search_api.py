@@ -32,15 +32,16 @@ def completion(raw, **fields) -> httpx.Response:
 
 
 def test_completion_choices_are_the_offline_beams(raw, offline):
-    response = completion(raw, n=3, length_penalty=0.5, logprobs=2)
+    response = completion(raw, n=3, length_penalty=0.5, logprobs=2, return_token_ids=True)
     assert response.status_code == 200, response.text
     body = response.json()
     expected = offline.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=6,
                                                               length_penalty=0.5))[0].sequences
     tokenizer = offline.get_tokenizer()
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
-    assert [tokenizer.encode(c["text"]) for c in body["choices"]] == \
-           [s.output_token_ids for s in expected]
+    assert [c["token_ids"] for c in body["choices"]] == [s.output_token_ids for s in expected]
+    assert [c["text"] for c in body["choices"]] == \
+           [tokenizer.decode(s.output_token_ids, skip_special_tokens=True) for s in expected]
     assert len({c["text"] for c in body["choices"]}) == 3
     for choice in body["choices"]:
         assert choice["finish_reason"] == "length"
