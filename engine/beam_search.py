@@ -7,9 +7,12 @@
 
 A search is driven from above the engine: every step, each live beam becomes one request
 for one token with the top ``num_candidates`` logprobs, whose prompt is the search's prompt
-plus the beam's tokens. The prefix cache serves every beam the prompt's full blocks and the
-full blocks of the prefix beams have in common, so beams share those blocks (reference
-counted) and only compute their own tail.
+plus the beam's tokens. The prefix cache (``enable_prefix_caching``, on by default) serves
+every beam the prompt's full blocks and the full blocks of the prefix beams have in common,
+so beams share those blocks (reference counted) and only compute their own tail; without
+it every beam recomputes its whole sequence each step. Sharing through the cache needs no
+fork of block tables in the engine, and a finished beam's blocks stay hittable for the
+beams that continue it.
 
 One step of ``BeamSearch.advance`` (k = beam_width, N = num_candidates)::
 

@@ -74,7 +74,7 @@ async def beam_search_outputs(ctx, body, jobs: list[tuple[list[int], int]], requ
         params = beam_search_params(body, max_tokens)
         searches.append(BeamSearch(ids, params, engine.eos_token_ids, ctx.max_model_len,
                                    ctx.tokenizer.decode))
-    step = step_sampling_params(params, engine.eos_token_ids)
+    step = step_sampling_params(searches[0].params, engine.eos_token_ids)
     if step.logprobs > ctx.max_logprobs:
         raise invalid(f"n={body.n} scores {step.logprobs} candidates per beam, over this "
                       f"server's --max-logprobs {ctx.max_logprobs}; lower n", "n")
