@@ -11,7 +11,9 @@ handler:
   ``max_token``): 400 naming the field and its likely spelling, because the request
   clearly meant something the server would otherwise not do;
 - any other unknown field: one warning per field name for the life of the process (vLLM
-  logs them too), or a 400 naming it when the server runs with ``--reject-unknown-fields``.
+  logs them too; the first ``_MAX_WARNED_NAMES`` names), or a 400 naming it when the
+  server runs with ``--reject-unknown-fields``. More than ``MAX_UNKNOWN_FIELDS`` unknown
+  fields in one body is a 400: each is compared with every known name.
 
 ``request_ids`` gives a request its response id and engine id from ``X-Request-Id`` or the
 body's ``request_id``, as vLLM does.
@@ -22,12 +24,16 @@ import difflib
 import logging
 import uuid
 
+from tamis.server.access_log import printable
 from tamis.server.errors import invalid
 from tamis.server.structured import reject_legacy_fields
 
 logger = logging.getLogger("tamis.server")
 
 _NEAR_MISS_CUTOFF = 0.85   # difflib ratio: "structured_output" ~ "structured_outputs" 0.97
+MAX_UNKNOWN_FIELDS = 64
+_MAX_WARNED_NAMES = 1024   # names remembered (and logged) at most: hostile bodies invent many
+_MAX_NAME_CHARS = 100      # of a field name quoted in an answer or the log
 
 # field -> (is the value harmless?, what to do instead)
 _REFUSED = {
@@ -53,6 +59,11 @@ def check_request_fields(ctx, body) -> None:
     (``ctx.reject_unknown_fields``); ``priority`` checked against the scheduling policy."""
     reject_legacy_fields(body)
     extras = body.model_extra or {}
+    unknown = [name for name in extras if name not in _REFUSED]
+    if len(unknown) > MAX_UNKNOWN_FIELDS:
+        raise invalid(f"the body holds {len(unknown)} fields this API does not know (at most "
+                      f"{MAX_UNKNOWN_FIELDS}), the first being `{_quoted(unknown[0])}`",
+                      _quoted(unknown[0]))
     known = _known_names(type(body))
     for name, value in extras.items():
         if name in _REFUSED:
@@ -74,16 +85,21 @@ def _known_names(model) -> set[str]:
 
 
 def _check_unknown(name: str, known: set[str], reject: bool) -> None:
+    quoted = _quoted(name)
     close = difflib.get_close_matches(name, known, n=1, cutoff=_NEAR_MISS_CUTOFF)
     if close:
-        raise invalid(f"unknown field `{name}`; did you mean `{close[0]}`?", name)
+        raise invalid(f"unknown field `{quoted}`; did you mean `{close[0]}`?", quoted)
     if reject:
-        raise invalid(f"unknown field `{name}` (this server runs with "
-                      f"--reject-unknown-fields)", name)
-    if name not in _warned:
-        _warned.add(name)
-        logger.warning("requests hold the unknown field %r, which is ignored "
-                       "(--reject-unknown-fields refuses such requests)", name[:100])
+        raise invalid(f"unknown field `{quoted}` (this server runs with "
+                      f"--reject-unknown-fields)", quoted)
+    if quoted not in _warned and len(_warned) < _MAX_WARNED_NAMES:
+        _warned.add(quoted)
+        logger.warning("requests hold the unknown field `%s`, which is ignored "
+                       "(--reject-unknown-fields refuses such requests)", printable(quoted))
+
+
+def _quoted(name: str) -> str:
+    return name[:_MAX_NAME_CHARS]
 
 
 def request_ids(raw, body, prefix: str) -> tuple[str, str]:

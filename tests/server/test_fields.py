@@ -298,3 +298,12 @@ def test_unknown_fields_warn_once_or_are_refused(app, ctx, caplog):
     assert "--reject-unknown-fields" in refused(chat(app, vendor_tag="x"), "vendor_tag")
     refused(complete(app, another_one=1), "another_one")
     ok(chat(app))
+
+
+def test_a_flood_of_unknown_fields_is_refused(app, caplog):
+    flood = {f"x{i}": 1 for i in range(65)}
+    assert "65" in refused(chat(app, **flood), "x0")
+    with caplog.at_level(logging.WARNING, logger="tamis.server"):
+        ok(chat(app, **{"odd\nname": 1}))
+    assert any("odd\\nname" in r.getMessage() for r in caplog.records)
+    assert not any("odd\nname" in r.getMessage() for r in caplog.records)
