@@ -115,7 +115,7 @@ class LLMEngine:
         if not params.ignore_eos:
             params.all_stop_token_ids |= self.eos_token_ids
         if params.bad_words:
-            params.update_from_tokenizer(self.tokenizer)
+            params.update_from_tokenizer(self.tokenizer, self.vocab_size)
         children = [self._make_child(request_id, text, token_ids, params, priority, arrival_time, i)
                     for i in range(params.n)]
         for child in children:

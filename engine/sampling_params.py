@@ -164,10 +164,11 @@ class SamplingParams:
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
-    def update_from_tokenizer(self, tokenizer) -> None:
+    def update_from_tokenizer(self, tokenizer, vocab_size: int | None = None) -> None:
         """Fills ``bad_words_token_ids``: each bad word as it is tokenized at the start of a
         text and, when that gives a different first token of the same length, after a space
-        (as vLLM does, so a word is banned both at the start and inside the text)."""
+        (as vLLM does, so a word is banned both at the start and inside the text).
+        ValueError when a token falls outside the model's ``vocab_size``."""
         self.bad_words_token_ids = []
         for word in self.bad_words:
             bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
@@ -175,6 +176,11 @@ class SamplingParams:
             self.bad_words_token_ids.append(bare)
             if spaced[0] != bare[0] and len(spaced) == len(bare):
                 self.bad_words_token_ids.append(spaced)
+        outside = [t for word in self.bad_words_token_ids for t in word
+                   if vocab_size is not None and not 0 <= t < vocab_size]
+        if outside:
+            raise ValueError(f"bad_words tokenize to ids outside the model's vocabulary "
+                             f"(valid ids: 0..{vocab_size - 1}): {outside[:5]}")
 
     @property
     def sampling_type(self) -> SamplingType:

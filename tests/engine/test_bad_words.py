@@ -94,3 +94,12 @@ def test_a_bad_word_leaves_the_greedy_output(smollm2_path):
     banned = SamplingParams(temperature=0.0, max_tokens=12, bad_words=["Paris"])
     after = llm.chat(prompt, banned, use_tqdm=False)[0].outputs[0].text
     assert "Paris" not in after and after != before
+
+
+def test_token_ids_outside_the_model_vocabulary_are_refused(smollm2_path):
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_path)
+    params = SamplingParams(bad_words=["Paris"])
+    with pytest.raises(ValueError, match="bad_words"):
+        params.update_from_tokenizer(tokenizer, vocab_size=10)
+    params.update_from_tokenizer(tokenizer, vocab_size=len(tokenizer))
+    assert params.bad_words_token_ids
