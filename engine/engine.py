@@ -105,6 +105,9 @@ class LLMEngine:
         request_id = str(request_id)
         if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority={priority} needs scheduling_policy='priority' (this "
+                             f"engine schedules {self.config.scheduling_policy!r}); send 0")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")

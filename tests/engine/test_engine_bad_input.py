@@ -49,6 +49,12 @@ def test_duplicate_id_and_interleaved_failure(engine):
     assert list(done) == ["same"] and len(done["same"].outputs[0].token_ids) == 4
 
 
+def test_priority_needs_priority_scheduling(engine):
+    with pytest.raises(ValueError, match="scheduling_policy='priority'"):
+        engine.add_request("urgent", [7, 8], PARAMS, priority=1)
+    assert not engine.has_unfinished_requests()
+
+
 @pytest.mark.parametrize("field, value", [
     ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2.0),
     ("presence_penalty", 3.0), ("frequency_penalty", -3.0), ("repetition_penalty", 0.0),
