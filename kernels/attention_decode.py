@@ -14,7 +14,7 @@
 S depends only on (B, Hkv, the device), never on the lengths, so a captured CUDA graph
 stays valid for any lengths; slices past a sequence's end do no work. A sequence with
 seq_len 0 (a padding row of a captured batch) gets zeros. Sliding window W: keys
-``j >= seq_len - W``.
+``j >= seq_len - W``. Soft cap C: scores ``C * tanh(s / C)`` (as in attention_prefill).
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ except ImportError:
 
 def paged_attention_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor,
                                seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                               scale: float, sliding_window: int | None = None) -> torch.Tensor:
+                               scale: float, sliding_window: int | None = None,
+                               soft_cap: float | None = None) -> torch.Tensor:
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     num_seqs = seq_lens.shape[0]
     if q.shape[0] != num_seqs:
@@ -48,7 +49,7 @@ def paged_attention_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor,
         if seq_len > 0:   # seq_len 0: a padding row, left at zero
             k, v = gather_kv(kv_cache, block_tables[b], seq_len)
             out[b:b + 1] = attend_ref(q[b:b + 1], k, v, seq_len - 1, scale,
-                                       sliding_window).to(q.dtype)
+                                       sliding_window, soft_cap).to(q.dtype)
     return out
 
 
@@ -68,12 +69,12 @@ def default_num_splits(num_seqs: int, num_kv_heads: int, device: torch.device) -
 if tl is not None:
     @kernel
     def _decode_split_kernel(q_ptr, cache_ptr, mid_o_ptr, mid_lse_ptr, seq_lens_ptr, bt_ptr,
-                             scale_log2, window, q_tok_stride, q_head_stride, bt_stride,
+                             scale_log2, window, cap_log2, q_tok_stride, q_head_stride, bt_stride,
                              values_offset, num_kv_heads, group, block_size, head_dim,
                              num_splits,
                              HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
                              BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                             PRECISION: tl.constexpr):
+                             SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -107,6 +108,8 @@ if tl is not None:
             k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
             v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+            if SOFTCAP:   # C*tanh(x/C) on the log2(e)-scaled scores: cap_log2 = C*log2(e)
+                s = cap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * s / cap_log2) + 1.0))
             s = tl.where(n_mask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -156,7 +159,8 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                   scale: float, sliding_window: int | None = None,
                                   num_splits: int | None = None, block_n: int | None = None,
                                   num_warps: int = 4, num_stages: int = 2,
-                                  out: torch.Tensor | None = None) -> torch.Tensor:
+                                  out: torch.Tensor | None = None,
+                                  soft_cap: float | None = None) -> torch.Tensor:
     """``num_splits``, ``block_n``, ``num_warps``, ``num_stages``: launch overrides
     (benchmarks); ``out``: where to write (a view is fine)."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
@@ -177,10 +181,11 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
     head_block = next_power_of_2(max(16, head_dim))
     _decode_split_kernel[(num_seqs, num_kv_heads, splits)](
         q, kv_cache, mid_o, mid_lse, seq_lens, block_tables, scale * math.log2(math.e),
-        sliding_window or 0, q.stride(0), q.stride(1), block_tables.stride(0),
+        sliding_window or 0, (soft_cap or 1.0) * math.log2(math.e), q.stride(0), q.stride(1),
+        block_tables.stride(0),
         kv_cache[0].numel(), num_kv_heads, group, block_size, head_dim, splits,
         HEAD_DIM=head_block, GROUP=next_power_of_2(max(16, group)), BLOCK_N=block_n,
-        SLIDING=sliding_window is not None,
+        SLIDING=sliding_window is not None, SOFTCAP=soft_cap is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps, num_stages=num_stages)
     _decode_merge_kernel[(num_seqs, num_heads)](
@@ -193,10 +198,11 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
 def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor,
                            block_tables: torch.Tensor, scale: float,
                            sliding_window: int | None = None,
-                           num_splits: int | None = None) -> torch.Tensor:
+                           num_splits: int | None = None,
+                           soft_cap: float | None = None) -> torch.Tensor:
     """Triton on CUDA, the reference elsewhere (see the module docstring)."""
     if use_triton(q):
         return paged_attention_decode_triton(q, kv_cache, seq_lens, block_tables, scale,
-                                             sliding_window, num_splits)
+                                             sliding_window, num_splits, soft_cap=soft_cap)
     return paged_attention_decode_ref(q, kv_cache, seq_lens, block_tables, scale,
-                                      sliding_window)
+                                      sliding_window, soft_cap)

@@ -13,6 +13,8 @@
 GQA: query head h reads KV head ``h // (Hq // Hkv)``. The new tokens' K/V must already be
 in the cache (``store_kv_cache`` first). A cache in another dtype than q is read as q's
 dtype. Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
+With ``soft_cap`` C each scaled score s becomes ``C * tanh(s / C)`` before the softmax
+(Gemma 2's attention logit soft-capping).
 """
 from __future__ import annotations
 
@@ -54,12 +56,14 @@ def gather_kv(kv_cache, block_table_row, seq_len):
     return k, v
 
 
-def attend_ref(q, k, v, context_len, scale, sliding_window):
+def attend_ref(q, k, v, context_len, scale, sliding_window, soft_cap=None):
     """q [n, Hq, D] at positions context_len.., k/v [L, Hkv, D] -> [n, Hq, D] (float32)."""
     group = q.shape[1] // k.shape[1]
     k = k.float().repeat_interleave(group, dim=1)
     v = v.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    if soft_cap is not None:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
     q_pos = context_len + torch.arange(q.shape[0], device=q.device)[:, None]
     k_pos = torch.arange(k.shape[0], device=q.device)[None, :]
     visible = k_pos <= q_pos
@@ -73,7 +77,8 @@ def attend_ref(q, k, v, context_len, scale, sliding_window):
 def paged_attention_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor,
                                 query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                                 block_tables: torch.Tensor, scale: float,
-                                sliding_window: int | None = None) -> torch.Tensor:
+                                sliding_window: int | None = None,
+                                soft_cap: float | None = None) -> torch.Tensor:
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     out = torch.zeros_like(q)
     starts = query_start_loc.tolist()
@@ -83,18 +88,19 @@ def paged_attention_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor,
             continue
         k, v = gather_kv(kv_cache, block_tables[b], seq_len)
         out[start:end] = attend_ref(q[start:end], k, v, seq_len - (end - start), scale,
-                                     sliding_window).to(q.dtype)
+                                     sliding_window, soft_cap).to(q.dtype)
     return out
 
 
 if tl is not None:
     @kernel
     def _prefill_kernel(q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
-                        scale_log2, window, q_tok_stride, q_head_stride, o_tok_stride,
+                        scale_log2, window, cap_log2, q_tok_stride, q_head_stride, o_tok_stride,
                         o_head_stride, bt_stride, values_offset, num_kv_heads, group,
                         block_size, head_dim,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SLIDING: tl.constexpr, PRECISION: tl.constexpr):
+                        SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
+                        PRECISION: tl.constexpr):
         seq = tl.program_id(0)
         head = tl.program_id(1)
         m_block = tl.program_id(2)
@@ -133,6 +139,8 @@ if tl is not None:
                 kv_mask = n_mask[:, None] & d_mask[None, :]
                 k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+                if SOFTCAP:   # C*tanh(x/C) on the log2(e)-scaled scores: cap_log2 = C*log2(e)
+                    s = cap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * s / cap_log2) + 1.0))
                 visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
                 if SLIDING:
                     visible = visible & ((q_pos[:, None] - offs_n[None, :]) < window)
@@ -165,7 +173,8 @@ def paged_attention_prefill_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                    block_tables: torch.Tensor, scale: float,
                                    sliding_window: int | None = None,
                                    max_query_len: int | None = None,
-                                   out: torch.Tensor | None = None) -> torch.Tensor:
+                                   out: torch.Tensor | None = None,
+                                   soft_cap: float | None = None) -> torch.Tensor:
     """``max_query_len`` (a host int) sizes the grid; computed with a sync when omitted."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     out = torch.empty_like(q) if out is None else out
@@ -179,11 +188,12 @@ def paged_attention_prefill_triton(q: torch.Tensor, kv_cache: torch.Tensor,
     grid = (num_seqs, q.shape[1], triton.cdiv(max_query_len, block_m))
     _prefill_kernel[grid](
         q, kv_cache, out, query_start_loc, seq_lens, block_tables,
-        scale * math.log2(math.e), sliding_window or 0, q.stride(0), q.stride(1),
+        scale * math.log2(math.e), sliding_window or 0, (soft_cap or 1.0) * math.log2(math.e),
+        q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0), kv_cache[0].numel(),
         num_kv_heads, q.shape[1] // num_kv_heads, block_size, head_dim,
         HEAD_DIM=next_power_of_2(max(16, head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
-        SLIDING=sliding_window is not None,
+        SLIDING=sliding_window is not None, SOFTCAP=soft_cap is not None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
         num_stages=2)
     return out
@@ -193,10 +203,12 @@ def paged_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                             query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                             block_tables: torch.Tensor, scale: float,
                             sliding_window: int | None = None,
-                            max_query_len: int | None = None) -> torch.Tensor:
+                            max_query_len: int | None = None,
+                            soft_cap: float | None = None) -> torch.Tensor:
     """Triton on CUDA, the reference elsewhere (see the module docstring)."""
     if use_triton(q):
         return paged_attention_prefill_triton(q, kv_cache, query_start_loc, seq_lens,
-                                              block_tables, scale, sliding_window, max_query_len)
+                                              block_tables, scale, sliding_window, max_query_len,
+                                              soft_cap=soft_cap)
     return paged_attention_prefill_ref(q, kv_cache, query_start_loc, seq_lens, block_tables,
-                                       scale, sliding_window)
+                                       scale, sliding_window, soft_cap)

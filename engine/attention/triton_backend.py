@@ -48,28 +48,30 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata, scale: float,
-                sliding_window: int | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
         if kv_cache is None:
-            return self._forward_uncached(q, k, v, meta, scale, sliding_window)
+            return self._forward_uncached(q, k, v, meta, scale, sliding_window, soft_cap)
         store_kv_cache_triton(k, v, kv_cache, meta.slot_mapping)
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
             return paged_attention_decode_triton(q, kv_cache, meta.seq_lens, meta.block_tables,
                                                  scale, sliding_window,
-                                                 num_splits=self.decode_num_splits)
+                                                 num_splits=self.decode_num_splits,
+                                                 soft_cap=soft_cap)
         out = torch.empty_like(q)
         decodes = leading_decodes(meta.query_lens_cpu)
         if decodes:   # their query rows are the first `decodes` tokens
             paged_attention_decode_triton(q[:decodes], kv_cache, meta.seq_lens[:decodes],
                                           meta.block_tables[:decodes], scale, sliding_window,
-                                          num_splits=self.decode_num_splits, out=out[:decodes])
+                                          num_splits=self.decode_num_splits, out=out[:decodes],
+                                          soft_cap=soft_cap)
         # query_start_loc keeps absolute token offsets, so the rest needs no re-basing.
         return paged_attention_prefill_triton(
             q, kv_cache, meta.query_start_loc[decodes:], meta.seq_lens[decodes:],
             meta.block_tables[decodes:], scale, sliding_window,
-            max_query_len=meta.max_query_len, out=out)
+            max_query_len=meta.max_query_len, out=out, soft_cap=soft_cap)
 
-    def _forward_uncached(self, q, k, v, meta, scale, sliding_window) -> torch.Tensor:
+    def _forward_uncached(self, q, k, v, meta, scale, sliding_window, soft_cap) -> torch.Tensor:
         if self._uncached is None:
             from tamis.engine.attention.torch_backend import TorchAttentionBackend
             self._uncached = TorchAttentionBackend()
-        return self._uncached.forward(q, k, v, None, meta, scale, sliding_window)
+        return self._uncached.forward(q, k, v, None, meta, scale, sliding_window, soft_cap)

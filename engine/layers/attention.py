@@ -17,7 +17,8 @@ from tamis.engine.attention.metadata import get_forward_context
 class Attention(nn.Module):
 
     def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, layer_idx: int,
-                 scale: float, backend: AttentionBackend, sliding_window: int | None = None):
+                 scale: float, backend: AttentionBackend, sliding_window: int | None = None,
+                 soft_cap: float | None = None):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_attention_heads ({num_heads}) must be a multiple of "
@@ -27,11 +28,13 @@ class Attention(nn.Module):
         self.scale = scale
         self.backend = backend
         self.sliding_window = sliding_window
+        self.soft_cap = soft_cap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
         ctx = get_forward_context()
         meta = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
-        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window)
+        out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
+                                   self.soft_cap)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
