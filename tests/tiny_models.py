@@ -2,13 +2,16 @@
 
 ``make_tiny_checkpoint(arch, path, **config_overrides)`` writes a Hugging Face folder
 (config.json, model.safetensors, the SmolLM2 tokenizer files) for one of
-``llama | mistral | qwen2 | qwen3``. The vocabulary is SmolLM2's (49152 tokens), so
+``llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe``. The vocabulary is SmolLM2's (49152 tokens), so
 prompts tokenize normally and the embedded model's tokenizer and chat template apply.
 
 Shapes: hidden 64, 2 layers, 4 query heads / 2 KV heads (GQA), head_dim 16,
 intermediate 128. Weights are random from a fixed seed, drawn with a larger std than
 transformers' default so greedy decoding has clear winners (no near-ties that fp32
 rounding could flip). Mistral gets ``sliding_window=32``; qwen2/qwen3 tie embeddings.
+The MoE models have 4 experts, 2 per token (expert intermediate 32); qwen3_moe's first
+layer is a dense MLP (``mlp_only_layers=[0]``) and it renormalises the top-k weights;
+qwen2_moe adds a shared expert (intermediate 48) and does not renormalise.
 """
 from __future__ import annotations
 
@@ -31,6 +34,13 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": dict(tie_word_embeddings=False, sliding_window=32),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": dict(tie_word_embeddings=True),
+    "mixtral": dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+                    intermediate_size=32, sliding_window=None),
+    "qwen2_moe": dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                      norm_topk_prob=False),
+    "qwen3_moe": dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
+                      moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0]),
 }
 
 SUPPORTED_ARCHS = tuple(_ARCH_DEFAULTS)
@@ -43,6 +53,9 @@ def _classes(arch: str):
         "mistral": (tf.MistralConfig, tf.MistralForCausalLM),
         "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
+        "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
+        "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
     }[arch]
 
 

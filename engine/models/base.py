@@ -7,9 +7,18 @@ declares in ``packed_modules_mapping`` (vLLM's form)::
 
 ``...self_attn.k_proj.weight`` is loaded into ``...self_attn.qkv_proj.weight`` as shard 1
 (the position in the list) by that parameter's ``weight_loader``.
+
+Mixture-of-experts models stack their experts per layer and declare, per projection name
+of the checkpoint's per-expert tensors, the stacked parameter and shard it goes to
+(``expert_weight_names``)::
+
+    {"w1": ("w13_weight", 0), "w3": ("w13_weight", 1), "w2": ("w2_weight", 0)}
+
+``...experts.5.w3.weight`` is loaded into ``...experts.w13_weight`` with shard id (5, 1).
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 import torch
@@ -17,6 +26,7 @@ from torch import nn
 
 # Tensors some checkpoints carry that are recomputed here, never loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+_EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
 
 
 def head_dim_of(hf_config) -> int:
@@ -51,6 +61,7 @@ class CausalLMBase(nn.Module):
     ``self.tie_word_embeddings``."""
 
     packed_modules_mapping: dict[str, list[str]] = {}
+    expert_weight_names: dict[str, tuple[str, int]] = {}
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, vocab]."""
@@ -60,8 +71,12 @@ class CausalLMBase(nn.Module):
         """input_ids, positions int64 [T] -> hidden [T, H] (attention reads the forward context)."""
         return self.model(input_ids, positions)
 
-    def _target(self, name: str) -> tuple[str, int | None]:
+    def _target(self, name: str) -> tuple[str, int | tuple[int, int] | None]:
         """(parameter name, shard id) for a checkpoint tensor name."""
+        expert = _EXPERT_TENSOR.fullmatch(name)
+        if expert and expert["proj"] in self.expert_weight_names:
+            param, shard = self.expert_weight_names[expert["proj"]]
+            return f"{expert['block']}.{param}", (int(expert["expert"]), shard)
         parts = name.split(".")
         for fused, shards in self.packed_modules_mapping.items():
             for shard_id, shard in enumerate(shards):
@@ -73,7 +88,11 @@ class CausalLMBase(nn.Module):
     def expected_checkpoint_names(self) -> set[str]:
         """Checkpoint tensor names this model needs (fused parameters listed per shard)."""
         names = set()
-        for name, _ in self.named_parameters():
+        for name, param in self.named_parameters():
+            per_expert = self._expert_checkpoint_names(name, param.shape[0])
+            if per_expert:
+                names.update(per_expert)
+                continue
             parts = name.split(".")
             fused = next((p for p in parts[:-1] if p in self.packed_modules_mapping), None)
             if fused is None:
@@ -82,6 +101,16 @@ class CausalLMBase(nn.Module):
             for shard in self.packed_modules_mapping[fused]:
                 names.add(".".join(shard if p == fused else p for p in parts))
         return names
+
+    def _expert_checkpoint_names(self, name: str, num_experts: int) -> list[str]:
+        """The per-expert checkpoint names of a stacked expert parameter; [] for others."""
+        block, _, param = name.rpartition(".")
+        if not block.endswith("experts"):
+            return []
+        projections = [proj for proj, (stacked, _) in self.expert_weight_names.items()
+                       if stacked == param]
+        return [f"{block}.{expert}.{proj}.weight" for expert in range(num_experts)
+                for proj in projections]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Loads (name, tensor) pairs; returns the checkpoint names loaded.

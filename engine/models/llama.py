@@ -22,9 +22,11 @@ from tamis.engine.models.base import CausalLMBase, head_dim_of, layer_sliding_wi
 
 class LlamaMLP(nn.Module):
 
-    def __init__(self, config, quant_config: QuantizationConfig | None, prefix: str):
+    def __init__(self, config, quant_config: QuantizationConfig | None, prefix: str,
+                 intermediate_size: int | None = None):
         super().__init__()
-        size, bias = config.intermediate_size, getattr(config, "mlp_bias", False)
+        size = intermediate_size or config.intermediate_size
+        bias = getattr(config, "mlp_bias", False)
         self.gate_up_proj = MergedColumnLinear(config.hidden_size, [size, size], bias,
                                                quant_config, f"{prefix}.gate_up_proj")
         self.down_proj = RowLinear(size, config.hidden_size, bias, quant_config,
@@ -71,14 +73,23 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
+def dense_mlp(config, layer_idx: int, quant_config, prefix: str) -> nn.Module:
+    """The default MLP factory: every layer gets the gated MLP of ``intermediate_size``."""
+    return LlamaMLP(config, quant_config, prefix)
+
+
 class LlamaDecoderLayer(nn.Module):
+    """Attention, then the MLP that ``make_mlp(config, layer_idx, quant_config, prefix)``
+    builds, registered as ``mlp_name`` (the checkpoint's name for it)."""
 
     def __init__(self, config, layer_idx: int, quant_config, prefix: str,
-                 backend: AttentionBackend, sliding_window: int | None, **attention_options):
+                 backend: AttentionBackend, sliding_window: int | None, make_mlp=dense_mlp,
+                 mlp_name: str = "mlp", **attention_options):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_idx, quant_config, f"{prefix}.self_attn",
                                         backend, sliding_window, **attention_options)
-        self.mlp = LlamaMLP(config, quant_config, f"{prefix}.mlp")
+        self.mlp_name = mlp_name
+        self.add_module(mlp_name, make_mlp(config, layer_idx, quant_config, f"{prefix}.{mlp_name}"))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -89,19 +100,20 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return getattr(self, self.mlp_name)(hidden), residual
 
 
 class LlamaModel(nn.Module):
 
     def __init__(self, config, quant_config, backend: AttentionBackend,
-                 sliding_windows: list[int | None], prefix: str = "model", **attention_options):
+                 sliding_windows: list[int | None], prefix: str = "model", make_mlp=dense_mlp,
+                 mlp_name: str = "mlp", **attention_options):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rope_cache = CosSinCache()   # shared by all layers' rotary modules
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, quant_config, f"{prefix}.layers.{i}", backend,
-                              sliding_windows[i], rope_cache=self.rope_cache,
+                              sliding_windows[i], make_mlp, mlp_name, rope_cache=self.rope_cache,
                               **attention_options)
             for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -121,6 +133,8 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(CausalLMBase):
     packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
                               "gate_up_proj": ["gate_proj", "up_proj"]}
+    mlp_name = "mlp"           # the checkpoint's name for each layer's MLP block
+    make_mlp = staticmethod(dense_mlp)   # (config, layer_idx, quant_config, prefix) -> MLP
 
     def __init__(self, config, quant_config: QuantizationConfig | None = None,
                  attn_backend: AttentionBackend | None = None):
@@ -131,6 +145,7 @@ class LlamaForCausalLM(CausalLMBase):
             quant_config.packed_modules_mapping = dict(self.packed_modules_mapping)
         backend = attn_backend or TorchAttentionBackend()
         self.model = LlamaModel(config, quant_config, backend, self.sliding_windows(config),
+                                make_mlp=self.make_mlp, mlp_name=self.mlp_name,
                                 **self.attention_options(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tie_to = self.model.embed_tokens if self.tie_word_embeddings else None

@@ -4,14 +4,19 @@ from __future__ import annotations
 from torch import nn
 
 from tamis.engine.models.llama import LlamaForCausalLM, MistralForCausalLM
+from tamis.engine.models.mixtral import MixtralForCausalLM
 from tamis.engine.models.qwen2 import Qwen2ForCausalLM
 from tamis.engine.models.qwen3 import Qwen3ForCausalLM
+from tamis.engine.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
 }
 
 

@@ -1,0 +1,171 @@
+"""Mixture-of-experts MLP over routed tokens: the experts' gated MLPs, weighted and summed.
+
+    x             [M, H]        the tokens
+    w13           [E, 2I, H]    per expert: gate rows (silu'd), then up rows
+    w2            [E, H, I]     per expert: down projection
+    topk_weights  [M, k] float  each token's routing weights (already renormalised)
+    topk_ids      [M, k] int    each token's experts, in [0, E)
+    out           [M, H]        sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m])
+
+The reference runs each chosen expert's rows through plain torch matmuls. The Triton
+path sorts the (token, expert) pairs by expert in blocks (``tamis.kernels.moe_align``)
+and runs two grouped GEMMs, each block of rows against its expert's weight: x by w13
+(rows gathered from x by ``pair // k``), SiLU-and-mul, then by w2 with the routing
+weight applied to the float32 accumulator; the k rows of each token are summed last.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tamis.kernels._triton import kernel, use_triton
+from tamis.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
+from tamis.kernels.moe_align import ExpertBlocks, align_by_expert
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:
+    triton = tl = None
+
+
+def _check(x, w13, w2, topk_weights, topk_ids) -> None:
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"fused_experts expects x [M, H], w13 [E, 2I, H], w2 [E, H, I]; got "
+                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    experts, two_i, hidden = w13.shape
+    if two_i % 2 or hidden != x.shape[1] or tuple(w2.shape) != (experts, hidden, two_i // 2):
+        raise ValueError(f"expert weights do not fit x [M, {x.shape[1]}]: w13 "
+                         f"{tuple(w13.shape)}, w2 {tuple(w2.shape)} (want [E, 2I, H], [E, H, I])")
+    if (topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2
+            or topk_ids.shape[0] != x.shape[0]):
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be [M={x.shape[0]}, top_k]")
+
+
+def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                      topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """Expert by expert (in expert order), weighted outputs summed in float32."""
+    _check(x, w13, w2, topk_weights, topk_ids)
+    top_k = topk_ids.shape[1]
+    flat_ids, flat_weights = topk_ids.reshape(-1), topk_weights.reshape(-1).float()
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for expert in flat_ids.unique().tolist():
+        pairs = (flat_ids == expert).nonzero().squeeze(1)
+        tokens = pairs // top_k
+        hidden = silu_and_mul_ref(F.linear(x[tokens], w13[expert]))
+        expert_out = F.linear(hidden, w2[expert])
+        out.index_add_(0, tokens, expert_out.float() * flat_weights[pairs, None])
+    return out.to(x.dtype)
+
+
+@dataclass(frozen=True)
+class MoeTiles:
+    """Tile sizes of the grouped GEMMs (``block_m`` is also the sort's block)."""
+    block_m: int = 16
+    block_n: int = 64
+    block_k: int = 64
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_tiles(num_tokens: int, num_experts: int) -> MoeTiles:
+    """Small batches are weight-bandwidth bound (short M tiles, long K tiles); large ones
+    compute bound (large tiles, more warps, M blocks grouped to share weight tiles in L2)."""
+    block_m = next(size for limit, size in ((32, 16), (96, 32), (512, 64), (None, 128))
+                   if limit is None or num_tokens <= limit)
+    small = num_tokens <= 64
+    group_m = 8 if num_tokens // max(num_experts, 1) > 128 else 1
+    return MoeTiles(block_m, 64 if small else 128, 128 if small else 64, group_m,
+                    4 if num_tokens <= 128 else 8, 4 if num_tokens <= 32 else 3)
+
+
+if tl is not None:
+    @kernel
+    def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+                         num_padded_ptr, N, K, num_pairs, num_blocks_m,
+                         stride_am, stride_we, stride_wn, stride_wk, stride_cm,
+                         A_ROWS_PER_PAIR: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # Program -> (M block, N block), GROUP_M M blocks side by side per N column.
+        pid = tl.program_id(0)
+        blocks_n = tl.cdiv(N, BLOCK_N)
+        group_size = GROUP_M * blocks_n
+        first_m = (pid // group_size) * GROUP_M
+        rows_in_group = tl.minimum(num_blocks_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % group_size) % rows_in_group
+        pid_n = (pid % group_size) // rows_in_group
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(sorted_ids_ptr + offs_m)
+        valid = pair < num_pairs
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        a_rows = (pair // A_ROWS_PER_PAIR).to(tl.int64)
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        w_ptrs = (w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+                  + offs_k[:, None] * stride_wk)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_left = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_left[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_left[:, None] & (offs_n[None, :] < N), other=0.0)
+            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K * stride_wk
+        if MUL_WEIGHT:
+            acc = acc * tl.load(weights_ptr + pair, mask=valid, other=0.0)[:, None]
+        c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
+                 mask=valid[:, None] & (offs_n[None, :] < N))
+
+
+def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, blocks: ExpertBlocks,
+                  a_rows_per_pair: int, weights: torch.Tensor | None, tiles: MoeTiles) -> None:
+    """out[pair] = a[pair // a_rows_per_pair] @ w[expert(pair)].T (times weights[pair])."""
+    n, k = w.shape[1], w.shape[2]
+    num_blocks_m = blocks.sorted_ids.numel() // tiles.block_m
+    grid = (num_blocks_m * triton.cdiv(n, tiles.block_n),)
+    _moe_gemm_kernel[grid](
+        a, w, out, weights if weights is not None else out, blocks.sorted_ids, blocks.expert_ids,
+        blocks.num_padded, n, k, blocks.num_pairs, num_blocks_m,
+        a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+        A_ROWS_PER_PAIR=a_rows_per_pair, MUL_WEIGHT=weights is not None,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                         topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                         tiles: MoeTiles | None = None) -> torch.Tensor:
+    """The sorted grouped-GEMM path; ``tiles`` defaults to ``default_tiles`` for M."""
+    _check(x, w13, w2, topk_weights, topk_ids)
+    num_tokens, top_k = topk_ids.shape
+    if num_tokens == 0:
+        return torch.empty_like(x)
+    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
+    tiles = tiles or default_tiles(num_tokens, w13.shape[0])
+    blocks = align_by_expert(topk_ids, w13.shape[0], tiles.block_m)
+    pairs = num_tokens * top_k
+    gate_up = torch.empty(pairs, w13.shape[1], dtype=x.dtype, device=x.device)
+    _grouped_gemm(x, w13, gate_up, blocks, top_k, None, tiles)
+    hidden = silu_and_mul_triton(gate_up)
+    weighted = torch.empty(pairs, w2.shape[1], dtype=x.dtype, device=x.device)
+    flat_weights = topk_weights.reshape(-1).float().contiguous()
+    _grouped_gemm(hidden, w2, weighted, blocks, 1, flat_weights, tiles)
+    return weighted.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """The Triton path on CUDA, the reference elsewhere (see the module docstring)."""
+    if use_triton(x):
+        return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
