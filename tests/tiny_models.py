@@ -2,8 +2,9 @@
 
 ``make_tiny_checkpoint(arch, path, **config_overrides)`` writes a Hugging Face folder
 (config.json, model.safetensors, the SmolLM2 tokenizer files) for one of
-``llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe``. The vocabulary is SmolLM2's (49152 tokens), so
-prompts tokenize normally and the embedded model's tokenizer and chat template apply.
+``llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe``. The vocabulary
+is SmolLM2's (49152 tokens), so prompts tokenize normally and the embedded model's
+tokenizer and chat template apply.
 
 Shapes: hidden 64, 2 layers, 4 query heads / 2 KV heads (GQA), head_dim 16,
 intermediate 128. Weights are random from a fixed seed, drawn with a larger std than
