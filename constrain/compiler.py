@@ -16,6 +16,7 @@ with the message.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -36,18 +37,79 @@ from .params import StructuredOutputsParams
 from .regex_parser import parse_regex
 
 DEFAULT_TIME_LIMIT_S = 10.0
+# A constraint nested past Python's recursion limit (hundreds of levels of arrays, objects or
+# $ref) compiles again on a thread of its own with this much stack and this recursion limit.
+DEEP_STACK_BYTES = 256 << 20
+DEEP_RECURSION_LIMIT = 40_000
 
 
 def compile_constraint(params: StructuredOutputsParams, info) -> Grammar:
-    """Compiles one constraint now, in this thread (no cache, no time limit of its own).
-    Raises ConstraintError for anything it cannot compile, a structure too deep for the
-    recursive passes included (Python's recursion limit: a clear error, not a crash)."""
+    """Compiles one constraint now (no cache, no time limit of its own: the calling thread's
+    ``deadline`` applies). Raises ConstraintError for anything it cannot compile, a structure
+    too deep even for the deep-stack retry included (a clear error, not a crash)."""
     params.validate()
     try:
         return _compile(params, info)
     except RecursionError:
+        pass   # the common case stays on the calling thread; deep nesting pays for a thread
+    try:
+        return _on_deep_stack(_compile, params, info)
+    except RecursionError:
         raise ConstraintError(f"structured_outputs.{params.kind} is nested or mutually "
                               f"recursive too deeply to compile; flatten it") from None
+
+
+_deep_lock = threading.Lock()
+_deep_runs = 0
+_normal_recursion_limit = 0
+
+
+def _on_deep_stack(fn, *args):
+    """``fn(*args)`` on a fresh thread with ``DEEP_STACK_BYTES`` of stack, under the calling
+    thread's deadline and a recursion limit of at least ``DEEP_RECURSION_LIMIT`` (the limit
+    is the interpreter's: it is raised while any such run lasts, then put back)."""
+    outcome: dict = {}
+    captured = deadline.capture()
+
+    def run():
+        with deadline.carried(captured):
+            try:
+                outcome["value"] = fn(*args)
+            except BaseException as exc:   # re-raised in the caller's thread
+                outcome["error"] = exc
+
+    _raise_recursion_limit()
+    try:
+        with _deep_lock:
+            previous = threading.stack_size(DEEP_STACK_BYTES)
+            try:
+                thread = threading.Thread(target=run, name="tamis-compile-deep", daemon=True)
+                thread.start()
+            finally:
+                threading.stack_size(previous)
+        thread.join()
+    finally:
+        _restore_recursion_limit()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _raise_recursion_limit() -> None:
+    global _deep_runs, _normal_recursion_limit
+    with _deep_lock:
+        if _deep_runs == 0:
+            _normal_recursion_limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(_normal_recursion_limit, DEEP_RECURSION_LIMIT))
+        _deep_runs += 1
+
+
+def _restore_recursion_limit() -> None:
+    global _deep_runs
+    with _deep_lock:
+        _deep_runs -= 1
+        if _deep_runs == 0:
+            sys.setrecursionlimit(_normal_recursion_limit)
 
 
 def _compile(params: StructuredOutputsParams, info):

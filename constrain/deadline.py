@@ -28,3 +28,19 @@ def check() -> None:
     if until is not None and time.monotonic() > until:
         raise CompileTimeout(f"constraint compilation exceeded its time limit of "
                              f"{_local.seconds:.1f}s; simplify the schema or grammar")
+
+
+def capture() -> tuple:
+    """The calling thread's deadline, for ``carried`` to apply in a helper thread."""
+    return getattr(_local, "until", None), getattr(_local, "seconds", None)
+
+
+@contextmanager
+def carried(captured: tuple):
+    """Runs the block under a deadline ``capture``d in another thread (the same instant)."""
+    previous = getattr(_local, "until", None), getattr(_local, "seconds", None)
+    _local.until, _local.seconds = captured
+    try:
+        yield
+    finally:
+        _local.until, _local.seconds = previous

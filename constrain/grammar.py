@@ -4,7 +4,8 @@
 regular after inlining) or a ``GrammarSpec``:
 
 1. rules that are not recursive are inlined where they are used, so regular structure
-   (strings, numbers, keywords with their whitespace) ends up inside few, large terminals;
+   (strings, numbers, keywords with their whitespace) ends up inside few, large terminals
+   (a body past ``MAX_INLINED_NODES`` nodes stays a rule: inlining may copy it many times);
 2. inside each remaining rule, every maximal sub-expression without rule references
    becomes one terminal (a regex, compiled to a lazy DFA); the rest becomes BNF productions;
 3. terminals that match the empty string become optional symbols over their non-empty
@@ -38,10 +39,15 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
         for ref in ra.rule_refs(node, set()):
             if ref not in rules:
                 raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
-    recursive = _recursive_rules(rules)
+    kept = _recursive_rules(rules)
     inlined: dict = {}
-    bodies = {name: _inline(rules[name], rules, recursive, inlined) for name in rules
-              if name in recursive or name == root}
+    bodies: dict = {}
+    pending = [name for name in rules if name in kept or name == root]
+    while pending:               # inlining may keep a large rule: it gets a body too
+        name = pending.pop()
+        if name not in bodies:
+            bodies[name] = _inline(rules[name], rules, kept, inlined)
+            pending.extend(kept - bodies.keys())
     if not ra.has_rules(bodies[root], {}) and not ignore:
         return bodies[root]
     return _Builder(bodies, root, ignore).build()
@@ -63,21 +69,28 @@ def _recursive_rules(rules: dict) -> set:
     return recursive
 
 
+# A non-recursive rule whose inlined body would unfold past this many nodes stays a
+# nonterminal (the JSON items of arrays nested hundreds deep: inlining copies them twice a level).
+MAX_INLINED_NODES = 50_000
+
+
 def _inline(node, rules, recursive, memo: dict) -> tuple:
-    """``node`` with references to non-recursive rules replaced by their bodies. ``memo`` maps
-    rule names and node ids (the AST is a DAG) to results; it also keeps the nodes alive."""
+    """``node`` with references to non-recursive rules replaced by their bodies, except bodies
+    larger than ``MAX_INLINED_NODES``: their names join ``recursive`` (kept as nonterminals).
+    ``memo`` maps rule names and node ids (the AST is a DAG) to results; it also keeps the
+    nodes alive."""
     key = id(node)
     if key in memo:
         return memo[key][1]
     kind = node[0]
     if kind == "rule":
         name = node[1]
-        if name in recursive:
-            result = node
-        else:
-            if ("rule", name) not in memo:
-                memo[("rule", name)] = _inline(rules[name], rules, recursive, memo)
-            result = memo[("rule", name)]
+        if name not in recursive and ("rule", name) not in memo:
+            body = _inline(rules[name], rules, recursive, memo)
+            if ra.tree_size(body) > MAX_INLINED_NODES:
+                recursive.add(name)
+            memo[("rule", name)] = body
+        result = node if name in recursive else memo[("rule", name)]
     elif kind in ("seq", "alt"):
         parts = [_inline(child, rules, recursive, memo) for child in node[1]]
         result = ra.seq(*parts) if kind == "seq" else ra.alt(*parts)

@@ -10,16 +10,18 @@ from __future__ import annotations
 import itertools
 
 from . import regex_ast as ra
+from .grammar import MAX_INLINED_NODES
 from .json_keywords import ANNOTATIONS, nonneg_int
 
 MAX_ARRAY_ITEMS = 128
+SHARED_ITEM_NODES = MAX_INLINED_NODES   # a rule this large stays one in build_grammar
 MAX_UNIQUE_VALUES = 6        # uniqueItems over a finite item domain: every ordering (1,957 at 6)
 
 
 class ArraySchemas:
     """``type: array`` for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
     path, depth)``, ``ws`` (the whitespace node), ``_valid(value, schema)`` and
-    ``_literal(value)``."""
+    ``_literal(value)`` and ``rules`` (the grammar rules being built)."""
 
     def _array(self, schema: dict, path: str, depth: int) -> tuple:
         lo = nonneg_int(schema, "minItems", path, 0)
@@ -34,10 +36,19 @@ class ArraySchemas:
         if domain:   # every ordering of distinct values, spelled out
             return self._distinct_values(domain, schema, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
-        rest = self.value(items, f"{path}/items", depth + 1)
+        rest = self._shared(self.value(items, f"{path}/items", depth + 1), f"{path}/items")
         sep = ra.seq(self.ws, ra.char(","), self.ws)
         body = _list_body(prefix_nodes, rest, lo, hi, sep)
         return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _shared(self, node: tuple, path: str) -> tuple:
+        """``node``, or a grammar rule standing for it when it is large: a list spells its item
+        twice, so items of arrays nested hundreds deep would unfold exponentially."""
+        if ra.tree_size(node) <= SHARED_ITEM_NODES:
+            return node
+        name = f"$items:{path}"
+        self.rules[name] = node
+        return ("rule", name)
 
     def _distinct_values(self, domain: list, schema: dict, lo: int, hi: int | None) -> tuple:
         """``uniqueItems`` over a small domain: arrays of distinct values, lo..hi of them."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from .errors import SchemaError
 from .json_conditionals import CONDITIONAL_KEYWORDS
 
-MAX_DEPTH = 60               # subschema nesting (and $ref chain) depth compiled
+MAX_DEPTH = 1000             # subschema nesting (and $ref chain) depth compiled
 ALL_TYPES = ("null", "boolean", "number", "string", "array", "object")
 
 ANNOTATIONS = {

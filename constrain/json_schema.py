@@ -71,14 +71,9 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
             raise SchemaError(f"the JSON schema is not valid JSON: {exc}") from None
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
-    try:
-        compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
-        node = compiler.value(schema, "#", 0)
-    except RecursionError:
-        # The explicit depth check in value() catches plain nesting; this is a chain the
-        # check does not count (long $ref / allOf chains, deep subschemas of keywords).
-        raise SchemaError("the schema is nested or chains $ref/allOf too deeply to compile "
-                          "(Python's recursion limit); flatten it") from None
+    # Deep nesting raises RecursionError: compile_constraint retries on a deep stack.
+    compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
+    node = compiler.value(schema, "#", 0)
     if node == ra.NOTHING:
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
     return node, compiler.rules
