@@ -22,8 +22,21 @@ class SiluAndMul(nn.Module):
         return silu_and_mul(x)
 
 
+class GeluTanhAndMul(nn.Module):
+    """``[..., 2d] -> [..., d]``: gelu(first half, tanh approximation) * second half
+    (GeGLU, Gemma's ``gelu_pytorch_tanh``), rounded as transformers' ``act(gate) * up``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+_ACT_AND_MUL = {"silu": SiluAndMul, "swish": SiluAndMul, "gelu_pytorch_tanh": GeluTanhAndMul}
+
+
 def get_act_and_mul(hidden_act: str) -> nn.Module:
     """The gated activation for ``config.hidden_act``; ValueError for others."""
-    if hidden_act in ("silu", "swish"):
-        return SiluAndMul()
-    raise ValueError(f"unsupported hidden_act {hidden_act!r}: only 'silu' is implemented")
+    if hidden_act not in _ACT_AND_MUL:
+        raise ValueError(f"unsupported hidden_act {hidden_act!r}; supported: "
+                         f"{', '.join(sorted(_ACT_AND_MUL))}")
+    return _ACT_AND_MUL[hidden_act]()

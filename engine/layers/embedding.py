@@ -7,15 +7,20 @@ from torch import nn
 
 
 class VocabEmbedding(nn.Module):
-    """``input_ids [T] -> [T, hidden]``."""
+    """``input_ids [T] -> [T, hidden]``, times ``scale`` when given (Gemma multiplies by
+    sqrt(hidden), the factor first rounded to the weight's dtype as transformers does)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int):
+    def __init__(self, vocab_size: int, hidden_size: int, scale: float | None = None):
         super().__init__()
         self.vocab_size = vocab_size
+        self.scale = scale
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, self.weight)
+        embedded = F.embedding(input_ids, self.weight)
+        if self.scale is None:
+            return embedded
+        return embedded * torch.tensor(self.scale, dtype=embedded.dtype)
 
 
 class LMHead(nn.Module):

@@ -3,10 +3,22 @@
 ``get_rope(hf_config, head_dim)`` reads the scaling from the config. Transformers >= 5
 stores it as ``config.rope_parameters`` (``rope_type``, ``rope_theta``, ``factor``, ...);
 older configs carry ``rope_scaling`` (key ``type`` or ``rope_type``) and ``rope_theta``.
-Supported types: default, linear, llama3, yarn, dynamic. Others raise ValueError naming
-the type. Dynamic NTK scaling only changes the frequencies for positions past
+Supported types: default, linear, llama3, yarn, dynamic, longrope. Others raise
+ValueError naming the type. Dynamic NTK scaling only changes the frequencies for positions past
 ``max_position_embeddings`` (transformers recomputes them there); the engine never goes
 that far (``max_model_len`` is capped at it), so inside that range it is the default.
+
+LongRoPE (Phi-3): transformers switches from the short to the long factors once a
+sequence outgrows ``original_max_position_embeddings``, and recomputes the whole cache
+when it does. A paged cache shared by prefix hits cannot change its rope midway, so here
+the choice is made once per model: the long factors when the checkpoint's
+``max_position_embeddings`` exceeds the original length (vLLM's rule, with its default
+``max_model_len``), else the short ones. The cos/sin scaling is transformers' attention
+factor, ``sqrt(1 + ln(factor) / ln(original))`` unless the config gives one.
+
+Models with per-layer rope settings (Gemma 3: ``rope_parameters`` keyed by layer type,
+``full_attention`` and ``sliding_attention``; older configs: ``rope_local_base_freq``
+for the sliding layers) pass the ``layer_type`` to ``get_rope``.
 
 cos/sin are computed from the positions in float32 (``positions x inv_freq``, the same
 product transformers forms), so there is no length limit and no table to size. The layers
@@ -23,12 +35,17 @@ from typing import Any
 import torch
 from torch import nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
 
 
-def rope_parameters(hf_config) -> dict[str, Any]:
-    """The config's rope settings as one dict with ``rope_type`` and ``rope_theta`` set."""
+def rope_parameters(hf_config, layer_type: str | None = None) -> dict[str, Any]:
+    """The config's rope settings (those of ``layer_type`` where they differ per layer
+    type) as one dict with ``rope_type`` and ``rope_theta`` set."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if isinstance(params.get(layer_type), dict):
+        params = dict(params[layer_type])
+    elif layer_type == "sliding_attention" and getattr(hf_config, "rope_local_base_freq", None):
+        return {"rope_type": "default", "rope_theta": hf_config.rope_local_base_freq}
     scaling = getattr(hf_config, "rope_scaling", None)
     if not params and isinstance(scaling, dict):
         params = dict(scaling)
@@ -37,7 +54,7 @@ def rope_parameters(hf_config) -> dict[str, Any]:
         params["rope_theta"] = getattr(hf_config, "rope_theta", None) or 10000.0
     if getattr(hf_config, "partial_rotary_factor", None) is not None:
         params.setdefault("partial_rotary_factor", hf_config.partial_rotary_factor)
-    if params["rope_type"] in ("llama3", "yarn"):
+    if params["rope_type"] in ("llama3", "yarn", "longrope"):
         params.setdefault("original_max_position_embeddings",
                           getattr(hf_config, "original_max_position_embeddings", None)
                           or hf_config.max_position_embeddings)
@@ -95,6 +112,24 @@ def _yarn_inv_freq(dim: int, p: dict[str, Any], max_position: int) -> tuple[torc
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(dim: int, p: dict[str, Any],
+                       max_position: int) -> tuple[torch.Tensor, float]:
+    """LongRoPE (Phi-3): per-frequency divisors, long or short (see the module docstring)."""
+    old_len = p["original_max_position_embeddings"]
+    factor = p.get("factor") or max_position / old_len
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else \
+            math.sqrt(1 + math.log(factor) / math.log(old_len))
+    name = "long_factor" if max_position > old_len else "short_factor"
+    divisors = torch.tensor(p[name], dtype=torch.float32)
+    if divisors.shape != (dim // 2,):
+        raise ValueError(f"rope {name} has {divisors.numel()} entries; the rotary dimension "
+                         f"{dim} needs {dim // 2}")
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (divisors * p["rope_theta"] ** exponents), float(attention_factor)
+
+
 def compute_inv_freq(rotary_dim: int, params: dict[str, Any],
                      max_position: int) -> tuple[torch.Tensor, float]:
     """(inv_freq [rotary_dim // 2] float32, cos/sin scaling) for the rope type in ``params``."""
@@ -107,6 +142,8 @@ def compute_inv_freq(rotary_dim: int, params: dict[str, Any],
         return _llama3_inv_freq(rotary_dim, params), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(rotary_dim, params, max_position)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(rotary_dim, params, max_position)
     raise ValueError(f"unsupported rope type {rope_type!r}; supported: {SUPPORTED_ROPE_TYPES}")
 
 
@@ -196,9 +233,10 @@ class RotaryEmbedding(nn.Module):
         return out if rest.shape[-1] == 0 else torch.cat((out, rest), dim=-1)
 
 
-def get_rope(hf_config, head_dim: int) -> RotaryEmbedding:
-    """The rotary embedding ``hf_config`` asks for; ValueError for an unsupported type."""
-    params = rope_parameters(hf_config)
+def get_rope(hf_config, head_dim: int, layer_type: str | None = None) -> RotaryEmbedding:
+    """The rotary embedding ``hf_config`` asks for (for layers of ``layer_type`` where the
+    settings differ per layer type); ValueError for an unsupported type."""
+    params = rope_parameters(hf_config, layer_type)
     rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
     inv_freq, scaling = compute_inv_freq(rotary_dim, params, hf_config.max_position_embeddings)
     return RotaryEmbedding(head_dim, rotary_dim, inv_freq, scaling)

@@ -1,7 +1,10 @@
 """Llama and Mistral (the same decoder; Mistral adds a sliding window from its config).
 
 Qwen2 and Qwen3 reuse these blocks with two switches on the attention: q/k/v bias
-(``qkv_bias``) and per-head RMSNorm of q and k before rotary (``qk_norm``).
+(``qkv_bias``) and per-head RMSNorm of q and k before rotary (``qk_norm``). Gemma 2/3
+and Phi-3 use the other hooks: the norm class, the attention scale and logit soft-cap,
+per-layer-type rope (``attention_options``), the decoder layer class, the embedding
+scale and the final norm (``model_options``).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from tamis.engine.models.base import CausalLMBase, head_dim_of, layer_sliding_wi
 class LlamaMLP(nn.Module):
 
     def __init__(self, config, quant_config: QuantizationConfig | None, prefix: str,
-                 intermediate_size: int | None = None):
+                 intermediate_size: int | None = None, hidden_act: str | None = None):
         super().__init__()
         size = intermediate_size or config.intermediate_size
         bias = getattr(config, "mlp_bias", False)
@@ -31,7 +34,7 @@ class LlamaMLP(nn.Module):
                                                quant_config, f"{prefix}.gate_up_proj")
         self.down_proj = RowLinear(size, config.hidden_size, bias, quant_config,
                                    f"{prefix}.down_proj")
-        self.act_fn = get_act_and_mul(config.hidden_act)
+        self.act_fn = get_act_and_mul(hidden_act or config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -42,7 +45,11 @@ class LlamaAttention(nn.Module):
     def __init__(self, config, layer_idx: int, quant_config: QuantizationConfig | None,
                  prefix: str, backend: AttentionBackend, sliding_window: int | None = None,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
-                 rope_cache: CosSinCache | None = None):
+                 rope_cache: CosSinCache | None = None, rope_layer_type: str | None = None,
+                 norm_cls: type[RMSNorm] = RMSNorm, scale: float | None = None,
+                 soft_cap: float | None = None):
+        """``scale`` defaults to head_dim ** -0.5; ``soft_cap`` caps the attention logits;
+        ``rope_layer_type`` picks per-layer-type rope settings (see ``get_rope``)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -52,14 +59,15 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowLinear(self.num_heads * self.head_dim, config.hidden_size, o_bias,
                                 quant_config, f"{prefix}.o_proj")
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.q_norm = norm_cls(self.head_dim, config.rms_norm_eps)
+            self.k_norm = norm_cls(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
-        self.rotary_emb = get_rope(config, self.head_dim)
-        if rope_cache is not None:   # every layer's rope is the same: compute cos/sin once
+        self.rotary_emb = get_rope(config, self.head_dim, rope_layer_type)
+        if rope_cache is not None:   # layers of one rope type: compute cos/sin once
             self.rotary_emb.cache = rope_cache
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, layer_idx,
-                              self.head_dim ** -0.5, backend, sliding_window)
+                              self.head_dim ** -0.5 if scale is None else scale, backend,
+                              sliding_window, soft_cap)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
@@ -104,28 +112,40 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """The decoder stack. ``layer_cls`` builds each block (LlamaDecoderLayer's signature),
+    ``norm_cls`` the final norm, ``embed_scale`` multiplies the embeddings, and
+    ``rope_layer_types[i]`` names layer i's rope settings (None: the config's only ones)."""
 
     def __init__(self, config, quant_config, backend: AttentionBackend,
                  sliding_windows: list[int | None], prefix: str = "model", make_mlp=dense_mlp,
-                 mlp_name: str = "mlp", **attention_options):
+                 mlp_name: str = "mlp", *, layer_cls: type[nn.Module] = LlamaDecoderLayer,
+                 norm_cls: type[RMSNorm] = RMSNorm, embed_scale: float | None = None,
+                 rope_layer_types: list[str | None] | None = None, **attention_options):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.rope_cache = CosSinCache()   # shared by all layers' rotary modules
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, embed_scale)
+        kinds = rope_layer_types or [None] * config.num_hidden_layers
+        # One cos/sin cache per rope type, shared by that type's layers.
+        self.rope_caches = {kind: CosSinCache() for kind in dict.fromkeys(kinds)}
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, quant_config, f"{prefix}.layers.{i}", backend,
-                              sliding_windows[i], make_mlp, mlp_name, rope_cache=self.rope_cache,
-                              **attention_options)
+            layer_cls(config, i, quant_config, f"{prefix}.layers.{i}", backend,
+                      sliding_windows[i], make_mlp, mlp_name,
+                      rope_cache=self.rope_caches[kinds[i]], rope_layer_type=kinds[i],
+                      **attention_options)
             for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = norm_cls(config.hidden_size, config.rms_norm_eps)
+
+    def clear_rope_caches(self) -> None:
+        for cache in self.rope_caches.values():
+            cache.clear()
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        self.rope_cache.clear()
+        self.clear_rope_caches()
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual)
-        # Drop the step's cos/sin table: kept until the next forward, a table sized by the
+        # Drop the step's cos/sin tables: kept until the next forward, a table sized by the
         # last step's tokens showed as allocated-memory growth between idle points.
-        self.rope_cache.clear()
+        self.clear_rope_caches()
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -146,15 +166,21 @@ class LlamaForCausalLM(CausalLMBase):
         backend = attn_backend or TorchAttentionBackend()
         self.model = LlamaModel(config, quant_config, backend, self.sliding_windows(config),
                                 make_mlp=self.make_mlp, mlp_name=self.mlp_name,
-                                **self.attention_options(config))
+                                **self.model_options(config), **self.attention_options(config))
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tie_to = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to)
 
     @staticmethod
     def attention_options(config) -> dict:
+        """Keyword arguments of every layer's LlamaAttention."""
         bias = bool(getattr(config, "attention_bias", False))
         return {"qkv_bias": bias, "o_bias": bias}
+
+    @staticmethod
+    def model_options(config) -> dict:
+        """Keyword arguments of LlamaModel: layer_cls, norm_cls, embed_scale, ..."""
+        return {}
 
     @staticmethod
     def sliding_windows(config) -> list[int | None]:

@@ -119,7 +119,7 @@ def test_forward_keeps_no_cos_sin_table(case):
     ids = torch.tensor(case.ids_a)
     with torch.no_grad(), forward_context(None, []):
         case.model(ids, torch.arange(len(ids)))
-    assert case.model.model.rope_cache.empty
+    assert all(cache.empty for cache in case.model.model.rope_caches.values())
 
 
 # ----------------------------------------------------------------- variants
@@ -173,9 +173,9 @@ def test_shared_cos_sin_cache_keeps_the_torch_and_fused_tables_apart():
 
 
 def test_unsupported_rope_type_names_it():
-    config = SimpleNamespace(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4},
+    config = SimpleNamespace(rope_parameters={"rope_type": "mrope", "rope_theta": 1e4},
                              max_position_embeddings=64)
-    with pytest.raises(ValueError, match="longrope"):
+    with pytest.raises(ValueError, match="mrope"):
         get_rope(config, 16)
 
 
