@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from tamis.engine.models.gemma2 import Gemma2ForCausalLM
+from tamis.engine.models.gemma3 import Gemma3ForCausalLM
 from tamis.engine.models.llama import LlamaForCausalLM, MistralForCausalLM
 from tamis.engine.models.mixtral import MixtralForCausalLM
+from tamis.engine.models.phi3 import Phi3ForCausalLM
 from tamis.engine.models.qwen2 import Qwen2ForCausalLM
 from tamis.engine.models.qwen3 import Qwen3ForCausalLM
 from tamis.engine.models.qwen3_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
@@ -14,6 +17,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "MistralForCausalLM": MistralForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
