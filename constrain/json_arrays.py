@@ -11,6 +11,7 @@ import itertools
 
 from . import regex_ast as ra
 from .grammar import MAX_INLINED_NODES
+from .json_contains import contains_counts
 from .json_keywords import ANNOTATIONS, nonneg_int
 
 MAX_ARRAY_ITEMS = 128
@@ -35,11 +36,19 @@ class ArraySchemas:
         domain = unique_domain(schema) if schema.get("uniqueItems") is True else None
         if domain:   # every ordering of distinct values, spelled out
             return self._distinct_values(domain, schema, lo, hi)
+        if "contains" in schema:
+            return self._contains_array(schema, path, depth, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
         rest = self._shared(self.value(items, f"{path}/items", depth + 1), f"{path}/items")
-        sep = ra.seq(self.ws, ra.char(","), self.ws)
-        body = _list_body(prefix_nodes, rest, lo, hi, sep)
+        body = _list_body(prefix_nodes, rest, lo, hi, self._separator())
         return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _separator(self) -> tuple:
+        return ra.seq(self.ws, ra.char(","), self.ws)
+
+    def _list_of(self, element: tuple, lo: int, hi: int | None) -> tuple:
+        """The elements of a list (no brackets): lo..hi of ``element`` between separators."""
+        return _list_body([], element, lo, hi, self._separator())
 
     def _shared(self, node: tuple, path: str) -> tuple:
         """``node``, or a grammar rule standing for it when it is large: a list spells its item
@@ -54,14 +63,30 @@ class ArraySchemas:
         """``uniqueItems`` over a small domain: arrays of distinct values, lo..hi of them."""
         values = [v for v in domain if self._valid(v, schema["items"])]
         top = len(values) if hi is None else min(hi, len(values))
-        sep = ra.seq(self.ws, ra.char(","), self.ws)
+        sep = self._separator()
+        counted = self._contained_count(values, schema)
         arrays = []
         for size in range(lo, top + 1):
             for chosen in itertools.permutations(values, size):
+                if not counted(chosen):
+                    continue
                 body = [self._literal(v) if i == 0 else ra.seq(sep, self._literal(v))
                         for i, v in enumerate(chosen)]
                 arrays.append(ra.seq(ra.char("["), self.ws, *body, self.ws, ra.char("]")))
         return ra.alt(*arrays)
+
+
+    def _contained_count(self, values: list, schema: dict):
+        """A test of a chosen array of ``values`` against ``contains`` and its counts."""
+        if "contains" not in schema:
+            return lambda chosen: True
+        least, most = contains_counts(schema, "#")
+        matching = {id(v) for v in values if self._valid(v, schema["contains"])}   # 1 and True differ
+
+        def meets(chosen) -> bool:
+            count = sum(1 for v in chosen if id(v) in matching)
+            return count >= least and (most is None or count <= most)
+        return meets
 
 
 def _list_body(prefix: list, rest, lo: int, hi, sep) -> tuple:

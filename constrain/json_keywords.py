@@ -21,11 +21,11 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not", "propertyNames", "patternProperties", "_negate", *CONDITIONAL_KEYWORDS,
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "contains", "minContains",
+    "maxContains", *CONDITIONAL_KEYWORDS,
 }
 UNSUPPORTED = {
-    "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "$dynamicRef", "$recursiveRef",
+    "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
 }
 # Keywords whose value is a schema or an array of schemas / an object of schemas (for $id).
 SCHEMA_KEYWORDS = {
@@ -38,7 +38,8 @@ SCHEMA_MAPS = {"properties", "patternProperties", "$defs", "definitions", "depen
 TYPE_KEYWORDS = {
     "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
+              "contains", "minContains", "maxContains"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "propertyNames", "patternProperties"},
 }

@@ -32,9 +32,9 @@ Policies (each tested in tests/constrain/test_json_policies.py):
   (sound: outputs still satisfy the schema; longer valid values are refused).
 
 Keywords that constrain values but cannot be enforced (``uniqueItems: true`` beyond arrays of
-one item or items of at most ``MAX_UNIQUE_VALUES`` enumerated values, ``contains``,
-``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats of the specification tamis has no
-regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
+one item or items of at most ``MAX_UNIQUE_VALUES`` enumerated values, ``contains`` where
+``json_contains`` cannot build it, ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats
+of the specification tamis has no regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
 annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
 outside the specification) are ignored.
 """
@@ -47,6 +47,7 @@ from . import regex_ast as ra
 from .errors import SchemaError
 from .json_arrays import MAX_ARRAY_ITEMS, MAX_UNIQUE_VALUES, ArraySchemas, unique_domain
 from .json_combinators import Combinators
+from .json_contains import ContainsSchemas
 from .json_conditionals import has_conditionals
 from .json_keywords import ALL_TYPES, ANNOTATIONS, MAX_DEPTH, TYPE_KEYWORDS, UNSUPPORTED, json_equal
 from .json_merge import SchemaMerging
@@ -79,7 +80,8 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
     return node, compiler.rules
 
 
-class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchemas, ArraySchemas):
+class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchemas, ArraySchemas,
+                      ContainsSchemas):
     """One schema document compiled: ``value(schema, path, depth)`` is the node of a subschema
     (``path`` its JSON pointer, for errors); ``rules`` collects the grammar rules it needs."""
 

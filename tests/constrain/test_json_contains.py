@@ -1,0 +1,63 @@
+"""``contains`` with ``minContains``/``maxContains``: every array of a pool of values, up to
+three elements long (and a stride through four), is walked and compared with jsonschema's
+verdict. An invalid array accepted fails the test; valid arrays must all be accepted where
+the negation of ``contains`` is exact (the schemas below). Where it cannot be enforced the
+refusal names ``contains``."""
+import itertools
+import random
+
+import jsonschema
+import pytest
+
+from conformance import compact, smollm2, walk
+from tamis.constrain import SchemaError, StructuredOutputsParams, compile_constraint
+
+POOL = ["x", "y", 1, 5, 7, True, None, 2.5, [1], {"a": 1}]
+
+SCHEMAS = [
+    {"type": "array", "contains": {"const": "x"}},
+    {"type": "array", "items": {"enum": ["x", "y", 1]}, "contains": {"const": "x"},
+     "minContains": 2, "maxContains": 3},
+    {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}, "maxItems": 3},
+    {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5},
+     "minContains": 0, "maxContains": 1},
+    {"type": "array", "contains": {"type": "string"}, "maxContains": 1},
+    {"type": "array", "items": {"type": ["string", "integer"]}, "contains": {"type": "integer"},
+     "minItems": 2},
+    {"type": "array", "contains": {"const": 1}, "minContains": 0},
+    {"type": "array", "contains": False, "minContains": 0},
+    {"type": "array", "items": {"enum": ["a", "y", True, 1]}, "uniqueItems": True,
+     "contains": {"enum": [1, "y"]}, "maxContains": 1},
+]
+
+
+def arrays():
+    for size in range(4):
+        yield from itertools.product(POOL, repeat=size)
+    rng = random.Random(1)
+    for _ in range(300):
+        yield tuple(rng.choice(POOL) for _ in range(4))
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=[str(i) for i in range(len(SCHEMAS))])
+def test_contains_accepts_exactly_the_valid_arrays(schema):
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    validator = jsonschema.Draft202012Validator(schema)
+    wrong = []
+    for array in arrays():
+        valid = validator.is_valid(list(array))
+        if walk(compiled, compact(list(array)))[0] != valid:
+            wrong.append((array, valid))
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("schema, fragment", [
+    ({"type": "array", "prefixItems": [{"type": "string"}], "contains": {"const": 1}},
+     "not beside prefixItems"),
+    ({"type": "array", "contains": {"type": "string"}, "minItems": 3},
+     "without recursive or free-form values"),
+])
+def test_contains_it_cannot_build_is_refused_naming_it(schema, fragment):
+    with pytest.raises(SchemaError, match=fragment) as info:
+        compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    assert "/contains" in str(info.value) or "'contains'" in str(info.value)
