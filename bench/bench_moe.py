@@ -16,11 +16,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import sys
 
 import torch
 
 from tamis.engine.layers.fused_moe import select_experts
 from tamis.kernels.fused_moe import default_tiles, fused_experts_ref, fused_experts_triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_quant import graph_time  # noqa: E402
 
 
 def bench_ms(fn) -> float:
@@ -29,19 +34,12 @@ def bench_ms(fn) -> float:
 
 
 def graph_ms(fn) -> float | None:
-    """Median replay time of ``fn`` captured in a CUDA graph; None if it cannot be captured."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    """Milliseconds per call replayed from a CUDA graph (``bench_quant.graph_time``);
+    None if ``fn`` cannot be captured."""
     try:
-        with torch.cuda.graph(graph):
-            fn()
+        return graph_time(fn)
     except RuntimeError:
         return None
-    return bench_ms(graph.replay)
 
 
 def copy_bandwidth() -> float:
