@@ -2,7 +2,8 @@
 
 ``make_tiny_checkpoint(arch, path, **config_overrides)`` writes a Hugging Face folder
 (config.json, model.safetensors, the SmolLM2 tokenizer files) for one of
-``llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe``. The vocabulary
+``llama | mistral | qwen2 | qwen3 | mixtral | qwen2_moe | qwen3_moe | gemma2 | gemma3 |
+phi3``. The vocabulary
 is SmolLM2's (49152 tokens), so prompts tokenize normally and the embedded model's
 tokenizer and chat template apply.
 
@@ -13,6 +14,12 @@ rounding could flip). Mistral gets ``sliding_window=32``; qwen2/qwen3 tie embedd
 The MoE models have 4 experts, 2 per token (expert intermediate 32); qwen3_moe's first
 layer is a dense MLP (``mlp_only_layers=[0]``) and it renormalises the top-k weights;
 qwen2_moe adds a shared expert (intermediate 48) and does not renormalise.
+gemma2 alternates sliding (window 16) and global layers, soft-caps attention logits at
+2 and final logits at 30, and scales queries by ``query_pre_attn_scalar=24`` (not
+head_dim); gemma3 has 6 layers (5 sliding, window 16, then 1 global), a local rope
+theta of 10^4 and a linearly scaled global rope; both draw their norms' ``w`` of
+``(1 + w)`` at random (transformers starts them at 0, which would hide a missing 1).
+phi3 stores fused qkv_proj / gate_up_proj; ``LONGROPE`` overrides give it LongRoPE.
 """
 from __future__ import annotations
 
@@ -42,7 +49,26 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
                       norm_topk_prob=False),
     "qwen3_moe": dict(tie_word_embeddings=False, num_experts=4, num_experts_per_tok=2,
                       moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[0]),
+    "gemma2": dict(tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                   sliding_window=16, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                   final_logit_softcapping=30.0),
+    "gemma3": dict(tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh",
+                   num_hidden_layers=6, sliding_window=16, query_pre_attn_scalar=24,
+                   rope_parameters={
+                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                       "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                          "rope_theta": 1000000.0}}),
+    "phi3": dict(tie_word_embeddings=False, sliding_window=None),
 }
+
+# Phi-3.5-style LongRoPE on the tiny phi3 (rotary dim 16: 8 factors each). The checkpoint's
+# context (2048) exceeds the original one (64), so the long factors apply.
+LONGROPE = dict(original_max_position_embeddings=64, rope_parameters={
+    "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 64,
+    "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+    "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 13.0, 18.0]})
+
+_RANDOM_NORM_ARCHS = ("gemma2", "gemma3")
 
 SUPPORTED_ARCHS = tuple(_ARCH_DEFAULTS)
 
@@ -57,6 +83,9 @@ def _classes(arch: str):
         "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM),
         "qwen2_moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM),
         "qwen3_moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM),
+        "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
     }[arch]
 
 
@@ -76,7 +105,13 @@ def tiny_model(arch: str, seed: int = 0, **config_overrides):
     config = tiny_config(arch, **config_overrides)
     _, model_cls = _classes(arch)
     torch.manual_seed(seed)
-    return model_cls(config).to(torch.float32).eval()
+    model = model_cls(config).to(torch.float32).eval()
+    if arch in _RANDOM_NORM_ARCHS:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.normal_(0.0, 0.3)
+    return model
 
 
 def make_tiny_checkpoint(arch: str, path: str | Path, seed: int = 0, with_tokenizer: bool = True,

@@ -56,7 +56,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     @staticmethod
     def attention_options(config) -> dict:
         bias = bool(getattr(config, "attention_bias", False))
-        return {"qkv_bias": bias, "o_bias": bias, "norm_cls": GemmaRMSNorm,
+        return {"qkv_bias": bias, "o_bias": bias, "qk_norm_cls": GemmaRMSNorm,
                 "scale": config.query_pre_attn_scalar ** -0.5,
                 "soft_cap": getattr(config, "attn_logit_softcapping", None)}
 

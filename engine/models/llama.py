@@ -46,7 +46,7 @@ class LlamaAttention(nn.Module):
                  prefix: str, backend: AttentionBackend, sliding_window: int | None = None,
                  qkv_bias: bool = False, o_bias: bool = False, qk_norm: bool = False,
                  rope_cache: CosSinCache | None = None, rope_layer_type: str | None = None,
-                 norm_cls: type[RMSNorm] = RMSNorm, scale: float | None = None,
+                 qk_norm_cls: type[RMSNorm] = RMSNorm, scale: float | None = None,
                  soft_cap: float | None = None):
         """``scale`` defaults to head_dim ** -0.5; ``soft_cap`` caps the attention logits;
         ``rope_layer_type`` picks per-layer-type rope settings (see ``get_rope``)."""
@@ -59,8 +59,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowLinear(self.num_heads * self.head_dim, config.hidden_size, o_bias,
                                 quant_config, f"{prefix}.o_proj")
         if qk_norm:
-            self.q_norm = norm_cls(self.head_dim, config.rms_norm_eps)
-            self.k_norm = norm_cls(self.head_dim, config.rms_norm_eps)
+            self.q_norm = qk_norm_cls(self.head_dim, config.rms_norm_eps)
+            self.k_norm = qk_norm_cls(self.head_dim, config.rms_norm_eps)
         self.qk_norm = qk_norm
         self.rotary_emb = get_rope(config, self.head_dim, rope_layer_type)
         if rope_cache is not None:   # layers of one rope type: compute cos/sin once
