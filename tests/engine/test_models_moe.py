@@ -91,6 +91,23 @@ def test_structured_outputs(tiny_checkpoint, arch):
     assert isinstance(json.loads(obj.outputs[0].text)["n"], int)
 
 
+def test_triton_experts_in_the_model_match_transformers(tiny_checkpoint, monkeypatch):
+    """The path CUDA takes (sorted grouped GEMMs), here interpreted on CPU tensors."""
+    from tamis.kernels import fused_moe
+
+    calls = []
+
+    def triton_path(*args):
+        calls.append(args[0].shape[0])
+        return fused_moe.fused_experts_triton(*args)
+
+    monkeypatch.setattr(fused_moe, "fused_experts", triton_path)
+    case = Case(tiny_checkpoint("mixtral"), len_a=24, len_b=3)
+    logits = case.batcher().run(case.model, [("a", case.ids_a)])["a"]
+    torch.testing.assert_close(logits, case.ref_a, atol=ATOL, rtol=0)
+    assert calls == [24, 24]
+
+
 # ----------------------------------------------------------------- loading
 
 def test_qwen3_moe_layers_follow_sparse_step_and_mlp_only_layers(tiny_checkpoint):
@@ -134,3 +151,32 @@ def test_quantized_moe_is_refused_with_a_clear_message(tiny_checkpoint):
     with pytest.raises(ValueError, match="fp8 quantization of mixture-of-experts layers .* "
                                          "not supported yet"):
         load_model(config, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_cuda_paged_runs_match_transformers(arch, tmp_path):
+    """fp32 on CUDA (Triton experts) equals transformers; bf16 picks the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    from paged_harness import PagedBatcher
+    from tamis.engine.loader import kv_cache_spec
+    from tiny_models import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(arch, tmp_path, with_tokenizer=False)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ids = torch.randint(0, 49152, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    with torch.no_grad():
+        expected = ref(torch.tensor([ids], device="cuda")).logits[0].float()
+    for dtype in ("float32", "bfloat16"):
+        model, hf_config = load_model(engine_config(path, dtype=dtype), "cuda")
+        batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
+                               dtype=model.dtype, device="cuda")
+        got = [batcher.run(model, [("a", ids[:25])])["a"]]
+        got += [batcher.run(model, [("a", [t])])["a"] for t in ids[25:]]
+        got = torch.cat(got)
+        if dtype == "float32":
+            torch.testing.assert_close(got, expected, atol=2e-3, rtol=0)
+        else:
+            assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.9
