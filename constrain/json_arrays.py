@@ -3,20 +3,24 @@
 
 Policies: ``maxItems`` above ``MAX_ARRAY_ITEMS`` is enforced as ``MAX_ARRAY_ITEMS`` (sound:
 longer valid arrays are refused); ``uniqueItems: true`` is enforced for arrays of at most
-one item, and for items drawn from at most ``MAX_UNIQUE_VALUES`` enumerated scalars (every
-ordering of distinct values spelled out); elsewhere it is refused (``json_schema``)."""
+one item, and for items drawn from enumerated scalars whose arrays of distinct values have at
+most ``MAX_UNIQUE_ORDERINGS`` prefixes (6 values with any maxItems, 70 with maxItems 2: every
+ordering spelled out); elsewhere it is refused (``json_schema``)."""
 from __future__ import annotations
 
 import itertools
 
+from . import deadline
 from . import regex_ast as ra
+from .automaton import MAX_NFA_STATES
+from .errors import SchemaError
 from .grammar import MAX_INLINED_NODES
 from .json_contains import contains_counts
 from .json_keywords import ANNOTATIONS, nonneg_int
 
 MAX_ARRAY_ITEMS = 128
 SHARED_ITEM_NODES = MAX_INLINED_NODES   # a rule this large stays one in build_grammar
-MAX_UNIQUE_VALUES = 6        # uniqueItems over a finite item domain: every ordering (1,957 at 6)
+MAX_UNIQUE_ORDERINGS = 5_000   # uniqueItems over a finite domain: its arrays' prefixes (1,956 at 6 values)
 
 
 class ArraySchemas:
@@ -35,7 +39,7 @@ class ArraySchemas:
             prefix, items = items, schema.get("additionalItems", True)
         domain = unique_domain(schema) if schema.get("uniqueItems") is True else None
         if domain:   # every ordering of distinct values, spelled out
-            return self._distinct_values(domain, schema, lo, hi)
+            return self._distinct_values(domain, schema, path, lo, hi)
         if "contains" in schema:
             return self._contains_array(schema, path, depth, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
@@ -59,22 +63,29 @@ class ArraySchemas:
         self.rules[name] = node
         return ("rule", name)
 
-    def _distinct_values(self, domain: list, schema: dict, lo: int, hi: int | None) -> tuple:
-        """``uniqueItems`` over a small domain: arrays of distinct values, lo..hi of them."""
+    def _distinct_values(self, domain: list, schema: dict, path: str, lo: int, hi: int | None) -> tuple:
+        """``uniqueItems`` over a small domain: arrays of lo..hi distinct values, spelled out as
+        the tree of their orderings (each prefix once)."""
         values = [v for v in domain if self._valid(v, schema["items"])]
         top = len(values) if hi is None else min(hi, len(values))
+        literals = [self._literal(v) for v in values]
         sep = self._separator()
         counted = self._contained_count(values, schema)
-        arrays = []
-        for size in range(lo, top + 1):
-            for chosen in itertools.permutations(values, size):
-                if not counted(chosen):
-                    continue
-                body = [self._literal(v) if i == 0 else ra.seq(sep, self._literal(v))
-                        for i, v in enumerate(chosen)]
-                arrays.append(ra.seq(ra.char("["), self.ws, *body, self.ws, ra.char("]")))
-        return ra.alt(*arrays)
 
+        def following(chosen: tuple) -> tuple:
+            deadline.check()
+            done = len(chosen) >= lo and counted([values[i] for i in chosen])
+            more = [] if len(chosen) == top else [
+                ra.seq(sep if chosen else ra.EMPTY, literals[i], following(chosen + (i,)))
+                for i in range(len(values)) if i not in chosen]
+            return ra.alt(ra.EMPTY if done else ra.NOTHING, *more)
+
+        node = ra.seq(ra.char("["), self.ws, following(()), self.ws, ra.char("]"))
+        if ra.tree_size(node) > MAX_NFA_STATES:
+            raise SchemaError(f"JSON-schema keyword 'uniqueItems' over {len(values)} values "
+                              "spells out more orderings than an automaton may hold; lower "
+                              "maxItems or the number of values", f"{path}/uniqueItems")
+        return node
 
     def _contained_count(self, values: list, schema: dict):
         """A test of a chosen array of ``values`` against ``contains`` and its counts."""
@@ -120,8 +131,8 @@ def _rest_items(rest, lo: int, hi, sep, leading: bool) -> tuple:
 
 def unique_domain(schema: dict) -> list | None:
     """What makes ``uniqueItems`` enforceable for this array schema: [] when at most one item
-    fits (nothing to enforce), the item values when the items are a small finite set of
-    scalars, else None."""
+    fits (nothing to enforce), the item values when the items are a finite set of scalars with
+    at most ``MAX_UNIQUE_ORDERINGS`` orderings, else None."""
     if "prefixItems" in schema or isinstance(schema.get("items"), list):
         return None
     if isinstance(schema.get("maxItems"), int) and schema["maxItems"] <= 1:
@@ -142,6 +153,17 @@ def unique_domain(schema: dict) -> list | None:
     if not all(v is None or isinstance(v, (bool, int, str)) for v in values):
         return None
     distinct = list(dict.fromkeys((type(v) is bool, v) for v in values))   # 1 and True differ
-    if len(distinct) > MAX_UNIQUE_VALUES:
+    if orderings(len(distinct), schema.get("maxItems")) > MAX_UNIQUE_ORDERINGS:
         return None
     return [v for _, v in distinct] or None
+
+
+def orderings(count: int, max_items) -> int:
+    """Non-empty arrays of distinct values drawn from ``count`` (at most ``max_items`` long):
+    the prefixes ``_distinct_values`` spells out."""
+    top = count if not isinstance(max_items, int) else min(count, max_items)
+    total, arrangements = 0, 1
+    for size in range(1, top + 1):
+        arrangements *= count - size + 1
+        total += arrangements
+    return total

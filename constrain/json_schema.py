@@ -32,7 +32,7 @@ Policies (each tested in tests/constrain/test_json_policies.py):
   (sound: outputs still satisfy the schema; longer valid values are refused).
 
 Keywords that constrain values but cannot be enforced (``uniqueItems: true`` beyond arrays of
-one item or items of at most ``MAX_UNIQUE_VALUES`` enumerated values, ``contains`` where
+one item or enumerated items with at most ``MAX_UNIQUE_ORDERINGS`` orderings, ``contains`` where
 ``json_contains`` cannot build it, ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats
 of the specification tamis has no regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
 annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
@@ -45,7 +45,7 @@ import json
 from . import deadline
 from . import regex_ast as ra
 from .errors import SchemaError
-from .json_arrays import MAX_ARRAY_ITEMS, MAX_UNIQUE_VALUES, ArraySchemas, unique_domain
+from .json_arrays import MAX_ARRAY_ITEMS, MAX_UNIQUE_ORDERINGS, ArraySchemas, unique_domain
 from .json_combinators import Combinators
 from .json_contains import ContainsSchemas
 from .json_conditionals import has_conditionals
@@ -134,9 +134,10 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
                                   "(it cannot be enforced while generating)", f"{path}/{key}")
         if schema.get("uniqueItems") is True and unique_domain(schema) is None:
             raise SchemaError(f"JSON-schema keyword 'uniqueItems' is enforced only where it is "
-                              f"bounded: arrays of at most one item, or items of at most "
-                              f"{MAX_UNIQUE_VALUES} enumerated values (enum, const, boolean, "
-                              f"null)", f"{path}/uniqueItems")
+                              f"bounded: arrays of at most one item, or items of enumerated scalars "
+                              f"(enum, const, boolean, null) with at most {MAX_UNIQUE_ORDERINGS} "
+                              f"arrays of distinct values (lower maxItems or the values)",
+                              f"{path}/uniqueItems")
 
     # ---- enum / const ----------------------------------------------------------------------
     def _enum(self, schema: dict, path: str) -> tuple:
@@ -256,4 +257,4 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
 
 
 __all__ = ["compile_json_schema", "DEFAULT_WHITESPACE", "MAX_STRING_LENGTH", "MAX_ARRAY_ITEMS",
-           "MAX_UNIQUE_VALUES", "MAX_ENUM", "MAX_DEPTH"]
+           "MAX_UNIQUE_ORDERINGS", "MAX_ENUM", "MAX_DEPTH"]
