@@ -40,7 +40,8 @@ def test_greedy_matches_transformers(tiny_checkpoint, arch):
     engine = make_engine(path)
     outputs = run_to_completion(engine, prompts, GREEDY)
     for prompt, output in zip(prompts, outputs):
-        assert output.outputs[0].token_ids == hf_greedy(path, prompt, GREEDY.max_tokens), len(prompt)
+        expected = hf_greedy(path, prompt, GREEDY.max_tokens)
+        assert output.outputs[0].token_ids == expected, len(prompt)
     assert engine.kv_cache.num_free_blocks == engine.kv_cache.num_blocks
 
 
