@@ -13,14 +13,13 @@ class VocabEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, scale: float | None = None):
         super().__init__()
         self.vocab_size = vocab_size
-        self.scale = scale
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        # Rounded once to the weight's dtype; the product then rounds as transformers' does.
+        self.scale = None if scale is None else float(torch.tensor(scale, dtype=self.weight.dtype))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         embedded = F.embedding(input_ids, self.weight)
-        if self.scale is None:
-            return embedded
-        return embedded * torch.tensor(self.scale, dtype=embedded.dtype)
+        return embedded if self.scale is None else embedded * self.scale
 
 
 class LMHead(nn.Module):

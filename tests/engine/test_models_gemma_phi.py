@@ -175,3 +175,27 @@ def test_gemma_rms_norm_equals_transformers_bit_for_bit(dtype):
         assert torch.equal(ours(x), theirs(x))
         normed, summed = ours(x, residual)
         assert torch.equal(summed, x + residual) and torch.equal(normed, theirs(x + residual))
+
+
+def test_embedding_scale_rounds_as_transformers_in_bfloat16():
+    """sqrt(3584) is rounded to bf16 (59.75) before the product, as transformers does."""
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2TextScaledWordEmbedding
+
+    from tamis.engine.layers.embedding import VocabEmbedding
+
+    weight = torch.randn(50, 3584).to(torch.bfloat16)
+    theirs = Gemma2TextScaledWordEmbedding(50, 3584, 0, embed_scale=3584 ** 0.5)
+    theirs.embed_scale.fill_(3584 ** 0.5)
+    theirs = theirs.to(torch.bfloat16)
+    theirs.weight.data.copy_(weight)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)   # as the loader builds a bf16 model
+    try:
+        ours = VocabEmbedding(50, 3584, 3584 ** 0.5)
+    finally:
+        torch.set_default_dtype(previous)
+    ours.weight.data.copy_(weight)
+    assert ours.scale == 59.75
+    ids = torch.arange(50)
+    with torch.no_grad():
+        assert torch.equal(ours(ids), theirs(ids))
