@@ -199,3 +199,34 @@ def test_embedding_scale_rounds_as_transformers_in_bfloat16():
     ids = torch.arange(50)
     with torch.no_grad():
         assert torch.equal(ours(ids), theirs(ids))
+
+
+# ----------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_cuda_paged_runs_match_transformers(tiny_checkpoint, name, backend):
+    """fp32 on CUDA (with "auto", the Triton kernels and Gemma 2's soft-cap in them)
+    equals transformers; bf16 (dtype auto) picks the same tokens."""
+    from paged_harness import PagedBatcher
+    from test_models import engine_config, reference_logits
+    from tamis.engine.loader import load_model
+
+    path = checkpoint(tiny_checkpoint, name)
+    ids = random_prompts(lengths=(100,), seed=4)[0]
+    expected = reference_logits(path, ids)[0].cuda()
+    for dtype, atol in (("float32", 2e-3), ("auto", None)):
+        model, hf_config = load_model(engine_config(path, dtype=dtype, attention_backend=backend),
+                                      "cuda")
+        batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
+                               dtype=model.dtype, device="cuda")
+        got = [batcher.run(model, [("a", ids[:70])])["a"]]
+        got += [batcher.run(model, [("a", [t])])["a"] for t in ids[70:]]
+        got = torch.cat(got)
+        if atol is not None:
+            torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+        else:
+            agree = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
+            assert model.dtype == torch.bfloat16 and agree >= 0.9
