@@ -108,6 +108,23 @@ def test_structured_output_satisfies_its_constraint(tiny_checkpoint, name):
     assert by_regex.outputs[0].finish_reason == by_choice.outputs[0].finish_reason == "stop"
 
 
+def test_triton_backend_with_soft_cap_matches_transformers(tiny_checkpoint):
+    """Gemma 2 through the Triton kernels (interpreted on CPU): soft-capped prefill over a
+    cached prefix and decodes past the sliding window."""
+    from tamis.engine.attention.triton_backend import TritonAttentionBackend
+
+    case = Case(checkpoint(tiny_checkpoint, "gemma2"), len_a=40, len_b=3)
+    layers = [m for m in case.model.modules() if hasattr(m, "backend")]
+    assert len(layers) == 2
+    for module in layers:
+        module.backend = TritonAttentionBackend(decode_num_splits=2)
+    batcher = case.batcher(block_size=4)
+    got = [batcher.run(case.model, [("a", case.ids_a[:20])])["a"],
+           batcher.run(case.model, [("a", case.ids_a[20:30])])["a"]]
+    got += [batcher.run(case.model, [("a", [t])])["a"] for t in case.ids_a[30:]]
+    torch.testing.assert_close(torch.cat(got), case.ref_a, atol=1e-4, rtol=0)
+
+
 # ----------------------------------------------------------------- pieces
 
 def test_layer_windows_follow_layer_types(tiny_checkpoint):
