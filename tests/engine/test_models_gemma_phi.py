@@ -227,23 +227,8 @@ def test_embedding_scale_rounds_as_transformers_in_bfloat16():
 def test_cuda_paged_runs_match_transformers(tiny_checkpoint, name, backend):
     """fp32 on CUDA (with "auto", the Triton kernels and Gemma 2's soft-cap in them)
     equals transformers; bf16 (dtype auto) picks the same tokens."""
-    from paged_harness import PagedBatcher
-    from test_models import engine_config, reference_logits
-    from tamis.engine.loader import load_model
+    from test_models import check_cuda_paged_run, reference_logits
 
     path = checkpoint(tiny_checkpoint, name)
     ids = random_prompts(lengths=(100,), seed=4)[0]
-    expected = reference_logits(path, ids)[0].cuda()
-    for dtype, atol in (("float32", 2e-3), ("auto", None)):
-        model, hf_config = load_model(engine_config(path, dtype=dtype, attention_backend=backend),
-                                      "cuda")
-        batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
-                               dtype=model.dtype, device="cuda")
-        got = [batcher.run(model, [("a", ids[:70])])["a"]]
-        got += [batcher.run(model, [("a", [t])])["a"] for t in ids[70:]]
-        got = torch.cat(got)
-        if atol is not None:
-            torch.testing.assert_close(got, expected, atol=atol, rtol=0)
-        else:
-            agree = (got.argmax(-1) == expected.argmax(-1)).float().mean().item()
-            assert model.dtype == torch.bfloat16 and agree >= 0.9
+    check_cuda_paged_run(path, backend, ids, reference_logits(path, ids)[0].cuda(), prefill=70)
