@@ -18,7 +18,7 @@ from .json_keywords import ANNOTATIONS, HANDLED, MAX_DEPTH, UNSUPPORTED, json_eq
 
 class SchemaMerging:
     """``allOf`` for ``_SchemaCompiler``, a mixin: the host provides ``_resolve(ref, schema,
-    path)`` and ``_active`` (``json_refs``)."""
+    path)``, ``_active`` and ``_unrollings`` (``json_refs``)."""
 
     def _rewrite(self, schema: dict, path: str) -> dict:
         """Conditional keywords -> allOf/anyOf (json_conditionals); other schemas unchanged."""
@@ -48,7 +48,7 @@ class SchemaMerging:
             if isinstance(schema, dict) and "$ref" in schema:
                 target, key = self._resolve(schema["$ref"], schema, path)
                 if key in self._active:
-                    raise SchemaError("recursive $ref inside allOf is not supported", path)
+                    self._count_unrolling(key, path)
                 rest = {k: v for k, v in schema.items() if k != "$ref"}
                 if target is False:
                     return False
@@ -61,6 +61,29 @@ class SchemaMerging:
                 continue
             return schema
         raise SchemaError("$ref chain too long", path)
+
+    def _all_of_key(self, schema: dict, path: str) -> str | None:
+        """For an allOf holding a $ref: a name for the merged schema (its references resolved,
+        its base URI and its JSON), so that meeting the same allOf again inside the content
+        it merges in (a cycle through allOf) is a rule (``json_refs._named``); else None."""
+        parts = schema.get("allOf")
+        keys = [self._resolve(part["$ref"], part, path)[1]
+                for part in (parts if isinstance(parts, list) else ())
+                if isinstance(part, dict) and isinstance(part.get("$ref"), str)]
+        if not keys:
+            return None
+        base = self._base_of.get(id(schema), "")
+        return f"allOf[{' & '.join(keys)}] in {base}: {json.dumps(schema, sort_keys=True, default=str)}"
+
+    def _count_unrolling(self, key: str, path: str) -> None:
+        """A $ref being compiled (a cycle) met inside allOf is merged in once more: its
+        content, with the cycle's inner $refs compiled as rules. ``MAX_UNROLLINGS`` per
+        reference bound the work where the allOf sits inside the cycle itself."""
+        count = self._unrollings.get(key, 0) + 1
+        if count > MAX_UNROLLINGS:
+            raise SchemaError(f"recursive $ref inside allOf met more than {MAX_UNROLLINGS} "
+                              "times (it repeats inside its own cycle)", path)
+        self._unrollings[key] = count
 
     def _peek(self, schema, path: str):
         """Like ``_deref`` for analysis (disjointness, negation): a $ref to a schema being
@@ -102,6 +125,7 @@ class SchemaMerging:
 
 
 _UNSAT = object()
+MAX_UNROLLINGS = 8
 
 
 def _common_multiple(x, y):
@@ -116,7 +140,7 @@ def _merge_keyword(key, x, y, a, b, path):
     if key == "properties":
         out = dict(x)
         for name, sub in y.items():
-            out[name] = {"allOf": [out[name], sub]} if name in out else sub
+            out[name] = _both(out[name], sub) if name in out else sub
         return out
     if key == "required":
         return list(dict.fromkeys(list(x) + list(y)))
@@ -154,7 +178,7 @@ def _merge_keyword(key, x, y, a, b, path):
                 return x
             if x is False or y is False:
                 return False
-            return {"allOf": [x, y]}
+            return _both(x, y)
     if key == "anyOf":
         return [{"allOf": [p, q]} for p in x for q in y]
     if key == "allOf":
@@ -166,13 +190,19 @@ def _merge_keyword(key, x, y, a, b, path):
     if key == "patternProperties":
         out = dict(x)
         for pattern, sub in y.items():
-            out[pattern] = {"allOf": [out[pattern], sub]} if pattern in out else sub
+            out[pattern] = _both(out[pattern], sub) if pattern in out else sub
         return out
     if key not in HANDLED and key not in UNSUPPORTED:
         return x                           # an annotation or unknown keyword: no effect
     if json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True):
         return x
     raise SchemaError(f"cannot combine two different values of {key!r} in allOf", path)
+
+
+def _both(x, y):
+    """Both subschemas must hold: one of them when they are the same (a recursive $ref met
+    twice stays a $ref, which an allOf could not follow)."""
+    return x if json_equal(x, y) else {"allOf": [x, y]}
 
 
 def _merge_patterns(a, x, y):

@@ -20,6 +20,7 @@ class SchemaReferences:
         self._active: set[str] = set()       # references being compiled (a cycle comes back here)
         self._recursive: set[str] = set()    # references found to be cycles: compiled as rules
         self._ref_cache: dict[str, tuple] = {}
+        self._unrollings: dict[str, int] = {}  # cycles merged into an allOf (json_merge)
         self._ids: dict[str, object] = {}
         self._anchors: dict[str, object] = {}
         self._base_of: dict[int, str] = {}
@@ -92,6 +93,11 @@ class SchemaReferences:
                 target = {} if target is True else {"not": {}}
             merged = self._merge({k: v for k, v in target.items()}, siblings, path)
             return self.value(merged, path, depth + 1)
+        return self._named(key, target, key, depth)
+
+    def _named(self, key: str, target, path: str, depth: int) -> tuple:
+        """The node of ``target`` (at ``path``) known as ``key``: compiled once; met again while
+        it is being compiled, it is a cycle and becomes the grammar rule ``key``."""
         if key in self.rules or key in self._recursive and key in self._active:
             return ("rule", key)
         if key in self._active:
@@ -101,7 +107,7 @@ class SchemaReferences:
             return self._ref_cache[key]
         self._active.add(key)
         try:
-            node = self.value(target, key, depth + 1)
+            node = self.value(target, path, depth + 1)
         finally:
             self._active.discard(key)
         if key in self._recursive:

@@ -112,6 +112,9 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         if "not" in schema:
             return self._not(schema, path, depth)
         if "allOf" in schema:
+            named = self._all_of_key(schema, path)
+            if named is not None:
+                return self._named(named, self._merge_all_of(schema, path, depth), path, depth)
             return self.value(self._merge_all_of(schema, path, depth), path, depth + 1)
         if "anyOf" in schema or "oneOf" in schema:
             return self._alternatives(schema, path, depth)

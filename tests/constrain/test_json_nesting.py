@@ -80,3 +80,50 @@ def test_errors_raised_on_the_deep_stack_reach_the_caller():
     inner["items"] = {"type": "string", "format": "no-such-format", "minLength": "x"}
     with pytest.raises(SchemaError, match="minLength"):
         compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+
+
+RECURSIVE_IN_ALL_OF = {
+    "$defs": {"node": {"properties": {"v": {"type": "integer"},
+                                      "next": {"allOf": [{"$ref": "#/$defs/node"}, {"type": "object"}]}}}},
+    "type": "object",
+    "properties": {"head": {"$ref": "#/$defs/node"},
+                   "tail": {"type": "array", "items": {"anyOf": [{"$ref": "#/$defs/node"}],
+                                                       "type": "object"}}},
+}
+
+
+@pytest.mark.parametrize("instance", [
+    {"head": {"v": 1, "next": {"v": 2, "next": {}}}},
+    {"head": {"next": {"next": {"next": {"v": 3}}}}, "tail": [{"v": 1}, {}]},
+    {"head": {"next": 5}},
+    {"head": {"next": {"v": "x"}}},
+    {"head": {"next": {"next": []}}},
+    {"tail": [1]},
+    {"tail": [{"next": {"v": 1.5}}]},
+    {"head": 7},
+])
+def test_recursive_ref_inside_all_of_is_merged_once_more(instance):
+    """A cycle's $ref beside other constraints in allOf (or beside an anyOf's siblings) is its
+    content merged with them once more; the cycle's inner $refs stay rules."""
+    import jsonschema
+    from conformance import compact
+    compiled = compile_constraint(StructuredOutputsParams(json=RECURSIVE_IN_ALL_OF), smollm2()[1])
+    valid = jsonschema.Draft202012Validator(RECURSIVE_IN_ALL_OF).is_valid(instance)
+    assert walk(compiled, compact(instance))[0] == valid
+
+
+SELF_MERGING = {"$defs": {"node": {"type": "object", "properties": {
+    "v": {"type": "integer"}, "next": {"allOf": [{"$ref": "#/$defs/node"}, {"required": ["v"]}]}}}},
+    "$ref": "#/$defs/node"}
+
+
+@pytest.mark.parametrize("instance", [
+    {"next": {"v": 1, "next": {"v": 2}}}, {}, {"next": {}}, {"next": {"v": 1, "next": {}}},
+    {"next": {"v": 1, "next": {"v": "2"}}},
+])
+def test_an_all_of_met_again_inside_its_own_merge_is_a_rule(instance):
+    import jsonschema
+    from conformance import compact
+    compiled = compile_constraint(StructuredOutputsParams(json=SELF_MERGING), smollm2()[1])
+    valid = jsonschema.Draft202012Validator(SELF_MERGING).is_valid(instance)
+    assert walk(compiled, compact(instance))[0] == valid
