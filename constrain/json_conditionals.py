@@ -16,7 +16,8 @@ Both branches only constrain objects, so other values pass as the keywords say.
 ``negate(schema)`` builds not-if. Contract: every instance of its result fails ``schema``
 (an under-approximation of the negation; exact for what real schemas put in ``if``:
 ``type``, ``const``/``enum``, ``required``, ``properties`` of those, string and number bounds,
-``minItems``/``maxItems``, ``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
+``minItems``/``maxItems``, ``items`` (without prefixItems), ``contains`` (one match wanted),
+``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
 negation is contained in its own). Any other keyword is *dropped* before negating:
 dropping an assertion weakens the schema, so its negation only shrinks (sound; the
 else-branch may then refuse some valid instances). ``format`` is dropped too, so the result
@@ -135,6 +136,8 @@ def negate(schema, deref, path: str, depth: int = 0):
                 arms.append({"allOf": parts})
         elif key == "not":
             arms.append(value)
+        elif key in ("items", "contains"):
+            arms += _negate_elements(schema, key, deref, where, depth)
         # any other keyword is dropped (see module doc: sound)
     leaves += _negate_group(schema, STRING_KEYWORDS, "string", path)
     leaves += _negate_group(schema, NUMBER_KEYWORDS, "number", path)
@@ -146,6 +149,20 @@ def negate(schema, deref, path: str, depth: int = 0):
     if not out:
         return False
     return out[0] if len(out) == 1 else {"anyOf": out}
+
+
+def _negate_elements(schema: dict, key: str, deref, where: str, depth: int) -> list:
+    """Arrays failing ``items`` (one element fails it) or ``contains`` (no element meets it),
+    where that is the whole meaning: ``items`` without prefixItems, ``contains`` asking for
+    one match at least (minContains 1, no maxContains)."""
+    if key == "items" and (not isinstance(schema[key], (dict, bool)) or "prefixItems" in schema):
+        return []
+    if key == "contains" and (schema.get("minContains", 1) != 1 or "maxContains" in schema):
+        return []
+    negated = _negate_part(schema[key], deref, where, depth)
+    if negated is False:
+        return []
+    return [{"type": "array", "contains" if key == "items" else "items": negated}]
 
 
 def _negate_part(schema, deref, path: str, depth: int):

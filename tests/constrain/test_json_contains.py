@@ -28,6 +28,14 @@ SCHEMAS = [
     {"type": "array", "contains": False, "minContains": 0},
     {"type": "array", "items": {"enum": ["a", "y", True, 1]}, "uniqueItems": True,
      "contains": {"enum": [1, "y"]}, "maxContains": 1},
+    {"type": "array", "contains": {"type": "string"}, "minItems": 2, "maxContains": 2},
+    {"type": "array", "contains": {"type": "integer"}, "maxItems": 3, "minContains": 2},
+]
+# Negated (json_conditionals.negate: an under-approximation): no invalid array accepted.
+NEGATED = [
+    {"type": "array", "not": {"contains": {"const": "x"}}},
+    {"not": {"items": {"type": "integer"}}},
+    {"if": {"contains": {"type": "string"}}, "then": {"maxItems": 1}, "else": {"minItems": 2}},
 ]
 
 
@@ -51,11 +59,20 @@ def test_contains_accepts_exactly_the_valid_arrays(schema):
     assert not wrong, wrong[:5]
 
 
+@pytest.mark.parametrize("schema", NEGATED, ids=[str(i) for i in range(len(NEGATED))])
+def test_negated_contains_and_items_accept_no_invalid_array(schema):
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    validator = jsonschema.Draft202012Validator(schema)
+    verdicts = [(a, validator.is_valid(list(a)), walk(compiled, compact(list(a)))[0]) for a in arrays()]
+    assert not [a for a, valid, accepted in verdicts if accepted and not valid]
+    assert any(accepted for _, _, accepted in verdicts)
+
+
 @pytest.mark.parametrize("schema, fragment", [
     ({"type": "array", "prefixItems": [{"type": "string"}], "contains": {"const": 1}},
      "not beside prefixItems"),
-    ({"type": "array", "contains": {"type": "string"}, "minItems": 3},
-     "without recursive or free-form values"),
+    ({"type": "array", "contains": {"type": "string"}, "minItems": 100, "maxContains": 100},
+     "too many states"),
 ])
 def test_contains_it_cannot_build_is_refused_naming_it(schema, fragment):
     with pytest.raises(SchemaError, match=fragment) as info:
