@@ -79,3 +79,37 @@ def json_equal(x, y) -> bool:
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(json_equal(x[k], y[k]) for k in x)
     return x == y
+
+
+def as_json_schema(schema):
+    """``schema`` with tamis's internal keywords (``_patterns``: more patterns that must all
+    match; ``_negate``: a value of the leaves' type meeting none of them) spelled in JSON
+    Schema, for a validator that would otherwise ignore them (and accept too much)."""
+    if isinstance(schema, list):
+        return [as_json_schema(part) for part in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out, more = {}, []
+    for key, value in schema.items():
+        if key == "_patterns":
+            more += [{"pattern": pattern} for pattern in value]
+        elif key == "_negate":
+            more.append(_negation_as_json_schema(value))
+        elif key in ("enum", "const", "default", "examples", "required"):
+            out[key] = value                      # values, not schemas
+        elif key in SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: as_json_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = as_json_schema(value)
+    if more:
+        out["allOf"] = list(out.get("allOf", [])) + more
+    return out
+
+
+def _negation_as_json_schema(leaves: list) -> dict | bool:
+    types = {leaf["type"] for leaf in leaves}
+    if len(types) != 1:
+        return False
+    met = [{"type": "number", "not": {"type": "integer"}} if leaf.get("not_integer")
+           else as_json_schema(leaf) for leaf in leaves]
+    return {"type": types.pop(), "not": {"anyOf": met}}

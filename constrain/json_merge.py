@@ -115,7 +115,7 @@ class SchemaMerging:
             if key in ANNOTATIONS or key not in out:
                 out.setdefault(key, value)
                 continue
-            merged = _merge_keyword(key, out[key], value, a, b, path)
+            merged = _merge_keyword(key, out[key], value, out, path)
             if merged is _UNSAT:
                 return False
             out[key] = merged
@@ -136,7 +136,9 @@ def _common_multiple(x, y):
     return int(step) if step.denominator == 1 else float(step)
 
 
-def _merge_keyword(key, x, y, a, b, path):
+def _merge_keyword(key, x, y, merged, path):
+    """The value of ``key`` meeting both ``x`` and ``y`` (``merged``, the schema being built,
+    may take a second pattern), ``_UNSAT`` if none can."""
     if key == "properties":
         out = dict(x)
         for name, sub in y.items():
@@ -169,7 +171,7 @@ def _merge_keyword(key, x, y, a, b, path):
     if key == "pattern":
         if x == y:
             return x
-        return _merge_patterns(a, x, y)
+        return _merge_patterns(merged, x, y)
     if key in ("items", "additionalProperties", "additionalItems"):
         if isinstance(x, dict) and isinstance(y, dict) or isinstance(x, bool) or isinstance(y, bool):
             if x is True:
@@ -185,7 +187,7 @@ def _merge_keyword(key, x, y, a, b, path):
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
-    if key == "_negate":
+    if key in ("_negate", "_patterns"):
         return list(x) + list(y)
     if key == "patternProperties":
         out = dict(x)
@@ -205,9 +207,10 @@ def _both(x, y):
     return x if json_equal(x, y) else {"allOf": [x, y]}
 
 
-def _merge_patterns(a, x, y):
-    # Two patterns must both hold: keep one and record the other for the string compiler.
-    a["_patterns"] = a.get("_patterns", []) + [y]
+def _merge_patterns(out, x, y):
+    # Two patterns must both hold: keep one and record the other for the string compiler
+    # (in the merged schema: a copy of the first side).
+    out["_patterns"] = out.get("_patterns", []) + [y]
     return x
 
 

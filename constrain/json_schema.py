@@ -49,7 +49,8 @@ from .json_arrays import MAX_ARRAY_ITEMS, MAX_UNIQUE_ORDERINGS, ArraySchemas, un
 from .json_combinators import Combinators
 from .json_contains import ContainsSchemas
 from .json_conditionals import has_conditionals
-from .json_keywords import ALL_TYPES, ANNOTATIONS, MAX_DEPTH, TYPE_KEYWORDS, UNSUPPORTED, json_equal
+from .json_keywords import (ALL_TYPES, ANNOTATIONS, MAX_DEPTH, TYPE_KEYWORDS, UNSUPPORTED,
+                            as_json_schema, json_equal)
 from .json_merge import SchemaMerging
 from .json_numbers import ANY_NUMBER, number_schema
 from .json_objects import ObjectSchemas
@@ -166,7 +167,7 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
             cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
             self._validator = cls(root)
         try:
-            return self._validator.evolve(schema=schema).is_valid(value)
+            return self._validator.evolve(schema=as_json_schema(schema)).is_valid(value)
         except jsonschema.exceptions.RefResolutionError:
             raise SchemaError("enum filtering needs a $ref that cannot be resolved") from None
         except Exception as exc:  # referencing errors have their own hierarchy

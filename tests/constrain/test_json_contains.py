@@ -78,3 +78,19 @@ def test_contains_it_cannot_build_is_refused_naming_it(schema, fragment):
     with pytest.raises(SchemaError, match=fragment) as info:
         compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
     assert "/contains" in str(info.value) or "'contains'" in str(info.value)
+
+
+@pytest.mark.parametrize("schema, instances", [
+    # a second pattern from allOf is kept as an internal keyword beside the first
+    ({"allOf": [{"enum": ["ab", "ax", "b"]}, {"pattern": "^a"}, {"pattern": "b$"}]},
+     ["ab", "ax", "b"]),
+    # the enum branch of a oneOf without the other branch: "contains" a number above 3 (a
+    # negated bound, an internal keyword) filters the values; [3] meets both branches
+    ({"type": "array", "oneOf": [{"enum": [[2, 4], [6, 1], [3]]}, {"items": {"maximum": 3}}]},
+     [[2, 4], [6, 1], [3], [1]]),
+])
+def test_enum_values_are_checked_with_internal_keywords(schema, instances):
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    validator = jsonschema.Draft202012Validator(schema)
+    accepted = [i for i in instances if walk(compiled, compact(i))[0]]
+    assert accepted and all(validator.is_valid(i) for i in accepted), accepted
