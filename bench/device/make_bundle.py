@@ -1,16 +1,16 @@
-"""Build the peers' bundle that ``bench/device/carried.sh`` assembles on the device.
+"""Build the peers' bundle that ``bench/device/carried.sh`` assembles on the GPU machine.
 
 Run here (a machine with PyPI), never in CI:
 
-    python3 bench/device/make_bundle.py [--work /tmp/wh] [--carry .device_carry]
+    python3 bench/device/make_bundle.py [--work /tmp/wh] [--parts .gpu_bundle]
 
-It downloads ``vllm==0.26.0`` for the device's Python 3.12, drops FA2's 123 MB library
+It downloads ``vllm==0.26.0`` for the GPU machine's Python 3.12, drops FA2's 123 MB library
 (Hopper runs FA3; vLLM imports FA2 only when it is there), xz-compresses the rest, and
 downloads every wheel vLLM and tamis's server need that the GPU machine's image lacks
 (the closure of ``Requires-Dist`` without extras, minus ``IMAGE_PACKAGES``). With SmolLM2's
 tokenizer files (for W3's detokenizing server), they go into one tar, split into parts of
 56 MiB (each uploaded on its own, with the working tree, under a 64 MiB limit):
-``.device_carry/pN/partN-1`` and ``.device_carry/pN/bundle.sha``. Downloads and the
+``.gpu_bundle/pN/partN-1`` and ``.gpu_bundle/pN/bundle.sha``. Downloads and the
 compressed vLLM stay under ``--work``, so a rerun redoes only what changed.
 """
 from __future__ import annotations
@@ -145,7 +145,7 @@ def smol_tokenizer(dest: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="/tmp/wh")
-    parser.add_argument("--carry", default=".device_carry")
+    parser.add_argument("--parts", default=".gpu_bundle")
     args = parser.parse_args()
     work = Path(args.work)
     bundle = work / "bundle"
@@ -165,20 +165,20 @@ def main() -> None:
     with tarfile.open(tar_path, "w") as tar:
         for path in sorted(bundle.iterdir()):
             tar.add(path, arcname=path.name)
-    split(tar_path, Path(args.carry))
+    split(tar_path, Path(args.parts))
 
 
-def split(tar_path: Path, carry: Path) -> None:
+def split(tar_path: Path, parts_dir: Path) -> None:
     data = tar_path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     parts = [data[i:i + PART_BYTES] for i in range(0, len(data), PART_BYTES)]
     for index, part in enumerate(parts):
-        folder = carry / f"p{index + 1}"
+        folder = parts_dir / f"p{index + 1}"
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         (folder / f"part{index}").write_bytes(part)
         (folder / "bundle.sha").write_text(f"{digest}  bundle.tar {len(parts)}\n")
-    print(f"{len(parts)} parts of {tar_path.stat().st_size:,} bytes under {carry}")
+    print(f"{len(parts)} parts of {tar_path.stat().st_size:,} bytes under {parts_dir}")
 
 
 if __name__ == "__main__":
