@@ -32,7 +32,8 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DEVICES = ("auto", "cpu", "cuda")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+# fp8 = fp8_e4m3 (float8_e4m3fn with per-layer scales, as vLLM's); e5m2 is not offered.
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8", "fp8_e4m3")
 
 _DTYPE_NAMES = {   # a --dtype spelling -> the name of its torch dtype
     "float32": "float32", "float": "float32", "fp32": "float32",
@@ -121,6 +122,9 @@ class EngineConfig:
         choices = {"dtype": DTYPES, "load_format": LOAD_FORMATS, "device": DEVICES,
                    "attention_backend": ATTENTION_BACKENDS, "kv_cache_dtype": KV_CACHE_DTYPES,
                    "scheduling_policy": SCHEDULING_POLICIES}
+        if self.kv_cache_dtype == "fp8_e5m2":
+            raise ValueError("--kv-cache-dtype fp8_e5m2 is not supported: use fp8 (e4m3, "
+                             "with the checkpoint's or unit scales)")
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -205,6 +209,18 @@ def resolve_dtype(dtype: str, device: torch.device, hf_config: Any = None) -> to
     if isinstance(stored, str):
         stored = getattr(torch, _DTYPE_NAMES[stored]) if stored in _DTYPE_NAMES else None
     return stored if stored in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, model_dtype: torch.dtype,
+                           device: torch.device) -> torch.dtype:
+    """The KV cache's dtype: the model's for ``auto``, float8_e4m3fn for ``fp8``/``fp8_e4m3``."""
+    import torch
+
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in ("fp8", "fp8_e4m3"):
+        return torch.float8_e4m3fn
+    return resolve_dtype(kv_cache_dtype, device)
 
 
 def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
-from tamis.engine.config import DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig, resolve_dtype
+from tamis.engine.config import (DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig, resolve_dtype,
+                                 resolve_kv_cache_dtype)
 from tamis.engine.sampler import SampledTokens, Sampler, SamplingMetadata
 from tamis.engine.scheduler import SchedulerOutput
 
@@ -76,8 +77,7 @@ class ModelRunner:
         self.kv_spec = kv_cache_spec(self.hf_config)
         self.block_size = config.block_size
         self.vocab_size = int(self.hf_config.vocab_size)
-        self.kv_cache_dtype = (self.dtype if config.kv_cache_dtype == "auto"
-                               else resolve_dtype(config.kv_cache_dtype, device))
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, device)
         self.kv_caches: list[torch.Tensor] = []
         self.sampler = Sampler()
 

@@ -15,6 +15,7 @@ S depends only on (B, Hkv, the device), never on the lengths, so a captured CUDA
 stays valid for any lengths; slices past a sequence's end do no work. A sequence with
 seq_len 0 (a padding row of a captured batch) gets zeros. Sliding window W: keys
 ``j >= seq_len - W``. Soft cap C: scores ``C * tanh(s / C)`` (as in attention_prefill).
+An FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/cache.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
 from tamis.kernels.attention_prefill import attend_ref, gather_kv, check_paged_inputs
+from tamis.kernels.cache import is_fp8
 
 try:
     import triton
@@ -38,7 +40,8 @@ except ImportError:
 def paged_attention_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor,
                                seq_lens: torch.Tensor, block_tables: torch.Tensor,
                                scale: float, sliding_window: int | None = None,
-                               soft_cap: float | None = None) -> torch.Tensor:
+                               soft_cap: float | None = None, k_scale: float = 1.0,
+                               v_scale: float = 1.0) -> torch.Tensor:
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     num_seqs = seq_lens.shape[0]
     if q.shape[0] != num_seqs:
@@ -47,7 +50,7 @@ def paged_attention_decode_ref(q: torch.Tensor, kv_cache: torch.Tensor,
     out = torch.zeros_like(q)
     for b, seq_len in enumerate(seq_lens.tolist()):
         if seq_len > 0:   # seq_len 0: a padding row, left at zero
-            k, v = gather_kv(kv_cache, block_tables[b], seq_len)
+            k, v = gather_kv(kv_cache, block_tables[b], seq_len, k_scale, v_scale)
             out[b:b + 1] = attend_ref(q[b:b + 1], k, v, seq_len - 1, scale,
                                        sliding_window, soft_cap).to(q.dtype)
     return out
@@ -71,10 +74,11 @@ if tl is not None:
     def _decode_split_kernel(q_ptr, cache_ptr, mid_o_ptr, mid_lse_ptr, seq_lens_ptr, bt_ptr,
                              scale_log2, window, cap_log2, q_tok_stride, q_head_stride, bt_stride,
                              values_offset, num_kv_heads, group, block_size, head_dim,
-                             num_splits,
+                             num_splits, k_scale, v_scale,
                              HEAD_DIM: tl.constexpr, GROUP: tl.constexpr,
                              BLOCK_N: tl.constexpr, SLIDING: tl.constexpr,
-                             SOFTCAP: tl.constexpr, PRECISION: tl.constexpr):
+                             SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+                             FP8: tl.constexpr):
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -105,8 +109,13 @@ if tl is not None:
             slot = block * block_size + offs_n % block_size
             kv_off = slot[:, None] * row_stride + kv_head * head_dim + offs_d[None, :]
             kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-            v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+            k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0)
+            if FP8:
+                k = k.to(tl.float32) * k_scale
+                v = v.to(tl.float32) * v_scale
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
             if SOFTCAP:   # C*tanh(x/C) on the log2(e)-scaled scores: cap_log2 = C*log2(e)
                 s = cap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * s / cap_log2) + 1.0))
@@ -160,7 +169,8 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                   num_splits: int | None = None, block_n: int | None = None,
                                   num_warps: int = 4, num_stages: int = 2,
                                   out: torch.Tensor | None = None,
-                                  soft_cap: float | None = None) -> torch.Tensor:
+                                  soft_cap: float | None = None, k_scale: float = 1.0,
+                                  v_scale: float = 1.0) -> torch.Tensor:
     """``num_splits``, ``block_n``, ``num_warps``, ``num_stages``: launch overrides
     (benchmarks); ``out``: where to write (a view is fine)."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
@@ -184,9 +194,10 @@ def paged_attention_decode_triton(q: torch.Tensor, kv_cache: torch.Tensor,
         sliding_window or 0, (soft_cap or 1.0) * math.log2(math.e), q.stride(0), q.stride(1),
         block_tables.stride(0),
         kv_cache[0].numel(), num_kv_heads, group, block_size, head_dim, splits,
+        float(k_scale), float(v_scale),
         HEAD_DIM=head_block, GROUP=next_power_of_2(max(16, group)), BLOCK_N=block_n,
         SLIDING=sliding_window is not None, SOFTCAP=soft_cap is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=is_fp8(kv_cache.dtype),
         num_warps=num_warps, num_stages=num_stages)
     _decode_merge_kernel[(num_seqs, num_heads)](
         mid_o, mid_lse, out, out.stride(0), out.stride(1), num_heads, head_dim, splits,
@@ -199,10 +210,13 @@ def paged_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: to
                            block_tables: torch.Tensor, scale: float,
                            sliding_window: int | None = None,
                            num_splits: int | None = None,
-                           soft_cap: float | None = None) -> torch.Tensor:
+                           soft_cap: float | None = None, k_scale: float = 1.0,
+                           v_scale: float = 1.0) -> torch.Tensor:
     """Triton on CUDA, the reference elsewhere (see the module docstring)."""
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     if use_triton(q):
         return paged_attention_decode_triton(q, kv_cache, seq_lens, block_tables, scale,
-                                             sliding_window, num_splits, soft_cap=soft_cap)
+                                             sliding_window, num_splits, soft_cap=soft_cap,
+                                             **scales)
     return paged_attention_decode_ref(q, kv_cache, seq_lens, block_tables, scale,
-                                      sliding_window, soft_cap)
+                                      sliding_window, soft_cap, **scales)

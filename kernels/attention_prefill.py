@@ -12,7 +12,7 @@
 
 GQA: query head h reads KV head ``h // (Hq // Hkv)``. The new tokens' K/V must already be
 in the cache (``store_kv_cache`` first). A cache in another dtype than q is read as q's
-dtype. Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
+dtype; an FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/cache.py). Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
 With ``soft_cap`` C each scaled score s becomes ``C * tanh(s / C)`` before the softmax
 (Gemma 2's attention logit soft-capping).
 """
@@ -23,6 +23,7 @@ import math
 import torch
 
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
+from tamis.kernels.cache import dequantize_kv, is_fp8
 
 try:
     import triton
@@ -48,12 +49,13 @@ def check_paged_inputs(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.
                          f"got {tuple(block_tables.shape)}")
 
 
-def gather_kv(kv_cache, block_table_row, seq_len):
+def gather_kv(kv_cache, block_table_row, seq_len, k_scale=1.0, v_scale=1.0):
+    """One sequence's keys and values [seq_len, Hkv, D] in float32 (FP8 dequantized)."""
     block_size = kv_cache.shape[2]
     blocks = block_table_row[:(seq_len + block_size - 1) // block_size].long()
     k = kv_cache[0, blocks].flatten(0, 1)[:seq_len]
     v = kv_cache[1, blocks].flatten(0, 1)[:seq_len]
-    return k, v
+    return dequantize_kv(k, k_scale, torch.float32), dequantize_kv(v, v_scale, torch.float32)
 
 
 def attend_ref(q, k, v, context_len, scale, sliding_window, soft_cap=None):
@@ -78,7 +80,8 @@ def paged_attention_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor,
                                 query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
                                 block_tables: torch.Tensor, scale: float,
                                 sliding_window: int | None = None,
-                                soft_cap: float | None = None) -> torch.Tensor:
+                                soft_cap: float | None = None, k_scale: float = 1.0,
+                                v_scale: float = 1.0) -> torch.Tensor:
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     out = torch.zeros_like(q)
     starts = query_start_loc.tolist()
@@ -86,7 +89,7 @@ def paged_attention_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor,
         start, end = starts[b], starts[b + 1]
         if end == start:
             continue
-        k, v = gather_kv(kv_cache, block_tables[b], seq_len)
+        k, v = gather_kv(kv_cache, block_tables[b], seq_len, k_scale, v_scale)
         out[start:end] = attend_ref(q[start:end], k, v, seq_len - (end - start), scale,
                                      sliding_window, soft_cap).to(q.dtype)
     return out
@@ -97,10 +100,10 @@ if tl is not None:
     def _prefill_kernel(q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
                         scale_log2, window, cap_log2, q_tok_stride, q_head_stride, o_tok_stride,
                         o_head_stride, bt_stride, values_offset, num_kv_heads, group,
-                        block_size, head_dim,
+                        block_size, head_dim, k_scale, v_scale,
                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         SLIDING: tl.constexpr, SOFTCAP: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        PRECISION: tl.constexpr, FP8: tl.constexpr):
         seq = tl.program_id(0)
         head = tl.program_id(1)
         m_block = tl.program_id(2)
@@ -137,7 +140,10 @@ if tl is not None:
                 slot = block * block_size + offs_n % block_size
                 kv_off = slot[:, None] * row_stride + kv_head * head_dim + offs_d[None, :]
                 kv_mask = n_mask[:, None] & d_mask[None, :]
-                k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+                k = tl.load(cache_ptr + kv_off, mask=kv_mask, other=0.0)
+                if FP8:
+                    k = k.to(tl.float32) * k_scale
+                k = k.to(q.dtype)
                 s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
                 if SOFTCAP:   # C*tanh(x/C) on the log2(e)-scaled scores: cap_log2 = C*log2(e)
                     s = cap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * s / cap_log2) + 1.0))
@@ -150,8 +156,10 @@ if tl is not None:
                 p = tl.exp2(s - m_safe[:, None])
                 alpha = tl.exp2(m_i - m_safe)
                 l_i = l_i * alpha + tl.sum(p, axis=1)
-                v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask,
-                            other=0.0).to(q.dtype)
+                v = tl.load(cache_ptr + values_offset + kv_off, mask=kv_mask, other=0.0)
+                if FP8:
+                    v = v.to(tl.float32) * v_scale
+                v = v.to(q.dtype)
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
                 m_i = m_new
             l_safe = tl.where(l_i == 0.0, 1.0, l_i)
@@ -174,7 +182,8 @@ def paged_attention_prefill_triton(q: torch.Tensor, kv_cache: torch.Tensor,
                                    sliding_window: int | None = None,
                                    max_query_len: int | None = None,
                                    out: torch.Tensor | None = None,
-                                   soft_cap: float | None = None) -> torch.Tensor:
+                                   soft_cap: float | None = None, k_scale: float = 1.0,
+                                   v_scale: float = 1.0) -> torch.Tensor:
     """``max_query_len`` (a host int) sizes the grid; computed with a sync when omitted."""
     check_paged_inputs(q, kv_cache, seq_lens, block_tables)
     out = torch.empty_like(q) if out is None else out
@@ -191,11 +200,11 @@ def paged_attention_prefill_triton(q: torch.Tensor, kv_cache: torch.Tensor,
         scale * math.log2(math.e), sliding_window or 0, (soft_cap or 1.0) * math.log2(math.e),
         q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0), kv_cache[0].numel(),
-        num_kv_heads, q.shape[1] // num_kv_heads, block_size, head_dim,
-        HEAD_DIM=next_power_of_2(max(16, head_dim)), BLOCK_M=block_m, BLOCK_N=block_n,
-        SLIDING=sliding_window is not None, SOFTCAP=soft_cap is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
-        num_stages=2)
+        num_kv_heads, q.shape[1] // num_kv_heads, block_size, head_dim, float(k_scale),
+        float(v_scale), HEAD_DIM=next_power_of_2(max(16, head_dim)), BLOCK_M=block_m,
+        BLOCK_N=block_n, SLIDING=sliding_window is not None, SOFTCAP=soft_cap is not None,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8=is_fp8(kv_cache.dtype),
+        num_warps=warps, num_stages=2)
     return out
 
 
@@ -204,11 +213,13 @@ def paged_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                             block_tables: torch.Tensor, scale: float,
                             sliding_window: int | None = None,
                             max_query_len: int | None = None,
-                            soft_cap: float | None = None) -> torch.Tensor:
+                            soft_cap: float | None = None, k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> torch.Tensor:
     """Triton on CUDA, the reference elsewhere (see the module docstring)."""
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
     if use_triton(q):
         return paged_attention_prefill_triton(q, kv_cache, query_start_loc, seq_lens,
                                               block_tables, scale, sliding_window, max_query_len,
-                                              soft_cap=soft_cap)
+                                              soft_cap=soft_cap, **scales)
     return paged_attention_prefill_ref(q, kv_cache, query_start_loc, seq_lens, block_tables,
-                                       scale, sliding_window, soft_cap)
+                                       scale, sliding_window, soft_cap, **scales)

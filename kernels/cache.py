@@ -5,6 +5,10 @@ token/head strides, last dim contiguous), kv_cache ``[2, num_blocks, block_size,
 contiguous, slot_mapping int ``[T]``. Token t goes to ``kv_cache[:, slot // block_size,
 slot % block_size]``; ``slot == -1`` (padding) is skipped. Layout as in
 ``engine/attention/metadata.py``.
+
+An FP8 cache (``torch.float8_e4m3fn``) holds ``x / scale`` clamped to e4m3's range, with
+one scale per layer for keys (``k_scale``) and one for values (``v_scale``); readers
+multiply back (``dequantize_kv``). Other cache dtypes ignore the scales (a plain cast).
 """
 from __future__ import annotations
 
@@ -16,6 +20,27 @@ try:
     import triton.language as tl
 except ImportError:
     tl = None
+
+
+FP8_E4M3_MAX = 448.0   # the largest finite float8_e4m3fn
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype == torch.float8_e4m3fn
+
+
+def quantize_kv(x: torch.Tensor, scale: float, cache_dtype: torch.dtype) -> torch.Tensor:
+    """x as stored in a cache of ``cache_dtype``: ``x / scale`` clamped to e4m3 for FP8."""
+    if not is_fp8(cache_dtype):
+        return x.to(cache_dtype)
+    return (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(cache_dtype)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Cache contents back in ``dtype``: ``x * scale`` (in float32) for FP8, else a cast."""
+    if not is_fp8(x.dtype):
+        return x.to(dtype)
+    return (x.float() * scale).to(dtype)
 
 
 def _check(key, value, kv_cache, slot_mapping) -> None:
@@ -33,20 +58,22 @@ def _check(key, value, kv_cache, slot_mapping) -> None:
 
 
 def store_kv_cache_ref(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                       v_scale: float = 1.0) -> None:
     _check(key, value, kv_cache, slot_mapping)
     heads, dim = kv_cache.shape[3:]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    kv_cache[0].view(-1, heads, dim)[slots] = key[keep].to(kv_cache.dtype)
-    kv_cache[1].view(-1, heads, dim)[slots] = value[keep].to(kv_cache.dtype)
+    kv_cache[0].view(-1, heads, dim)[slots] = quantize_kv(key[keep], k_scale, kv_cache.dtype)
+    kv_cache[1].view(-1, heads, dim)[slots] = quantize_kv(value[keep], v_scale, kv_cache.dtype)
 
 
 if tl is not None:
     @kernel
     def _store_kv_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, num_heads, head_dim,
                          key_tok_stride, key_head_stride, value_tok_stride, value_head_stride,
-                         values_offset, HEADS: tl.constexpr, DIM: tl.constexpr):
+                         values_offset, k_scale, v_scale, HEADS: tl.constexpr,
+                         DIM: tl.constexpr, FP8: tl.constexpr):
         tok = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
@@ -56,13 +83,17 @@ if tl is not None:
             k = tl.load(key_ptr + tok * key_tok_stride + h * key_head_stride + d, mask=mask)
             v = tl.load(value_ptr + tok * value_tok_stride + h * value_head_stride + d,
                         mask=mask)
+            if FP8:
+                k = tl.minimum(tl.maximum(k.to(tl.float32) / k_scale, -448.0), 448.0)
+                v = tl.minimum(tl.maximum(v.to(tl.float32) / v_scale, -448.0), 448.0)
             dst = cache_ptr + slot * num_heads * head_dim + h * head_dim + d
             tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
             tl.store(dst + values_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
 
 def store_kv_cache_triton(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                          slot_mapping: torch.Tensor) -> None:
+                          slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                          v_scale: float = 1.0) -> None:
     _check(key, value, kv_cache, slot_mapping)
     if key.stride(-1) != 1 or value.stride(-1) != 1:
         raise ValueError("key/value need a contiguous last dim")
@@ -71,14 +102,14 @@ def store_kv_cache_triton(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
     heads, dim = kv_cache.shape[3:]
     _store_kv_kernel[(key.shape[0],)](
         key, value, kv_cache, slot_mapping, heads, dim, key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1), kv_cache[0].numel(),
-        HEADS=next_power_of_2(heads), DIM=next_power_of_2(dim), num_warps=4)
+        value.stride(0), value.stride(1), kv_cache[0].numel(), float(k_scale), float(v_scale),
+        HEADS=next_power_of_2(heads), DIM=next_power_of_2(dim), FP8=is_fp8(kv_cache.dtype),
+        num_warps=4)
 
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor) -> None:
+                   slot_mapping: torch.Tensor, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> None:
     """Stores key/value at their slots (Triton on CUDA, reference elsewhere)."""
-    if use_triton(kv_cache):
-        store_kv_cache_triton(key, value, kv_cache, slot_mapping)
-    else:
-        store_kv_cache_ref(key, value, kv_cache, slot_mapping)
+    store = store_kv_cache_triton if use_triton(kv_cache) else store_kv_cache_ref
+    store(key, value, kv_cache, slot_mapping, k_scale, v_scale)

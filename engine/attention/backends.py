@@ -23,8 +23,8 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata, scale: float,
-                sliding_window: int | None = None,
-                soft_cap: float | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, soft_cap: float | None = None,
+                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         """Paged causal attention for one layer over a flattened batch.
 
         q [T, Hq, D], k/v [T, Hkv, D] (Hq a multiple of Hkv); kv_cache
@@ -33,7 +33,9 @@ class AttentionBackend(ABC):
         its new tokens, causally; with ``sliding_window`` W a query at position i sees
         keys at positions j with i - W < j <= i (transformers' convention). With
         ``soft_cap`` C the scaled scores s become ``C * tanh(s / C)`` before the softmax
-        (Gemma 2's attention logit soft-capping).
+        (Gemma 2's attention logit soft-capping). An FP8 cache stores ``k / k_scale`` and
+        ``v / v_scale`` and reads them back multiplied (``tamis.kernels.cache``); other
+        cache dtypes ignore the scales.
         Returns [T, Hq, D] in q's dtype. ``kv_cache=None`` (no cache, e.g. a profiling
         pass) attends over the new tokens only and requires no cached prefix.
         """

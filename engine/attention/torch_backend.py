@@ -12,11 +12,13 @@ import torch.nn.functional as F
 
 from tamis.engine.attention.backends import AttentionBackend
 from tamis.engine.attention.metadata import AttentionMetadata
+from tamis.kernels.cache import dequantize_kv, is_fp8, quantize_kv
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Writes k/v [T, Hkv, D] into their slots; tokens with slot -1 are skipped."""
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Writes k/v [T, Hkv, D] into their slots (an FP8 cache gets ``k / k_scale`` and
+    ``v / v_scale``); tokens with slot -1 are skipped."""
     num_slots = kv_cache.shape[1] * kv_cache.shape[2]
     key_cache = kv_cache[0].view(num_slots, *kv_cache.shape[3:])
     value_cache = kv_cache[1].view(num_slots, *kv_cache.shape[3:])
@@ -24,18 +26,24 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
     valid = slots >= 0
     if not bool(valid.all()):
         slots, k, v = slots[valid], k[valid], v[valid]
-    key_cache.index_copy_(0, slots, k.to(kv_cache.dtype))
-    value_cache.index_copy_(0, slots, v.to(kv_cache.dtype))
+    k, v = quantize_kv(k, k_scale, kv_cache.dtype), quantize_kv(v, v_scale, kv_cache.dtype)
+    if is_fp8(kv_cache.dtype):   # index_copy_ has no float8 kernel on CPU: copy the bytes
+        key_cache, value_cache, k, v = (t.view(torch.uint8) for t in (key_cache, value_cache, k, v))
+    key_cache.index_copy_(0, slots, k)
+    value_cache.index_copy_(0, slots, v)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor,
-              num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_kv(kv_cache: torch.Tensor, block_tables: torch.Tensor, num_tokens: int,
+              k_scale: float = 1.0, v_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values of the first ``num_tokens`` positions of each block table row:
-    block_tables [B, nb] -> k, v [B, num_tokens, Hkv, D] (one gather for both)."""
+    block_tables [B, nb] -> k, v [B, num_tokens, Hkv, D] (one gather for both), in the
+    cache's dtype, or dequantized to float32 from an FP8 cache."""
     block_size = kv_cache.shape[2]
     num_blocks = -(-num_tokens // block_size)
     blocks = block_tables[:, :num_blocks].long()
     kv = kv_cache[:, blocks].flatten(2, 3)[:, :, :num_tokens]
+    if is_fp8(kv_cache.dtype):
+        return dequantize_kv(kv[0], k_scale, torch.float32), dequantize_kv(kv[1], v_scale, torch.float32)
     return kv[0], kv[1]
 
 
@@ -91,16 +99,18 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, q, k, v, kv_cache, meta: AttentionMetadata, scale: float,
-                sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, soft_cap: float | None = None,
+                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         if kv_cache is None:
             return self._forward_uncached(q, k, v, meta, scale, sliding_window, soft_cap)
-        store_kv(k, v, kv_cache, meta.slot_mapping)
+        store_kv(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
         query_lens, seq_lens = host_lengths(meta)
         out = torch.empty_like(q)
+        scales = (k_scale, v_scale)
         decodes = [b for b, n in enumerate(query_lens) if n == 1]
         if decodes:
             self._decode(q, kv_cache, meta, decodes, seq_lens, scale, sliding_window, soft_cap,
-                         out)
+                         out, scales)
         # A fresh prefill reads its keys straight from k/v (the cache holds the same
         # values when its dtype matches); a chunk over a cached prefix gathers them.
         direct = kv_cache.dtype == k.dtype
@@ -111,7 +121,7 @@ class TorchAttentionBackend(AttentionBackend):
                 out[start:end] = self._attend_chunk(q[start:end], k[start:end], v[start:end], 0,
                                                     scale, sliding_window, soft_cap)
             elif q_len > 1:
-                k_all, v_all = gather_kv(kv_cache, meta.block_tables[b:b + 1], seq_len)
+                k_all, v_all = gather_kv(kv_cache, meta.block_tables[b:b + 1], seq_len, *scales)
                 out[start:end] = self._attend_chunk(q[start:end], k_all[0], v_all[0],
                                                     seq_len - q_len, scale, sliding_window,
                                                     soft_cap)
@@ -119,13 +129,14 @@ class TorchAttentionBackend(AttentionBackend):
         return out
 
     def _decode(self, q, kv_cache, meta, decodes: list[int], seq_lens: list[int], scale: float,
-                sliding_window: int | None, soft_cap: float | None, out: torch.Tensor) -> None:
+                sliding_window: int | None, soft_cap: float | None, out: torch.Tensor,
+                scales: tuple[float, float] = (1.0, 1.0)) -> None:
         """One batched SDPA over every sequence whose query is a single token."""
         index = torch.tensor(decodes, device=q.device)
         token_index = meta.query_start_loc[index].long()
         lens = torch.tensor([seq_lens[b] for b in decodes], device=q.device)
         max_len = max(seq_lens[b] for b in decodes)
-        k_all, v_all = gather_kv(kv_cache, meta.block_tables[index], max_len)
+        k_all, v_all = gather_kv(kv_cache, meta.block_tables[index], max_len, *scales)
         key_pos = torch.arange(max_len, device=q.device)
         mask = visible_mask((lens - 1)[:, None], key_pos, lens, sliding_window)
         out[token_index] = _sdpa(q[token_index][:, None], k_all, v_all, mask, scale,

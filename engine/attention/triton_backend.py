@@ -48,27 +48,29 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kv_cache: torch.Tensor | None, meta: AttentionMetadata, scale: float,
-                sliding_window: int | None = None, soft_cap: float | None = None) -> torch.Tensor:
+                sliding_window: int | None = None, soft_cap: float | None = None,
+                k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
         if kv_cache is None:
             return self._forward_uncached(q, k, v, meta, scale, sliding_window, soft_cap)
-        store_kv_cache_triton(k, v, kv_cache, meta.slot_mapping)
+        store_kv_cache_triton(k, v, kv_cache, meta.slot_mapping, k_scale, v_scale)
+        scales = dict(k_scale=k_scale, v_scale=v_scale)
         if meta.is_decode_only and q.shape[0] == meta.num_seqs:
             return paged_attention_decode_triton(q, kv_cache, meta.seq_lens, meta.block_tables,
                                                  scale, sliding_window,
                                                  num_splits=self.decode_num_splits,
-                                                 soft_cap=soft_cap)
+                                                 soft_cap=soft_cap, **scales)
         out = torch.empty_like(q)
         decodes = leading_decodes(meta.query_lens_cpu)
         if decodes:   # their query rows are the first `decodes` tokens
             paged_attention_decode_triton(q[:decodes], kv_cache, meta.seq_lens[:decodes],
                                           meta.block_tables[:decodes], scale, sliding_window,
                                           num_splits=self.decode_num_splits, out=out[:decodes],
-                                          soft_cap=soft_cap)
+                                          soft_cap=soft_cap, **scales)
         # query_start_loc keeps absolute token offsets, so the rest needs no re-basing.
         return paged_attention_prefill_triton(
             q, kv_cache, meta.query_start_loc[decodes:], meta.seq_lens[decodes:],
             meta.block_tables[decodes:], scale, sliding_window,
-            max_query_len=meta.max_query_len, out=out, soft_cap=soft_cap)
+            max_query_len=meta.max_query_len, out=out, soft_cap=soft_cap, **scales)
 
     def _forward_uncached(self, q, k, v, meta, scale, sliding_window, soft_cap) -> torch.Tensor:
         if self._uncached is None:

@@ -4,6 +4,9 @@ The KV cache of layer ``layer_idx`` is ``get_forward_context().kv_caches[layer_i
 the metadata is the context's ``attn_metadata``. With ``attn_metadata is None`` (a
 profiling pass or a plain forward) the T tokens are one sequence attended causally,
 with no cache.
+
+``k_scale`` / ``v_scale`` are the layer's FP8 KV-cache scales (1.0 unless the checkpoint
+gives them: ``tamis.engine.attention.kv_scales``); a cache in another dtype ignores them.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ class Attention(nn.Module):
         self.backend = backend
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
@@ -36,5 +40,5 @@ class Attention(nn.Module):
         meta = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
-                                   self.soft_cap)
+                                   self.soft_cap, self.k_scale, self.v_scale)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tamis.engine.attention.backends import AttentionBackend
+from tamis.engine.attention.kv_scales import KVScaleCollector
 from tamis.engine.attention.torch_backend import TorchAttentionBackend
 from tamis.engine.layers.activation import get_act_and_mul
 from tamis.engine.layers.attention import Attention
@@ -170,6 +171,13 @@ class LlamaForCausalLM(CausalLMBase):
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         tie_to = self.model.embed_tokens if self.tie_word_embeddings else None
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to)
+
+    def load_weights(self, weights) -> set[str]:
+        """The base loader; FP8 KV-cache scales go to the attention layers (kv_scales.py)."""
+        collector = KVScaleCollector()
+        loaded = super().load_weights(collector.filter(weights))
+        collector.apply(self)
+        return loaded | collector.names
 
     @staticmethod
     def attention_options(config) -> dict:
