@@ -15,6 +15,7 @@ from tamis.engine.layers.quant_method import QuantizationConfig
 from tamis.quant.awq import AWQConfig
 from tamis.quant.compressed_tensors import CompressedTensorsConfig
 from tamis.quant.fp8 import Fp8Config
+from tamis.quant.fp8_block import Fp8BlockConfig
 from tamis.quant.gptq import GPTQConfig
 
 QUANTIZATION_METHODS: dict[str, type] = {
@@ -58,6 +59,8 @@ def get_quant_config(model_dir: str | Path, hf_config: Any,
     if forced is not None and forced != method:
         raise ValueError(f"quantization={quantization!r} was requested but the checkpoint is "
                          f"quantized with {method!r}; drop the flag or pass {method!r}")
+    if method == "fp8" and found.get("weight_block_size") is not None:
+        return Fp8BlockConfig.from_config(found)   # DeepSeek / Qwen3 block-wise FP8
     return QUANTIZATION_METHODS[method].from_config(found)
 
 

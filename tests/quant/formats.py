@@ -70,3 +70,66 @@ def load_layer(layer, tensors: dict[tuple[str, object], torch.Tensor]) -> None:
         else:
             param.weight_loader(param, tensor, shard_id)
     layer.process_weights_after_loading()
+
+
+# ------------------------------------------------------------------ W8A8 checkpoints
+
+FP8_MAX = 448.0
+QUANTIZED_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_block_fp8(weight: torch.Tensor, block: int = 128):
+    """[N, K] -> (float8 [N, K], weight_scale_inv float32 [ceil(N/b), ceil(K/b)]), one
+    block at a time as DeepSeek's and transformers' quantizers do: scale_inv = amax / 448,
+    edge blocks as large as what is left of the tensor."""
+    n, k = weight.shape
+    codes = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    scale_inv = torch.empty(-(-n // block), -(-k // block), dtype=torch.float32)
+    for i in range(scale_inv.shape[0]):
+        for j in range(scale_inv.shape[1]):
+            tile = weight[i * block:(i + 1) * block, j * block:(j + 1) * block].float()
+            amax = tile.abs().max()
+            scale = amax / FP8_MAX if amax > 0 else torch.tensor(1.0)
+            scale_inv[i, j] = scale
+            codes[i * block:(i + 1) * block, j * block:(j + 1) * block] = (
+                (tile / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn))
+    return codes, scale_inv
+
+
+def quantize_int8_per_channel(weight: torch.Tensor):
+    """[N, K] -> (int8 [N, K], weight_scale float32 [N, 1]), symmetric, amax -> 127."""
+    amax = weight.float().abs().amax(dim=1, keepdim=True)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    codes = torch.round(weight.float() / scale).clamp(-128, 127).to(torch.int8)
+    return codes, scale
+
+
+def write_quantized_checkpoint(source, out, quantize, quantization_config: dict):
+    """Copies the HF folder ``source`` to ``out`` with every decoder linear replaced by
+    ``quantize(weight) -> {suffix: tensor}`` ("weight", "weight_scale_inv", ...), and
+    ``quantization_config`` in config.json. Embeddings, norms and lm_head stay as they are."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    source, out = Path(source), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for file in source.glob("*.safetensors"):
+        for name, tensor in load_file(str(file)).items():
+            module, _, leaf = name.rpartition(".")
+            if leaf == "weight" and module.rpartition(".")[2] in QUANTIZED_LINEARS:
+                tensors.update({f"{module}.{suffix}": value
+                                for suffix, value in quantize(tensor).items()})
+            else:
+                tensors[name] = tensor
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    for file in source.iterdir():
+        if file.is_file() and not file.name.endswith(".safetensors") and file.name != "config.json":
+            shutil.copy(file, out / file.name)
+    config = json.loads((source / "config.json").read_text())
+    config["quantization_config"] = quantization_config
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out

@@ -271,9 +271,9 @@ def test_detection_sources_and_errors(tmp_path):
         get_quant_config(tmp_path, {"quantization_config": {"quant_method": "gptq", "bits": 3}}, None)
     with pytest.raises(ValueError, match=r"group_size=16; tamis supports"):
         get_quant_config(tmp_path, {"quantization_config": {**awq, "group_size": 16}}, None)
-    with pytest.raises(ValueError, match=r"block-wise scales"):
+    with pytest.raises(ValueError, match=r"weight_block_size=\[64, 64\]; tamis supports"):
         get_quant_config(tmp_path, {"quantization_config": {
-            "quant_method": "fp8", "weight_block_size": [128, 128]}}, None)
+            "quant_method": "fp8", "weight_block_size": [64, 64]}}, None)
     # Legacy side files.
     (tmp_path / "quantize_config.json").write_text(json.dumps({"bits": 8, "group_size": 64,
                                                                "desc_act": True}))

@@ -1,0 +1,155 @@
+"""Block-wise FP8 (DeepSeek-V3 / Qwen3-FP8 layout): activation quantization per token
+group and the block-scaled W8A8 matmul.
+
+```
+weight            float8_e4m3fn [N, K]
+weight_scale_inv  float32 [ceil(N/bn), ceil(K/bk)]   w[n, k] = weight[n, k] * s[n//bn, k//bk]
+x                 [M, K] -> x_q float8 [M, K], x_scale float32 [M, ceil(K/bk)]
+                  x[m, k] = x_q[m, k] * x_scale[m, k//bk]   (one scale per row and K group)
+y[m, n] = sum over K groups g of x_scale[m, g] * s[n//bn, g] * (x_q[m, g] . weight[n, g])
+```
+The scales multiply each group's partial dot product, so the FP8 dot runs on raw codes and
+accumulates in fp32, as DeepSeek's and vLLM's ``w8a8_block_fp8_matmul`` do.
+
+- ``per_token_group_quant_fp8``: ``scale = max(amax(group), 1e-10) / 448``,
+  ``x_q = clamp(x / scale)`` (vLLM's and DeepSeek's act_quant).
+- ``w8a8_block_fp8_matmul_ref`` computes the formula above in fp32; the Triton kernel
+  ``w8a8_block_fp8_matmul_triton`` must match it (within fp32 summation order).
+- ``dequantize_block_fp8``: the weight in a dense dtype (W8A16), which is what
+  transformers runs on a CPU and what tamis's CPU path runs too.
+- ``block_fp8_linear`` dispatches: W8A8 through the Triton kernel on a CUDA GPU with FP8
+  (compute capability >= 8.9), else the dequantized weight through ``F.linear``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tamis.kernels._triton import kernel, triton_available
+from tamis.kernels.fp8 import FP8_DTYPE, FP8_MAX, fp8_supported
+
+if triton_available():
+    import triton.language as tl
+
+GROUP_EPS = 1e-10  # amax floor: an all-zero group gets a tiny scale, not a division by zero
+
+
+def _pad_to_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[..., K] -> [..., G, group] with zeros past K (zeros do not move an amax)."""
+    k = x.shape[-1]
+    padded = F.pad(x, (0, -k % group))
+    return padded.unflatten(-1, (-1, group))
+
+
+def per_token_group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (float8 [M, K], float32 scales [M, ceil(K/group)])."""
+    grouped = _pad_to_groups(x.float(), group)
+    scale = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=GROUP_EPS) / FP8_MAX
+    q = (grouped / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.flatten(-2)[..., :x.shape[-1]], scale.squeeze(-1)
+
+
+def expand_block_scales(scale_inv: torch.Tensor, shape: tuple[int, int],
+                        block: tuple[int, int]) -> torch.Tensor:
+    """[ceil(N/bn), ceil(K/bk)] -> [N, K]: each element's block scale (partial edge blocks cut)."""
+    n, k = shape
+    return (scale_inv.float().repeat_interleave(block[0], dim=0)[:n]
+            .repeat_interleave(block[1], dim=1)[:, :k])
+
+
+def dequantize_block_fp8(weight: torch.Tensor, scale_inv: torch.Tensor,
+                         block: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """The dense [N, K] weight ``weight * scale_inv`` per block, computed in fp32, in ``dtype``."""
+    return (weight.float() * expand_block_scales(scale_inv, weight.shape, block)).to(dtype)
+
+
+def w8a8_block_fp8_matmul_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                              scale_inv: torch.Tensor, block: tuple[int, int],
+                              out_dtype: torch.dtype) -> torch.Tensor:
+    """The module formula in fp32: per K group, dot of codes times both scales."""
+    bn, bk = block
+    codes_x = _pad_to_groups(x_q.float(), bk)                     # [M, G, bk]
+    codes_w = _pad_to_groups(weight.float(), bk)                  # [N, G, bk]
+    partial = torch.einsum("mgk,ngk->mng", codes_x, codes_w)      # [M, N, G]
+    w_scale = scale_inv.float().repeat_interleave(bn, dim=0)[:weight.shape[0]]   # [N, G]
+    out = (partial * x_scale.float()[:, None, :] * w_scale[None, :, :]).sum(-1)
+    return out.to(out_dtype)
+
+
+@kernel
+def _w8a8_block_fp8_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
+                           stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
+                           GROUP_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """C[M, N] = A[M, K] @ B[N, K].T with a scale per (row, K group) on A and per
+    (N group, K group) on B; BLOCK_K is the K group, so each dot gets one scale pair."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + offs_k
+        a = tl.load(a_ptr + offs_m[:, None] * stride_am + ks[None, :],
+                    mask=mask_m[:, None] & (ks[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + offs_n[None, :] * stride_bn + ks[:, None],
+                    mask=mask_n[None, :] & (ks[:, None] < K), other=0.0)
+        group = k0 // BLOCK_K
+        a_s = tl.load(as_ptr + offs_m * stride_asm + group, mask=mask_m, other=0.0)
+        b_s = tl.load(bs_ptr + (offs_n // GROUP_N) * stride_bsn + group, mask=mask_n, other=0.0)
+        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :],
+             acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _block_m(m: int) -> int:
+    """Row tile: small for decode batches (the rest of a 64-row tile would be masked off)."""
+    return 16 if m <= 16 else (32 if m <= 32 else 64)
+
+
+def w8a8_block_fp8_matmul_triton(x_q: torch.Tensor, x_scale: torch.Tensor,
+                                 weight: torch.Tensor, scale_inv: torch.Tensor,
+                                 block: tuple[int, int], out_dtype: torch.dtype,
+                                 block_n: int = 128) -> torch.Tensor:
+    """Triton path of ``w8a8_block_fp8_matmul_ref`` (same contract). x_q and weight may
+    also hold the codes in fp32/fp16 (exact for e4m3 values): the interpreter's tl.dot is
+    checked on those as well as on float8."""
+    m, k = x_q.shape
+    n = weight.shape[0]
+    x_q, weight = x_q.contiguous(), weight.contiguous()
+    x_scale, scale_inv = x_scale.float().contiguous(), scale_inv.float().contiguous()
+    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
+    tile_m = _block_m(m)
+    grid = (-(-m // tile_m), -(-n // block_n))
+    _w8a8_block_fp8_kernel[grid](x_q, weight, out, x_scale, scale_inv, m, n, k,
+                                 x_q.stride(0), weight.stride(0), out.stride(0),
+                                 x_scale.stride(0), scale_inv.stride(0),
+                                 GROUP_N=block[0], BLOCK_M=tile_m, BLOCK_N=block_n,
+                                 BLOCK_K=block[1])
+    return out
+
+
+def block_fp8_w8a8_supported(device: torch.device) -> bool:
+    """The Triton W8A8 path runs on CUDA GPUs with FP8 tensor cores."""
+    return triton_available() and fp8_supported(device)
+
+
+def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
+                     block: tuple[int, int], bias: torch.Tensor | None = None,
+                     dense: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] -> [..., N]. W8A8 (per-token-group activations) on an FP8 GPU; elsewhere
+    ``dense`` (the dequantized weight in x's dtype, computed here when not given)."""
+    n, k = weight.shape
+    if x.is_cuda and block_fp8_w8a8_supported(x.device):
+        x2 = x.reshape(-1, k)
+        x_q, x_scale = per_token_group_quant_fp8(x2, block[1])
+        out = w8a8_block_fp8_matmul_triton(x_q, x_scale, weight, scale_inv, block, x.dtype)
+        if bias is not None:
+            out = out + bias.to(out.dtype)
+        return out.reshape(*x.shape[:-1], n)
+    if dense is None:
+        dense = dequantize_block_fp8(weight, scale_inv, block, x.dtype)
+    return F.linear(x, dense, bias)
