@@ -1,5 +1,6 @@
 """compressed-tensors checkpoints (what llm-compressor writes): W4A16 / W8A16
-``pack-quantized`` and FP8 W8A8 ``float-quantized``.
+``pack-quantized``, INT8 W8A8 ``int-quantized`` (``quant/int8.py``) and FP8 W8A8
+``float-quantized``.
 
 ```
 pack-quantized (int weights, per-channel or per-group scales)
@@ -29,10 +30,12 @@ from tamis.quant.base import (add_param, is_layer_skipped, matches, require, sha
                               unfused_names, unquantized_method)
 from tamis.quant.dummy import group_index_init, values_init
 from tamis.quant.fp8 import Fp8LinearMethod
+from tamis.quant.int8 import parse_int8_w8a8
 from tamis.quant.packing import unpack_int32
 from tamis.quant.wna16 import apply_wna16, finalize_wna16
 
-SUPPORTED = "W4A16 / W8A16 int weights (pack-quantized) and FP8 W8A8 (float-quantized)"
+SUPPORTED = ("W4A16 / W8A16 int weights (pack-quantized), INT8 W8A8 (int-quantized) and "
+             "FP8 W8A8 (float-quantized)")
 
 
 class CompressedTensorsConfig(QuantizationConfig):
@@ -84,7 +87,9 @@ def _parse_scheme(name: str, group: dict[str, Any], fmt: str | None) -> dict[str
         return ValueError(f"compressed-tensors config group {name!r} has {what}; "
                           f"tamis supports {SUPPORTED}")
 
-    if kind == "int":
+    if kind == "int" and fmt == "int-quantized":
+        method = parse_int8_w8a8(weights, acts, unsupported)
+    elif kind == "int":
         if fmt != "pack-quantized":
             raise unsupported(f"format {fmt!r} for int weights")
         if acts is not None:
