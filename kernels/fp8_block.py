@@ -14,7 +14,8 @@ accumulates in fp32, as DeepSeek's and vLLM's ``w8a8_block_fp8_matmul`` do.
 - ``per_token_group_quant_fp8``: ``scale = max(amax(group), 1e-10) / 448``,
   ``x_q = clamp(x / scale)`` (vLLM's and DeepSeek's act_quant).
 - ``w8a8_block_fp8_matmul_ref`` computes the formula above in fp32; the Triton kernel
-  ``w8a8_block_fp8_matmul_triton`` must match it (within fp32 summation order).
+  (``w8a8_block_fp8_matmul_triton``, over ``kernels/scaled_mm.py``) must match it within
+  fp32 summation order.
 - ``dequantize_block_fp8``: the weight in a dense dtype (W8A16), which is what
   transformers runs on a CPU and what tamis's CPU path runs too.
 - ``block_fp8_linear`` dispatches: W8A8 through the Triton kernel on a CUDA GPU with FP8
@@ -25,11 +26,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels._triton import kernel, triton_available
+from tamis.kernels._triton import use_triton
 from tamis.kernels.fp8 import FP8_DTYPE, FP8_MAX, fp8_supported
-
-if triton_available():
-    import triton.language as tl
+from tamis.kernels.scaled_mm import scaled_mm_triton
 
 GROUP_EPS = 1e-10  # amax floor: an all-zero group gets a tiny scale, not a division by zero
 
@@ -76,40 +75,6 @@ def w8a8_block_fp8_matmul_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: 
     return out.to(out_dtype)
 
 
-@kernel
-def _w8a8_block_fp8_kernel(a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr, M, N, K,
-                           stride_am, stride_bn, stride_cm, stride_asm, stride_bsn,
-                           GROUP_N: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """C[M, N] = A[M, K] @ B[N, K].T with a scale per (row, K group) on A and per
-    (N group, K group) on B; BLOCK_K is the K group, so each dot gets one scale pair."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    mask_m = offs_m < M
-    mask_n = offs_n < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + offs_k
-        a = tl.load(a_ptr + offs_m[:, None] * stride_am + ks[None, :],
-                    mask=mask_m[:, None] & (ks[None, :] < K), other=0.0)
-        b = tl.load(b_ptr + offs_n[None, :] * stride_bn + ks[:, None],
-                    mask=mask_n[None, :] & (ks[:, None] < K), other=0.0)
-        group = k0 // BLOCK_K
-        a_s = tl.load(as_ptr + offs_m * stride_asm + group, mask=mask_m, other=0.0)
-        b_s = tl.load(bs_ptr + (offs_n // GROUP_N) * stride_bsn + group, mask=mask_n, other=0.0)
-        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :],
-             acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-
-
-def _block_m(m: int) -> int:
-    """Row tile: small for decode batches (the rest of a 64-row tile would be masked off)."""
-    return 16 if m <= 16 else (32 if m <= 32 else 64)
-
-
 def w8a8_block_fp8_matmul_triton(x_q: torch.Tensor, x_scale: torch.Tensor,
                                  weight: torch.Tensor, scale_inv: torch.Tensor,
                                  block: tuple[int, int], out_dtype: torch.dtype,
@@ -117,24 +82,8 @@ def w8a8_block_fp8_matmul_triton(x_q: torch.Tensor, x_scale: torch.Tensor,
     """Triton path of ``w8a8_block_fp8_matmul_ref`` (same contract). x_q and weight may
     also hold the codes in fp32/fp16 (exact for e4m3 values): the interpreter's tl.dot is
     checked on those as well as on float8."""
-    m, k = x_q.shape
-    n = weight.shape[0]
-    x_q, weight = x_q.contiguous(), weight.contiguous()
-    x_scale, scale_inv = x_scale.float().contiguous(), scale_inv.float().contiguous()
-    out = torch.empty((m, n), dtype=out_dtype, device=x_q.device)
-    tile_m = _block_m(m)
-    grid = (-(-m // tile_m), -(-n // block_n))
-    _w8a8_block_fp8_kernel[grid](x_q, weight, out, x_scale, scale_inv, m, n, k,
-                                 x_q.stride(0), weight.stride(0), out.stride(0),
-                                 x_scale.stride(0), scale_inv.stride(0),
-                                 GROUP_N=block[0], BLOCK_M=tile_m, BLOCK_N=block_n,
-                                 BLOCK_K=block[1])
-    return out
-
-
-def block_fp8_w8a8_supported(device: torch.device) -> bool:
-    """The Triton W8A8 path runs on CUDA GPUs with FP8 tensor cores."""
-    return triton_available() and fp8_supported(device)
+    return scaled_mm_triton(x_q, weight, x_scale, scale_inv, out_dtype, k_group=block[1],
+                            n_group=block[0], block_n=block_n)
 
 
 def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor,
@@ -143,7 +92,7 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Ten
     """x [..., K] -> [..., N]. W8A8 (per-token-group activations) on an FP8 GPU; elsewhere
     ``dense`` (the dequantized weight in x's dtype, computed here when not given)."""
     n, k = weight.shape
-    if x.is_cuda and block_fp8_w8a8_supported(x.device):
+    if use_triton(x) and fp8_supported(x.device):
         x2 = x.reshape(-1, k)
         x_q, x_scale = per_token_group_quant_fp8(x2, block[1])
         out = w8a8_block_fp8_matmul_triton(x_q, x_scale, weight, scale_inv, block, x.dtype)

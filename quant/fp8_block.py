@@ -23,8 +23,7 @@ from torch import nn
 
 from tamis.engine.layers.quant_method import LinearMethodBase, QuantizationConfig
 from tamis.kernels.fp8 import FP8_DTYPE
-from tamis.kernels.fp8_block import (block_fp8_linear, block_fp8_w8a8_supported,
-                                     dequantize_block_fp8)
+from tamis.kernels.fp8_block import block_fp8_linear, dequantize_block_fp8
 from tamis.quant.base import (add_param, is_layer_skipped, require, shard_index_of,
                               unquantized_method)
 from tamis.quant.dummy import fp8_scale_init, fp8_weight_init
@@ -104,7 +103,6 @@ class Fp8BlockLinearMethod(LinearMethodBase):
         device = layer.weight.device
         require(device.type in ("cpu", "cuda"), layer,
                 f"FP8 weights are supported on CPU and CUDA devices, not {device.type!r}")
-        layer.block_fp8_w8a8 = block_fp8_w8a8_supported(device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
