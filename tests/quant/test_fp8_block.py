@@ -21,7 +21,7 @@ from tamis.kernels.fp8_block import (dequantize_block_fp8, per_token_group_quant
                                      w8a8_block_fp8_matmul_ref, w8a8_block_fp8_matmul_triton)
 from tamis.quant import get_quant_config
 from tamis.quant.fp8_block import Fp8BlockConfig
-from test_roundtrip import PROMPT, _tamis_logits, _tamis_model
+from test_roundtrip import FUSED, PROMPT, _tamis_logits, _tamis_model
 
 torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -164,7 +164,22 @@ def block_fp8_model(tiny_checkpoint, tmp_path_factory):
                                       tmp_path_factory.mktemp("block-fp8"), quantize, CONFIG)
 
 
+def _tamis_block_weight(model, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, weight_scale_inv) of checkpoint linear ``name``'s rows inside tamis's model."""
+    parent, _, leaf = name.rpartition(".")
+    fused, shard = FUSED.get(leaf, (leaf, None))
+    layer = model.get_submodule(f"{parent}.{fused}")
+    if shard is None:
+        return layer.weight, layer.weight_scale_inv
+    offset = sum(layer.output_partition_sizes[:shard])
+    rows = layer.output_partition_sizes[shard]
+    return (layer.weight[offset:offset + rows],
+            layer.weight_scale_inv[offset // BLOCK[0]:(offset + rows) // BLOCK[0]])
+
+
 def test_tiny_checkpoint_matches_transformers(block_fp8_model):
+    """transformers on a CPU dequantizes each weight (FineGrainedFP8's dequantize mode):
+    its weights equal tamis's blocks dequantized, and the logits agree."""
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(block_fp8_model, dtype=torch.float32).eval()
@@ -172,6 +187,13 @@ def test_tiny_checkpoint_matches_transformers(block_fp8_model):
     model = _tamis_model(block_fp8_model)
     assert type(model.model.layers[0].self_attn.qkv_proj.quant_method).__name__ == \
         "Fp8BlockLinearMethod"
+    linears = {name: module for name, module in reference.model.layers.named_modules()
+               if isinstance(module, torch.nn.Linear)}
+    assert len(linears) == 14                           # 7 per layer, 2 layers
+    for name, module in linears.items():
+        dense = dequantize_block_fp8(*_tamis_block_weight(model, f"model.layers.{name}"),
+                                     BLOCK, torch.float32)
+        assert torch.equal(dense, module.weight.detach()), name
     with torch.no_grad():
         expected = reference(torch.tensor([PROMPT])).logits[0]
     logits = _tamis_logits(model, PROMPT)
