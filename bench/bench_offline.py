@@ -12,6 +12,16 @@ tamis from wheels) on the same prompts through bench_vllm.py, which also times v
 the same process; a peer that was not run shows the figure recorded on an H200,
 labelled as recorded, not measured.
 
+``--kv-cache-dtype fp8`` runs tamis with an FP8 (e4m3) KV cache; ``--kv-cache-memory 8GiB``
+caps tamis's KV cache (else it takes what --gpu-memory-utilization 0.9 leaves). Under a cap
+small enough that a bf16 cache preempts, run the pair with the same --seed::
+
+    python bench/bench_offline.py --engines tamis --kv-cache-memory 8GiB --seed 1 --out o/auto
+    python bench/bench_offline.py --engines tamis --kv-cache-memory 8GiB --seed 1 \
+        --kv-cache-dtype fp8 --out o/fp8
+
+the tamis row names its KV dtype, cap and preemption count.
+
 Extra checks in the tamis subprocess (``--checks``): allocated bytes before/after a
 second full pass (memory growth) and KV utilisation from the engine's stats.
 """
@@ -101,7 +111,8 @@ def run_tamis(args, prompts) -> dict:
     llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
               skip_tokenizer_init=True, max_model_len=args.max_model_len,
               max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
+              kv_cache_memory_bytes=args.kv_cache_memory)
     startup = time.perf_counter() - t0
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                             detokenize=False)
@@ -121,7 +132,11 @@ def run_tamis(args, prompts) -> dict:
         profile = dict(profiled_seconds=time.perf_counter() - t1, **profiler.summary())
         llm.llm_engine.step = type(llm.llm_engine).step.__get__(llm.llm_engine)
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
-    result = dict(engine="tamis", seconds=elapsed, output_tokens=generated,
+    stats = llm.llm_engine.get_stats()
+    result = dict(engine="tamis", kv_cache=dict(dtype=args.kv_cache_dtype, cap=args.kv_cache_memory,
+                                                blocks=stats.num_total_blocks,
+                                                preemptions=stats.num_preemptions),
+                  seconds=elapsed, output_tokens=generated,
                   output_tok_s=generated / elapsed, startup_s=startup,
                   total_tok_s=(generated + sum(map(len, prompts))) / elapsed, profile=profile)
     if args.checks:
@@ -215,7 +230,7 @@ def print_table(rows: list[dict], args) -> None:
     if tamis and tamis.get("profile"):
         print(f"\nstep profile (second pass, instrumented): {json.dumps(tamis['profile'])}")
     if tamis:
-        print(f"tamis startup {tamis['startup_s']:.1f} s")
+        print(f"tamis startup {tamis['startup_s']:.1f} s; KV cache {tamis['kv_cache']}")
     if tamis and "allocated_after" in tamis:
         grow = tamis["allocated_after"] - tamis["allocated_before"]
         print(f"\nmemory: allocated {tamis['allocated_before']:,} B before, "
@@ -235,6 +250,9 @@ def main() -> None:
                         help="transformers runs only the first N requests (0: all); "
                              "saves device time, and its row says so")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="tamis's KV cache (auto, fp8, ...)")
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="cap on tamis's KV cache, e.g. 4GiB (default: profiled)")
     parser.add_argument("--checks", action="store_true", help="memory growth and KV stats")
     parser.add_argument("--step-profile", action="store_true",
                         help="a second, instrumented pass: time per step phase")
