@@ -11,8 +11,9 @@ y[m, n] = sum over K groups g of x_scale[m, g] * s[n//bn, g] * (x_q[m, g] . weig
 The scales multiply each group's partial dot product, so the FP8 dot runs on raw codes and
 accumulates in fp32, as DeepSeek's and vLLM's ``w8a8_block_fp8_matmul`` do.
 
-- ``per_token_group_quant_fp8``: ``scale = max(amax(group), 1e-10) / 448``,
-  ``x_q = clamp(x / scale)`` (vLLM's and DeepSeek's act_quant).
+- ``per_token_group_quant_fp8`` (Triton on CUDA, ``_ref`` otherwise):
+  ``scale = max(amax(group), 1e-10) / 448``, ``x_q = clamp(x / scale)`` (vLLM's and
+  DeepSeek's act_quant).
 - ``w8a8_block_fp8_matmul_ref`` computes the formula above in fp32; the Triton kernel
   (``w8a8_block_fp8_matmul_triton``, over ``kernels/scaled_mm.py``) must match it within
   fp32 summation order.
@@ -26,9 +27,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels._triton import use_triton
+from tamis.kernels._triton import kernel, triton_available, use_triton
 from tamis.kernels.fp8 import FP8_DTYPE, FP8_MAX, fp8_supported
 from tamis.kernels.scaled_mm import scaled_mm_triton
+
+if triton_available():
+    import triton.language as tl
 
 GROUP_EPS = 1e-10  # amax floor: an all-zero group gets a tiny scale, not a division by zero
 
@@ -40,12 +44,51 @@ def _pad_to_groups(x: torch.Tensor, group: int) -> torch.Tensor:
     return padded.unflatten(-1, (-1, group))
 
 
-def per_token_group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_group_quant_fp8_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (float8 [M, K], float32 scales [M, ceil(K/group)])."""
     grouped = _pad_to_groups(x.float(), group)
     scale = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=GROUP_EPS) / FP8_MAX
     q = (grouped / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :x.shape[-1]], scale.squeeze(-1)
+
+
+@kernel
+def _group_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
+                            FP8_MAX_C: tl.constexpr, EPS: tl.constexpr, GROUP: tl.constexpr):
+    """One program per (row, K group): the group's scale and its float8 codes."""
+    row = tl.program_id(0)
+    group = tl.program_id(1)
+    offs = group * GROUP + tl.arange(0, GROUP)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    # div_rn: IEEE division as torch does it (Triton's "/" on fp32 is approximate).
+    scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), EPS), FP8_MAX_C)
+    q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_C, FP8_MAX_C)
+    tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * stride_s + group, scale)
+
+
+def per_token_group_quant_fp8_triton(x: torch.Tensor, group: int,
+                                     codes_dtype: torch.dtype = FP8_DTYPE
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton path of ``per_token_group_quant_fp8_ref`` (same contract; group a power of 2).
+    ``codes_dtype=torch.float32`` returns the clamped ``x / scale`` before the float8
+    rounding: the interpreter's fp32 -> e4m3 conversion is wrong near binade edges
+    (124.5 -> 64), so CPU tests round those with torch."""
+    m, k = x.shape
+    groups = -(-k // group)
+    q = torch.empty((m, k), dtype=codes_dtype, device=x.device)
+    scale = torch.empty((m, groups), dtype=torch.float32, device=x.device)
+    _group_quant_fp8_kernel[(m, groups)](x, q, scale, k, x.stride(0), q.stride(0),
+                                         scale.stride(0), FP8_MAX_C=FP8_MAX, EPS=GROUP_EPS,
+                                         GROUP=group)
+    return q, scale
+
+
+def per_token_group_quant_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        return per_token_group_quant_fp8_triton(x, group)
+    return per_token_group_quant_fp8_ref(x, group)
 
 
 def expand_block_scales(scale_inv: torch.Tensor, shape: tuple[int, int],

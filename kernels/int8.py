@@ -8,6 +8,8 @@ x             [M, K] -> x_q int8 [M, K], x_scale float32 [M, 1]
               x_scale = amax(row) / 127, x_q = round(x / x_scale)  (half to even)
 y[m, n] = x_scale[m] * weight_scale[n] * sum_k x_q[m, k] * weight[n, k]   (exact in int32)
 ```
+- ``per_token_quant_int8`` (Triton on CUDA, ``_ref`` otherwise) computes the scales
+  and codes above.
 - ``int8_scaled_mm_ref``: the integer dot computed exactly (float64 holds any int8 dot
   of K < 2**38 terms exactly), then the scales: the reference for the kernel.
 - ``int8_scaled_mm_triton``: ``tl.dot`` on int8 with int32 accumulation, scales in the
@@ -24,19 +26,63 @@ from __future__ import annotations
 
 import torch
 
-from tamis.kernels._triton import use_triton
+from tamis.kernels._triton import kernel, next_power_of_2, triton_available, use_triton
 from tamis.kernels.scaled_mm import scaled_mm_triton
+
+if triton_available():
+    import triton.language as tl
 
 INT8_MAX = 127.0
 _MIN_SCALE = 1e-10 / INT8_MAX  # keeps all-zero rows finite
 
 
-def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def per_token_quant_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (int8 [M, K], float32 scales [M, 1]), symmetric, one scale per row."""
     x = x.float()
     scale = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=_MIN_SCALE)
     q = torch.round(x / scale).clamp(-128, INT8_MAX).to(torch.int8)
     return q, scale
+
+
+@kernel
+def _per_token_quant_int8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
+                                 MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    amax = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    # div_rn: IEEE division as torch does it (Triton's "/" on fp32 is approximate).
+    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), MIN_SCALE)
+    tl.store(s_ptr + row, scale)
+    for k0 in range(0, K, BLOCK):
+        offs = k0 + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
+        # Adding and removing 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round
+        # does (libdevice's rint has no interpreter version).
+        v = tl.math.div_rn(x.to(tl.float32), scale)
+        rounded = (v + 12582912.0) - 12582912.0
+        q = tl.clamp(rounded, -128.0, 127.0)
+        tl.store(q_ptr + row * stride_q + offs, q.to(tl.int8), mask=offs < K)
+
+
+def per_token_quant_int8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Triton path of ``per_token_quant_int8_ref`` (same contract); x must be 2-D."""
+    m, k = x.shape
+    q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+    scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+    block = min(next_power_of_2(k), 4096)
+    _per_token_quant_int8_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0),
+                                       MIN_SCALE=_MIN_SCALE, BLOCK=block,
+                                       num_warps=4 if block <= 2048 else 8)
+    return q, scale
+
+
+def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        return per_token_quant_int8_triton(x)
+    return per_token_quant_int8_ref(x)
 
 
 def int8_scaled_mm_ref(x_q: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,

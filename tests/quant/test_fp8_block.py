@@ -18,6 +18,8 @@ import torch
 
 from formats import load_layer, make_layer, quantize_block_fp8, write_quantized_checkpoint
 from tamis.kernels.fp8_block import (dequantize_block_fp8, per_token_group_quant_fp8,
+                                     per_token_group_quant_fp8_ref,
+                                     per_token_group_quant_fp8_triton,
                                      w8a8_block_fp8_matmul_ref, w8a8_block_fp8_matmul_triton)
 from tamis.quant import get_quant_config
 from tamis.quant.fp8_block import Fp8BlockConfig
@@ -44,7 +46,7 @@ def _random_fp8_weight(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_group_quant_scales_each_group_of_128(k):
     x = torch.randn(6, k) * torch.linspace(0.1, 10, k)
     x[2, :128] = 0.0                                    # an all-zero group stays finite
-    codes, scales = per_token_group_quant_fp8(x, 128)
+    codes, scales = per_token_group_quant_fp8_ref(x, 128)
     assert codes.shape == (6, k) and scales.shape == (6, -(-k // 128))
     for g in range(scales.shape[1]):
         group = x[:, g * 128:(g + 1) * 128]
@@ -54,6 +56,20 @@ def test_group_quant_scales_each_group_of_128(k):
         # e4m3 keeps 3 mantissa bits: relative error at most 2**-4 per element.
         assert ((dequant - group).abs() <= group.abs() / 16 + 1e-12).all()
     assert codes[:, :].float().abs().max() <= 448.0
+
+
+@pytest.mark.parametrize("m,k", [(1, 128), (6, 200), (3, 384)])
+def test_triton_group_quant_matches_reference(m, k):
+    """Interpreted on CPU: the same scales, and the same codes bit for bit once the
+    kernel's fp32 quotients are rounded to e4m3 by torch (the interpreter's own float8
+    conversion is wrong; the GPU test checks the kernel's float8 codes)."""
+    x = torch.randn(m, k) * torch.linspace(0.1, 10, k)
+    x[0, :128] = 0.0
+    quotients, scales = per_token_group_quant_fp8_triton(x, 128, codes_dtype=torch.float32)
+    ref_codes, ref_scales = per_token_group_quant_fp8_ref(x, 128)
+    assert torch.equal(scales, ref_scales)
+    codes = quotients.to(torch.float8_e4m3fn)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
 
 
 def test_matmul_reference_is_the_dequantized_product():
@@ -102,7 +118,10 @@ def test_triton_kernel_on_gpu_at_llama_shapes(m):
     weight, scale_inv = _random_fp8_weight(n, k)
     weight, scale_inv = weight.cuda(), scale_inv.cuda()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    x_q, x_scale = per_token_group_quant_fp8(x, 128)
+    x_q, x_scale = per_token_group_quant_fp8_ref(x, 128)
+    codes, scales = per_token_group_quant_fp8(x, 128)          # the Triton quantizer
+    assert torch.equal(scales, x_scale)
+    assert torch.equal(codes.view(torch.uint8), x_q.view(torch.uint8))
     expected = w8a8_block_fp8_matmul_ref(x_q, x_scale, weight, scale_inv, BLOCK, torch.float32)
     out = block_fp8_linear(x, weight, scale_inv, BLOCK)
     torch.testing.assert_close(out.float(), expected, rtol=1.6e-2, atol=1e-2)

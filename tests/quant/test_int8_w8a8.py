@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from formats import load_layer, make_layer, quantize_int8_per_channel, write_quantized_checkpoint
-from tamis.kernels.int8 import (int8_scaled_mm_ref, int8_scaled_mm_triton, per_token_quant_int8)
+from tamis.kernels.int8 import (int8_scaled_mm_ref, int8_scaled_mm_triton, per_token_quant_int8,
+                               per_token_quant_int8_ref, per_token_quant_int8_triton)
 from tamis.quant.compressed_tensors import CompressedTensorsConfig
 from test_roundtrip import PROMPT, _tamis_logits, _tamis_model
 
@@ -48,7 +49,7 @@ def fake_quant_per_token(x: torch.Tensor, levels: float = 127.0) -> torch.Tensor
 def test_per_token_quant_uses_the_row_amax():
     x = torch.randn(7, 96) * torch.rand(7, 1) * 5
     x[3] = 0.0
-    codes, scale = per_token_quant_int8(x)
+    codes, scale = per_token_quant_int8_ref(x)
     assert codes.dtype == torch.int8 and scale.shape == (7, 1)
     expected = x.abs().amax(dim=1, keepdim=True) / 127.0
     nonzero = torch.arange(7) != 3
@@ -56,6 +57,19 @@ def test_per_token_quant_uses_the_row_amax():
     assert (codes[nonzero].float().abs().amax(dim=1) == 127).all()
     assert (codes[3] == 0).all() and torch.isfinite(scale).all()
     assert ((codes.float() * scale - x).abs() <= scale * (0.5 + 1e-5)).all()
+
+
+def test_triton_quant_matches_reference_on_ties():
+    """Interpreted on CPU. Row 0 has amax 127 (scale 1), so its .5 values are exact ties,
+    which round half to even as torch.round does."""
+    x = torch.randn(4, 300) * 3
+    x[0, :8] = torch.tensor([127.0, 0.5, 1.5, 2.5, -0.5, -2.5, 126.5, -3.5])
+    x[0, 8:] = x[0, 8:].clamp(-100, 100)
+    x[2] = 0.0
+    codes, scale = per_token_quant_int8_triton(x)
+    ref_codes, ref_scale = per_token_quant_int8_ref(x)
+    assert torch.equal(scale, ref_scale) and torch.equal(codes, ref_codes)
+    assert codes[0, :8].tolist() == [127, 0, 2, 2, 0, -2, 126, -4]
 
 
 def test_reference_matmul_is_exact_integer_dot():
@@ -86,7 +100,9 @@ def test_triton_kernel_on_gpu_at_llama_shapes(m):
     weight, w_scale = quantize_int8_per_channel(torch.randn(n, k) * 0.02)
     weight, w_scale = weight.cuda(), w_scale.cuda()
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    x_q, x_scale = per_token_quant_int8(x)
+    x_q, x_scale = per_token_quant_int8_ref(x)
+    codes, scales = per_token_quant_int8(x)                    # the Triton quantizer
+    assert torch.equal(scales, x_scale) and torch.equal(codes, x_q)
     expected = int8_scaled_mm_ref(x_q, x_scale, weight, w_scale, torch.float32)
     torch.testing.assert_close(int8_linear(x, weight, w_scale).float(), expected,
                                rtol=1.6e-2, atol=1e-2)
