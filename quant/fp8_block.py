@@ -27,6 +27,7 @@ from tamis.kernels.fp8_block import block_fp8_linear, dequantize_block_fp8
 from tamis.quant.base import (add_param, is_layer_skipped, require, shard_index_of,
                               unquantized_method)
 from tamis.quant.dummy import fp8_scale_init, fp8_weight_init
+from tamis.quant.fp8 import check_fp8_device
 
 SUPPORTED_BLOCK = [128, 128]
 
@@ -100,9 +101,7 @@ class Fp8BlockLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         require(not torch.isnan(layer.weight_scale_inv).any(), layer,
                 "weight_scale_inv was not loaded")
-        device = layer.weight.device
-        require(device.type in ("cpu", "cuda"), layer,
-                f"FP8 weights are supported on CPU and CUDA devices, not {device.type!r}")
+        check_fp8_device(layer, layer.weight.device)
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -53,8 +53,10 @@ def test_group_quant_scales_each_group_of_128(k):
         amax = group.abs().amax(dim=1).clamp(min=1e-10)
         torch.testing.assert_close(scales[:, g], amax / 448.0, rtol=0, atol=0)
         dequant = codes[:, g * 128:(g + 1) * 128].float() * scales[:, g:g + 1]
-        # e4m3 keeps 3 mantissa bits: relative error at most 2**-4 per element.
-        assert ((dequant - group).abs() <= group.abs() / 16 + 1e-12).all()
+        # e4m3 keeps 3 mantissa bits: relative error at most 2**-4, and at most half
+        # the subnormal step 2**-9 of the scale below e4m3's normal range.
+        bound = group.abs() / 16 + scales[:, g:g + 1] * 2.0**-10
+        assert ((dequant - group).abs() <= bound).all()
     assert codes[:, :].float().abs().max() <= 448.0
 
 
