@@ -73,7 +73,12 @@ if tl is not None:
     @kernel
     def _store_kv_kernel(key_ptr, value_ptr, cache_ptr, slot_ptr, num_heads, head_dim,
                          key_tok_stride, key_head_stride, value_tok_stride, value_head_stride,
-                         values_offset, HEADS: tl.constexpr, DIM: tl.constexpr):
+                         values_offset, k_inv_scale, v_inv_scale, HEADS: tl.constexpr,
+                         DIM: tl.constexpr, FP8: tl.constexpr):
+        """FP8: ``cache_ptr`` is the cache's bytes (a uint8 view) and e4m3 is encoded with
+        integer ops, rounding to nearest-even as torch's cast does: Triton's interpreter
+        truncates in its float8 cast (126.4 -> 64), so this is the one path both the CPU
+        tests and the GPU run."""
         tok = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
@@ -83,36 +88,20 @@ if tl is not None:
             k = tl.load(key_ptr + tok * key_tok_stride + h * key_head_stride + d, mask=mask)
             v = tl.load(value_ptr + tok * value_tok_stride + h * value_head_stride + d,
                         mask=mask)
+            if FP8:
+                x = tl.join(k.to(tl.float32) * k_inv_scale, v.to(tl.float32) * v_inv_scale)
+                x = tl.minimum(tl.maximum(x, -448.0), 448.0)
+                bits = x.to(tl.int32, bitcast=True)
+                mag = bits & 0x7FFFFFFF
+                # Normal (|x| >= 2^-6): keep 3 mantissa bits, rebias the exponent 127 -> 7.
+                normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
+                # Subnormal: a multiple of 2^-9; adding 1.5 * 2^23 rounds to an integer (RNE).
+                subnormal = ((tl.abs(x) * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)
+                code = tl.where(mag < 0x3C800000, subnormal, normal) | ((bits >> 24) & 0x80)
+                k, v = tl.split(code)
             dst = cache_ptr + slot * num_heads * head_dim + h * head_dim + d
             tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
             tl.store(dst + values_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)
-
-    @kernel
-    def _store_fp8_kernel(src_ptr, cache_ptr, slot_ptr, num_heads, head_dim, tok_stride,
-                          head_stride, inv_scale, HEADS: tl.constexpr, DIM: tl.constexpr):
-        """One of key/value into the bytes (uint8 view) of its half of an e4m3 cache.
-
-        e4m3 is encoded with integer ops, rounding to nearest-even as torch's cast does:
-        Triton's interpreter truncates in its float8 cast (126.4 -> 64), so this is the
-        one path the CPU tests can check and the GPU runs."""
-        tok = tl.program_id(0).to(tl.int64)
-        slot = tl.load(slot_ptr + tok).to(tl.int64)
-        if slot >= 0:
-            h = tl.arange(0, HEADS)[:, None]
-            d = tl.arange(0, DIM)[None, :]
-            mask = (h < num_heads) & (d < head_dim)
-            x = tl.load(src_ptr + tok * tok_stride + h * head_stride + d, mask=mask)
-            x = tl.minimum(tl.maximum(x.to(tl.float32) * inv_scale, -448.0), 448.0)
-            bits = x.to(tl.int32, bitcast=True)
-            sign = (bits >> 24) & 0x80
-            mag = bits & 0x7FFFFFFF
-            # Normal (|x| >= 2^-6): keep 3 mantissa bits, rebias the exponent 127 -> 7.
-            normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
-            # Subnormal: a multiple of 2^-9; adding 1.5 * 2^23 rounds to an integer (RNE).
-            subnormal = ((tl.abs(x) * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)
-            code = tl.where(mag < 0x3C800000, subnormal, normal) | sign
-            dst = cache_ptr + slot * num_heads * head_dim + h * head_dim + d
-            tl.store(dst, code.to(tl.uint8), mask=mask)
 
 
 def store_kv_cache_triton(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -124,17 +113,12 @@ def store_kv_cache_triton(key: torch.Tensor, value: torch.Tensor, kv_cache: torc
     if key.shape[0] == 0:
         return
     heads, dim = kv_cache.shape[3:]
-    blocks = dict(HEADS=next_power_of_2(heads), DIM=next_power_of_2(dim), num_warps=4)
-    if is_fp8(kv_cache.dtype):
-        cache_bytes = kv_cache.view(torch.uint8)
-        for half, (src, scale) in enumerate(((key, k_scale), (value, v_scale))):
-            _store_fp8_kernel[(key.shape[0],)](
-                src, cache_bytes[half], slot_mapping, heads, dim, src.stride(0), src.stride(1),
-                1.0 / scale, **blocks)
-        return
+    fp8 = is_fp8(kv_cache.dtype)
     _store_kv_kernel[(key.shape[0],)](
-        key, value, kv_cache, slot_mapping, heads, dim, key.stride(0), key.stride(1),
-        value.stride(0), value.stride(1), kv_cache[0].numel(), **blocks)
+        key, value, kv_cache.view(torch.uint8) if fp8 else kv_cache, slot_mapping, heads, dim,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1), kv_cache[0].numel(),
+        1.0 / k_scale, 1.0 / v_scale, HEADS=next_power_of_2(heads), DIM=next_power_of_2(dim),
+        FP8=fp8, num_warps=4)
 
 
 def store_kv_cache(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
