@@ -133,3 +133,30 @@ def write_quantized_checkpoint(source, out, quantize, quantization_config: dict)
     config["quantization_config"] = quantization_config
     (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
+
+
+def greedy_pair(model_dir, reference, prompts: list[list[int]], max_tokens: int = 8):
+    """(tamis's, ``reference``'s) greedy continuations of ``prompts``, EOS ignored: tamis
+    through its paged engine (fp32, all prompts batched), the transformers ``reference``
+    one prompt at a time."""
+    from tamis import SamplingParams
+    from tamis.engine.engine import LLMEngine
+
+    engine = LLMEngine(model=str(model_dir), dtype="float32", kv_cache_memory_bytes="64MiB")
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+    ours = [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))]
+    theirs = []
+    for prompt in prompts:
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            out = reference.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                     max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                     pad_token_id=0)
+        theirs.append(out[0, len(prompt):].tolist())
+    assert all(len(tokens) == max_tokens for tokens in ours + theirs)
+    return ours, theirs

@@ -16,7 +16,8 @@ import os
 import pytest
 import torch
 
-from formats import load_layer, make_layer, quantize_block_fp8, write_quantized_checkpoint
+from formats import (greedy_pair, load_layer, make_layer, quantize_block_fp8,
+                     write_quantized_checkpoint)
 from tamis.kernels.fp8_block import (dequantize_block_fp8, per_token_group_quant_fp8,
                                      per_token_group_quant_fp8_ref,
                                      per_token_group_quant_fp8_triton,
@@ -220,3 +221,12 @@ def test_tiny_checkpoint_matches_transformers(block_fp8_model):
     logits = _tamis_logits(model, PROMPT)
     torch.testing.assert_close(logits, expected, atol=2e-4, rtol=0)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def test_tiny_checkpoint_greedy_tokens_match_transformers(block_fp8_model):
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(block_fp8_model, dtype=torch.float32).eval()
+    prompts = [PROMPT, PROMPT[:7], list(range(1000, 1021))]
+    ours, theirs = greedy_pair(block_fp8_model, reference, prompts)
+    assert ours == theirs

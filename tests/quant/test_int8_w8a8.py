@@ -14,7 +14,8 @@ import subprocess
 import pytest
 import torch
 
-from formats import load_layer, make_layer, quantize_int8_per_channel, write_quantized_checkpoint
+from formats import (greedy_pair, load_layer, make_layer, quantize_int8_per_channel,
+                     write_quantized_checkpoint)
 from tamis.kernels.int8 import (int8_scaled_mm_ref, int8_scaled_mm_triton, per_token_quant_int8,
                                per_token_quant_int8_ref, per_token_quant_int8_triton)
 from tamis.quant.compressed_tensors import CompressedTensorsConfig
@@ -180,6 +181,12 @@ def test_tiny_checkpoint_matches_the_w8a8_math(int8_model):
     logits = _tamis_logits(model, PROMPT)
     torch.testing.assert_close(logits, expected, atol=2e-4, rtol=0)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def test_tiny_checkpoint_greedy_tokens_match_the_w8a8_math(int8_model):
+    prompts = [PROMPT, PROMPT[:7], list(range(1000, 1021))]
+    ours, theirs = greedy_pair(int8_model, _fake_quant_reference(int8_model), prompts)
+    assert ours == theirs
 
 
 _COMPRESSED_TENSORS_RUN = """
