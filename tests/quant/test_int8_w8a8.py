@@ -201,9 +201,20 @@ torch.save({"logits": logits, "weights": weights}, sys.argv[3])
 """
 
 
-def _run_compressed_tensors(model_dir, out):
-    """transformers + compressed-tensors (library venv) on ``model_dir``: logits of PROMPT
-    and the decompressed weight of every decoder linear."""
+_LLMCOMPRESSOR_W8A8 = """
+import sys, torch
+from llmcompressor import oneshot
+from llmcompressor.modifiers.quantization import QuantizationModifier
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="W8A8",
+                                                 ignore=["lm_head"]))
+model.save_pretrained(sys.argv[2], save_compressed=True)
+"""
+
+
+def _in_library_venv(script: str, *args: str) -> None:
+    """Runs ``script`` with the library venv's python (compressed-tensors, llm-compressor)."""
     from libraries import LibraryUnavailable, library_python
     try:
         python = library_python()
@@ -211,28 +222,53 @@ def _run_compressed_tensors(model_dir, out):
         if os.environ.get("TAMIS_REQUIRE_QUANT_LIBS") == "1":
             raise
         pytest.skip(f"quantization libraries unavailable (needs PyPI access once): {exc}")
-    proc = subprocess.run([str(python), "-c", _COMPRESSED_TENSORS_RUN, str(model_dir),
-                           json.dumps(PROMPT), str(out)], capture_output=True, text=True,
+    proc = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def _run_compressed_tensors(model_dir, out):
+    """transformers + compressed-tensors on ``model_dir``: logits of PROMPT and the
+    decompressed weight of every decoder linear."""
+    _in_library_venv(_COMPRESSED_TENSORS_RUN, str(model_dir), json.dumps(PROMPT), str(out))
     return torch.load(out)
 
 
-@pytest.mark.network   # the library venv (compressed-tensors) is built from PyPI on first use
-def test_tiny_checkpoint_matches_compressed_tensors(int8_model, tmp_path):
+def _check_against_compressed_tensors(model_dir, out):
     """compressed-tensors decompresses to exactly tamis's weights, and its forward is the
-    fake-quant reference with its amax / 127.5 grid, bit for bit; tamis runs the same math
-    on vLLM's amax / 127 grid (kernels/int8.py says why), checked above against the
-    reference on that grid, so here the logits are only close."""
+    fake-quant reference on its amax / 127.5 grid, bit for bit; tamis runs the same math
+    on vLLM's amax / 127 grid (kernels/int8.py says why), equal to the reference on that
+    grid, so against compressed-tensors the logits are only close."""
     from test_roundtrip import _tamis_weight
 
-    library = _run_compressed_tensors(int8_model, tmp_path / "run.pt")
-    model = _tamis_model(int8_model)
+    library = _run_compressed_tensors(model_dir, out)
+    model = _tamis_model(model_dir)
+    assert type(model.model.layers[0].self_attn.qkv_proj.quant_method).__name__ == \
+        "Int8W8A8LinearMethod"
     assert len(library["weights"]) == 14
     for name, weight in library["weights"].items():
-        dense = _tamis_weight(model, name)
-        assert torch.equal(dense, weight), name
+        assert torch.equal(_tamis_weight(model, name), weight), name
+    prompt = torch.tensor([PROMPT])
     with torch.no_grad():
-        on_its_grid = _fake_quant_reference(int8_model, 127.5)(torch.tensor([PROMPT])).logits[0]
+        on_its_grid = _fake_quant_reference(model_dir, 127.5)(prompt).logits[0]
+        on_ours = _fake_quant_reference(model_dir)(prompt).logits[0]
     torch.testing.assert_close(library["logits"], on_its_grid, atol=1e-5, rtol=0)
-    torch.testing.assert_close(_tamis_logits(model, PROMPT), library["logits"], atol=0.3, rtol=0)
+    logits = _tamis_logits(model, PROMPT)
+    torch.testing.assert_close(logits, on_ours, atol=2e-4, rtol=0)
+    torch.testing.assert_close(logits, library["logits"], atol=0.3, rtol=0)
+
+
+@pytest.mark.network   # the library venv is built from PyPI on first use
+def test_tiny_checkpoint_matches_compressed_tensors(int8_model, tmp_path):
+    _check_against_compressed_tensors(int8_model, tmp_path / "run.pt")
+
+
+@pytest.mark.network
+def test_llm_compressor_w8a8_checkpoint_loads(tiny_checkpoint, tmp_path):
+    """llm-compressor's W8A8 preset (RTN) writes the checkpoint: tamis reads it as
+    compressed-tensors does."""
+    written = tmp_path / "llmc-w8a8"
+    _in_library_venv(_LLMCOMPRESSOR_W8A8, str(tiny_checkpoint("llama")), str(written))
+    config = json.loads((written / "config.json").read_text())["quantization_config"]
+    assert config["format"] == "int-quantized"
+    _check_against_compressed_tensors(written, tmp_path / "run.pt")
