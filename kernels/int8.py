@@ -47,24 +47,20 @@ def per_token_quant_int8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 @kernel
 def _per_token_quant_int8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q,
                                  MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row, the whole row in registers (one read of x, as SGLang's
+    per_token_quant_int8)."""
     row = tl.program_id(0)
-    amax = tl.zeros((BLOCK,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK):
-        offs = k0 + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    offs = tl.arange(0, BLOCK)
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     # div_rn: IEEE division as torch does it (Triton's "/" on fp32 is approximate).
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 127.0), MIN_SCALE)
+    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 127.0), MIN_SCALE)
+    # Adding and removing 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round
+    # does (libdevice's rint has no interpreter version).
+    rounded = (tl.math.div_rn(x, scale) + 12582912.0) - 12582912.0
+    q = tl.clamp(rounded, -128.0, 127.0)
+    tl.store(q_ptr + row * stride_q + offs, q.to(tl.int8), mask=mask)
     tl.store(s_ptr + row, scale)
-    for k0 in range(0, K, BLOCK):
-        offs = k0 + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
-        # Adding and removing 1.5 * 2**23 rounds |v| < 2**22 half to even, as torch.round
-        # does (libdevice's rint has no interpreter version).
-        v = tl.math.div_rn(x.to(tl.float32), scale)
-        rounded = (v + 12582912.0) - 12582912.0
-        q = tl.clamp(rounded, -128.0, 127.0)
-        tl.store(q_ptr + row * stride_q + offs, q.to(tl.int8), mask=offs < K)
 
 
 def per_token_quant_int8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,10 +68,10 @@ def per_token_quant_int8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     m, k = x.shape
     q = torch.empty((m, k), dtype=torch.int8, device=x.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
-    block = min(next_power_of_2(k), 4096)
+    block = next_power_of_2(k)
     _per_token_quant_int8_kernel[(m,)](x, q, scale, k, x.stride(0), q.stride(0),
                                        MIN_SCALE=_MIN_SCALE, BLOCK=block,
-                                       num_warps=4 if block <= 2048 else 8)
+                                       num_warps=min(max(block // 256, 1), 8))
     return q, scale
 
 
