@@ -135,7 +135,7 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Ten
     """x [..., K] -> [..., N]. W8A8 (per-token-group activations) on an FP8 GPU; elsewhere
     ``dense`` (the dequantized weight in x's dtype, computed here when not given)."""
     n, k = weight.shape
-    if use_triton(x) and fp8_supported(x.device):
+    if use_triton(x) and x.numel() and fp8_supported(x.device):
         x2 = x.reshape(-1, k)
         x_q, x_scale = per_token_group_quant_fp8(x2, block[1])
         out = w8a8_block_fp8_matmul_triton(x_q, x_scale, weight, scale_inv, block, x.dtype)

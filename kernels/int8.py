@@ -76,7 +76,7 @@ def per_token_quant_int8_triton(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def per_token_quant_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_triton(x):
+    if use_triton(x) and x.numel():
         return per_token_quant_int8_triton(x)
     return per_token_quant_int8_ref(x)
 
@@ -100,7 +100,7 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
     """x [..., K] -> [..., N] in x's dtype: W8A8 with dynamic per-token activations."""
     n, k = weight.shape
     x_q, x_scale = per_token_quant_int8(x.reshape(-1, k))
-    matmul = int8_scaled_mm_triton if use_triton(x) else int8_scaled_mm_ref
+    matmul = int8_scaled_mm_triton if use_triton(x) and x.numel() else int8_scaled_mm_ref
     out = matmul(x_q, x_scale, weight, weight_scale, x.dtype)
     if bias is not None:
         out = out + bias.to(out.dtype)
