@@ -141,3 +141,34 @@ def test_triton_backend_matches_torch_backend_on_fp8(contexts, queries):
                                                               **scales)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert torch.equal(_bits(cache), _bits(torch_cache)), "both must store the same bytes"
+
+
+@pytest.mark.gpu
+def test_fp8_cache_real_shapes_on_gpu():
+    """Compiled kernels, Llama-3.1-8B heads, bf16 queries: the store writes torch's bytes and
+    decode / prefill over the e4m3 cache equal the reference."""
+    case = make_case([0, 100, 1000, 2047, 15], [512, 1, 300, 1, 64], num_heads=32,
+                     num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+                     device="cuda")
+    key = torch.randn(777, 8, 128, dtype=torch.bfloat16, device="cuda") * 10
+    value = torch.randn_like(key) * 10
+    slots = torch.randperm(case.kv_cache[0, :, :, 0, 0].numel(), device="cuda")[:777]
+    want, got = torch.zeros_like(case.kv_cache, dtype=FP8), torch.zeros_like(case.kv_cache, dtype=FP8)
+    store_kv_cache_ref(key, value, want, slots, K_SCALE, V_SCALE)
+    store_kv_cache_triton(key, value, got, slots, K_SCALE, V_SCALE)
+    assert torch.equal(_bits(got), _bits(want))
+
+    fp8 = _fp8_cache(case.kv_cache)
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    args = (case.query_start_loc, case.seq_lens, case.block_tables, 128 ** -0.5)
+    torch.testing.assert_close(
+        paged_attention_prefill_triton(case.q, fp8, *args, max_query_len=case.max_query_len,
+                                       **scales),
+        paged_attention_prefill_ref(case.q, fp8, *args, **scales), atol=2e-2, rtol=2e-2)
+    decode = make_case([1, 17, 2048, 4000], [1, 1, 1, 1], num_heads=32, num_kv_heads=8,
+                       head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    fp8 = _fp8_cache(decode.kv_cache)
+    args = (decode.seq_lens, decode.block_tables, 128 ** -0.5)
+    torch.testing.assert_close(paged_attention_decode_triton(decode.q, fp8, *args, **scales),
+                               paged_attention_decode_ref(decode.q, fp8, *args, **scales),
+                               atol=2e-2, rtol=2e-2)
