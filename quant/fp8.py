@@ -65,7 +65,7 @@ class Fp8Config(QuantizationConfig):
         return Fp8LinearMethod(static=self.activation_scheme == "static")
 
 
-def _per_channel_scale_loader(layer: nn.Module):
+def per_channel_scale_loader(layer: nn.Module):
     """Loads a shard's weight_scale, scalar or per-channel, into the [N] vector."""
     def load(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
         offset, size = shard_slice(layer, shard_id)
@@ -107,7 +107,7 @@ class Fp8LinearMethod(LinearMethodBase):
         add_param(layer, "weight", torch.empty(n, input_size, dtype=FP8_DTYPE),
                   input_dim=1, output_dim=0, dummy_init=fp8_weight_init)
         add_param(layer, "weight_scale", torch.full((n,), float("nan"), dtype=torch.float32),
-                  output_dim=0, weight_loader=_per_channel_scale_loader(layer),
+                  output_dim=0, weight_loader=per_channel_scale_loader(layer),
                   dummy_init=fp8_scale_init)
         if self.static:
             add_param(layer, "input_scale",

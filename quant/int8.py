@@ -18,7 +18,7 @@ from torch import nn
 from tamis.engine.layers.quant_method import LinearMethodBase
 from tamis.kernels.int8 import int8_linear
 from tamis.quant.base import add_param, require
-from tamis.quant.fp8 import _per_channel_scale_loader
+from tamis.quant.fp8 import per_channel_scale_loader
 
 SUPPORTED = ("INT8 W8A8 with symmetric per-channel int8 weights and dynamic symmetric "
              "per-token int8 activations")
@@ -56,7 +56,7 @@ class Int8W8A8LinearMethod(LinearMethodBase):
         add_param(layer, "weight", torch.empty(n, input_size, dtype=torch.int8),
                   input_dim=1, output_dim=0)
         add_param(layer, "weight_scale", torch.full((n,), float("nan"), dtype=torch.float32),
-                  output_dim=0, weight_loader=_per_channel_scale_loader(layer),
+                  output_dim=0, weight_loader=per_channel_scale_loader(layer),
                   dummy_init=_int8_scale_init)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
