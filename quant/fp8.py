@@ -48,8 +48,7 @@ class Fp8Config(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Fp8Config":
-        ignored = list(config.get("ignored_layers") or []) + list(
-            config.get("modules_to_not_convert") or [])
+        ignored = ignored_layers_of(config)
         return cls(is_checkpoint_fp8_serialized=True,
                    activation_scheme=config.get("activation_scheme", "dynamic"),
                    ignored_layers=ignored, weight_block_size=config.get("weight_block_size"))
@@ -166,3 +165,9 @@ def quantize_weight_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torc
     scale = weight.float().abs().max() / FP8_MAX
     scale = scale if scale > 0 else torch.ones_like(scale)
     return quantize_fp8(weight, scale), scale
+
+
+def ignored_layers_of(config: dict[str, Any]) -> list[str]:
+    """The layers a quantization_config leaves unquantized, under either of its names."""
+    return list(config.get("ignored_layers") or []) + list(
+        config.get("modules_to_not_convert") or [])

@@ -27,7 +27,7 @@ from tamis.kernels.fp8_block import block_fp8_linear, dequantize_block_fp8
 from tamis.quant.base import (add_param, is_layer_skipped, require, shard_index_of,
                               unquantized_method)
 from tamis.quant.dummy import fp8_scale_init, fp8_weight_init
-from tamis.quant.fp8 import check_fp8_device
+from tamis.quant.fp8 import check_fp8_device, ignored_layers_of
 
 SUPPORTED_BLOCK = [128, 128]
 
@@ -48,8 +48,7 @@ class Fp8BlockConfig(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Fp8BlockConfig":
-        ignored = list(config.get("ignored_layers") or []) + list(
-            config.get("modules_to_not_convert") or [])
+        ignored = ignored_layers_of(config)
         return cls(config["weight_block_size"], config.get("activation_scheme", "dynamic"),
                    ignored)
 
