@@ -15,7 +15,7 @@ S depends only on (B, Hkv, the device), never on the lengths, so a captured CUDA
 stays valid for any lengths; slices past a sequence's end do no work. A sequence with
 seq_len 0 (a padding row of a captured batch) gets zeros. Sliding window W: keys
 ``j >= seq_len - W``. Soft cap C: scores ``C * tanh(s / C)`` (as in attention_prefill).
-An FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/cache.py).
+An FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/kv_quant.py).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import torch
 from tamis.kernels import pdl
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
 from tamis.kernels.attention_prefill import attend_ref, gather_kv, check_paged_inputs
-from tamis.kernels.cache import is_fp8
+from tamis.kernels.kv_quant import is_fp8
 
 try:
     import triton

@@ -12,7 +12,7 @@
 
 GQA: query head h reads KV head ``h // (Hq // Hkv)``. The new tokens' K/V must already be
 in the cache (``store_kv_cache`` first). A cache in another dtype than q is read as q's
-dtype; an FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/cache.py). Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
+dtype; an FP8 cache is read as ``x * k_scale`` / ``x * v_scale`` (see kernels/kv_quant.py). Output ``[T, Hq, D]`` in q's dtype; softmax in float32. A query with no visible key (impossible for valid metadata) gets zeros.
 With ``soft_cap`` C each scaled score s becomes ``C * tanh(s / C)`` before the softmax
 (Gemma 2's attention logit soft-capping).
 """
@@ -23,7 +23,7 @@ import math
 import torch
 
 from tamis.kernels._triton import kernel, next_power_of_2, use_triton
-from tamis.kernels.cache import dequantize_kv, is_fp8
+from tamis.kernels.kv_quant import dequantize_kv, is_fp8
 
 try:
     import triton

@@ -34,7 +34,7 @@ class AttentionBackend(ABC):
         keys at positions j with i - W < j <= i (transformers' convention). With
         ``soft_cap`` C the scaled scores s become ``C * tanh(s / C)`` before the softmax
         (Gemma 2's attention logit soft-capping). An FP8 cache stores ``k / k_scale`` and
-        ``v / v_scale`` and reads them back multiplied (``tamis.kernels.cache``); other
+        ``v / v_scale`` and reads them back multiplied (``tamis.kernels.kv_quant``); other
         cache dtypes ignore the scales.
         Returns [T, Hq, D] in q's dtype. ``kv_cache=None`` (no cache, e.g. a profiling
         pass) attends over the new tokens only and requires no cached prefix.

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from tamis.engine.attention.backends import AttentionBackend
 from tamis.engine.attention.metadata import AttentionMetadata
-from tamis.kernels.cache import dequantize_kv, is_fp8, quantize_kv
+from tamis.kernels.kv_quant import dequantize_kv, is_fp8, quantize_kv
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
