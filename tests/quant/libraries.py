@@ -9,7 +9,7 @@ installed on top (its own site-packages come first on sys.path).
 else ``<tamis cache>/venvs/quant-libs-<tag>`` (created on first use, with pip from PyPI;
 about a minute). The cache outlives the environment that made it (a clone deleted, a
 checkout moved), so every call rewrites the .pth to name the running environment's
-packages: a .pth naming a gone environment hid torch from the scripts (CI, session 22).
+packages: a .pth naming a gone environment hid torch from the scripts once in CI.
 ``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there, caching each
 (kind, model) result under the same cache for the session.
 """
