@@ -34,7 +34,7 @@ from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
 from tamis.engine.inflight import LaunchedStep, is_pipelinable
 from tamis.engine.kv_cache import KVCacheManager
-from tamis.engine.loader import model_path, tokenizer_path
+from tamis.engine.loader import tokenizer_path
 from tamis.engine.output_processor import OutputProcessor, RequestGroup
 from tamis.engine.outputs import Logprob, RequestOutput
 from tamis.engine.request import Request, RequestStatus
@@ -56,7 +56,7 @@ class LLMEngine:
         self.runner = make_runner(self.config, self.device)
         self.hf_config = self.runner.hf_config
         self.vocab_size = self.runner.vocab_size
-        self.model_dir = model_path(self.config)
+        self.model_dir = self.runner.model_dir   # config.model resolved once, by the loader
         self.tokenizer = None
         if not self.config.skip_tokenizer_init:
             self.tokenizer = load_tokenizer(tokenizer_path(self.config, self.model_dir),

@@ -136,8 +136,9 @@ def gguf_folder(gguf_path: Path) -> Path:
 def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module, Any]:
     """Builds the model ``config.model`` names on ``device`` and fills its weights.
 
-    Returns ``(model, hf_config)`` with the model in eval mode and ``model.dtype`` set to
-    the compute dtype. Errors name the problem: unknown architecture (ValueError listing
+    Returns ``(model, hf_config)`` with the model in eval mode, ``model.dtype`` set to
+    the compute dtype and ``model.model_dir`` to the folder ``config.model`` resolved to
+    (a Hub id is resolved once, here). Errors name the problem: unknown architecture (ValueError listing
     the supported ones), missing path (FileNotFoundError), missing or unexpected tensor
     (ValueError naming the tensor).
     """
@@ -165,6 +166,7 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
         model.check_all_loaded(loaded)
     model.process_weights_after_loading()
     model.dtype = dtype
+    model.model_dir = model_dir
     return model.eval(), hf_config
 
 

@@ -73,6 +73,7 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.model, self.hf_config = load_model(config, device)
+        self.model_dir = self.model.model_dir
         self.dtype = getattr(self.model, "dtype", None) or resolve_dtype(config.dtype, device, self.hf_config)
         self.kv_spec = kv_cache_spec(self.hf_config)
         self.block_size = config.block_size
