@@ -181,9 +181,7 @@ class RowWorkers:
 
     def close(self) -> None:
         self._booting.join()
-        if self._workers is not None:
-            self._finalizer()
-        self._workers = None
+        self._stop()
 
     # ---- messages ------------------------------------------------------------------------
 
@@ -283,6 +281,10 @@ class RowWorkers:
     def _break(self, exc: Exception) -> None:
         logger.warning("mask row workers stopped (%s): rows are built in-process from now on", exc)
         self.broken = True
+        self._stop()
+
+    def _stop(self) -> None:
+        """Ends the worker processes, if they were started."""
         if self._workers is not None:
             self._finalizer()
         self._workers = None
