@@ -140,7 +140,8 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     the compute dtype and ``model.model_dir`` to the folder ``config.model`` resolved to
     (a Hub id is resolved once, here). Errors name the problem: unknown architecture (ValueError listing
     the supported ones), missing path (FileNotFoundError), missing or unexpected tensor
-    (ValueError naming the tensor).
+    (ValueError naming the tensor), a truncated or corrupt safetensors shard
+    (``CheckpointFileError``, a ValueError naming the file).
     """
     from transformers import AutoConfig
 
@@ -218,12 +219,42 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """Streams (name, tensor) shard by shard, so only one tensor is materialised at a time."""
-    from safetensors import safe_open
+class CheckpointFileError(ValueError):
+    """A checkpoint file that cannot be read as what its name says (a truncated or
+    corrupt safetensors shard); the message names the file and is one line."""
 
-    for file in safetensors_files(model_dir):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
+
+def open_safetensors(file: Path):
+    """``safe_open`` of one shard, on the CPU. A file that is not a whole safetensors
+    file (an interrupted download or copy, another format under the name) raises
+    ``CheckpointFileError`` naming it, instead of the library's bare header error."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(file), framework="pt", device="cpu")
+    except SafetensorError as exc:
+        raise CheckpointFileError(
+            f"{file}: not a complete safetensors file ({exc}); it is probably truncated "
+            f"(an interrupted download or copy): fetch or write it again") from None
+
+
+def check_safetensors_files(model_dir: Path) -> list[Path]:
+    """The folder's shards (``safetensors_files``), each opened once to check its header
+    against its size: ``CheckpointFileError`` names the first incomplete one. Reads the
+    headers only, not the tensors."""
+    files = safetensors_files(model_dir)
+    for file in files:
+        with open_safetensors(file):
+            pass
+    return files
+
+
+def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """Streams (name, tensor) shard by shard, so only one tensor is materialised at a time.
+    Every shard's header is checked before the first tensor is yielded, so a truncated
+    last shard fails the load before any weight is copied (``check_safetensors_files``)."""
+    for file in check_safetensors_files(model_dir):
+        with open_safetensors(file) as handle:
             for name in handle.keys():
                 yield name, handle.get_tensor(name)
 

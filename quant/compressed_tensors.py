@@ -20,7 +20,7 @@ in full precision.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from tamis.quant.wna16 import apply_wna16, finalize_wna16
 
 SUPPORTED = ("W4A16 / W8A16 int weights (pack-quantized), INT8 W8A8 (int-quantized) and "
              "FP8 W8A8 (float-quantized)")
+WNA16_BITS = (4, 8)
+WNA16_GROUP_SIZES = (32, 64, 128)   # as GPTQ; strategy "channel" is GPTQ's group size -1
+ACT_ORDERS = (None, "group", "dynamic", "weight", "static")
 
 
 class CompressedTensorsConfig(QuantizationConfig):
@@ -77,47 +80,82 @@ def _targets(targets: list[str], name: str) -> bool:
 
 
 def _parse_scheme(name: str, group: dict[str, Any], fmt: str | None) -> dict[str, Any]:
+    """One config group -> {name, targets, method factory}. Every setting tamis does not
+    run is a ValueError naming the group and the setting (type, format, num_bits,
+    strategy, group_size, ...), raised here, before any tensor is read."""
     weights = group.get("weights") or {}
     acts = group.get("input_activations")
     fmt = group.get("format") or fmt
-    kind, bits = weights.get("type", "int"), weights.get("num_bits")
-    strategy = weights.get("strategy")
+    kind = weights.get("type", "int")
 
     def unsupported(what: str) -> ValueError:
         return ValueError(f"compressed-tensors config group {name!r} has {what}; "
                           f"tamis supports {SUPPORTED}")
 
+    if not weights:
+        raise unsupported("no weights scheme")
+    if group.get("output_activations") is not None:
+        raise unsupported("quantized output activations")
+    if weights.get("dynamic", False) is not False:
+        raise unsupported(f"weights dynamic={weights.get('dynamic')!r}")
     if kind == "int" and fmt == "int-quantized":
         method = parse_int8_w8a8(weights, acts, unsupported)
     elif kind == "int":
-        if fmt != "pack-quantized":
-            raise unsupported(f"format {fmt!r} for int weights")
-        if acts is not None:
-            raise unsupported("quantized int activations")
-        if bits not in (4, 8):
-            raise unsupported(f"num_bits={bits}")
-        if strategy not in ("group", "channel"):
-            raise unsupported(f"weight strategy {strategy!r}")
-        group_size = weights.get("group_size") if strategy == "group" else None
-        if strategy == "group" and (not group_size or group_size <= 0):
-            raise unsupported(f"group_size={group_size!r}")
-        sym = bool(weights.get("symmetric", True))
-        act_order = weights.get("actorder") == "group"
-        method = lambda: CTWNA16LinearMethod(bits, group_size, sym, act_order)  # noqa: E731
+        method = _parse_wna16(weights, acts, fmt, unsupported)
     elif kind == "float":
-        if bits != 8 or strategy not in ("tensor", "channel"):
-            raise unsupported(f"float weights num_bits={bits} strategy={strategy!r}")
-        static = False
-        if acts is not None:
-            if acts.get("type") != "float" or acts.get("num_bits") != 8:
-                raise unsupported("non-FP8 input activations with FP8 weights")
-            static = not acts.get("dynamic", False)
-            if static and acts.get("strategy") != "tensor":
-                raise unsupported(f"static activation strategy {acts.get('strategy')!r}")
-        method = lambda: Fp8LinearMethod(static=static)  # noqa: E731
+        method = _parse_fp8(weights, acts, fmt, unsupported)
     else:
         raise unsupported(f"weight type {kind!r}")
     return {"name": name, "targets": list(group.get("targets") or []), "method": method}
+
+
+def _parse_wna16(weights: dict[str, Any], acts: dict[str, Any] | None, fmt: str | None,
+                 unsupported) -> Callable[[], LinearMethodBase]:
+    bits, strategy = weights.get("num_bits"), weights.get("strategy")
+    if fmt != "pack-quantized":
+        raise unsupported(f"format {fmt!r} for int weights")
+    if acts is not None:
+        raise unsupported("quantized int activations")
+    if bits not in WNA16_BITS:
+        raise unsupported(f"num_bits={bits!r} (pack-quantized: {WNA16_BITS})")
+    if strategy not in ("group", "channel"):
+        raise unsupported(f"weight strategy {strategy!r} (pack-quantized: 'group', 'channel')")
+    group_size = weights.get("group_size") if strategy == "group" else None
+    if strategy == "group" and group_size not in WNA16_GROUP_SIZES:
+        raise unsupported(f"group_size={group_size!r} (strategy 'group': "
+                          f"{WNA16_GROUP_SIZES}; 'channel' for one group per row)")
+    actorder = weights.get("actorder")
+    if actorder not in ACT_ORDERS:
+        raise unsupported(f"actorder={actorder!r} (one of {ACT_ORDERS})")
+    sym = bool(weights.get("symmetric", True))
+    # "group" (alias "dynamic") stores weight_g_idx; "weight" ("static") keeps the
+    # groups contiguous, so the checkpoint reads as a plain one.
+    act_order = strategy == "group" and actorder in ("group", "dynamic")
+    return lambda: CTWNA16LinearMethod(bits, group_size, sym, act_order)
+
+
+def _parse_fp8(weights: dict[str, Any], acts: dict[str, Any] | None, fmt: str | None,
+               unsupported) -> Callable[[], LinearMethodBase]:
+    bits, strategy = weights.get("num_bits"), weights.get("strategy")
+    if fmt not in (None, "float-quantized"):
+        raise unsupported(f"format {fmt!r} for float weights")
+    if bits != 8:
+        raise unsupported(f"float weights num_bits={bits!r} (FP8: 8)")
+    if strategy not in ("tensor", "channel"):
+        raise unsupported(f"float weights strategy={strategy!r} (FP8: 'tensor', 'channel')")
+    if not weights.get("symmetric", True):
+        raise unsupported("asymmetric float weights")
+    static = False
+    if acts is not None:
+        if acts.get("type") != "float" or acts.get("num_bits") != 8:
+            raise unsupported("non-FP8 input activations with FP8 weights")
+        static = not acts.get("dynamic", False)
+        if static and acts.get("strategy") != "tensor":
+            raise unsupported(f"static activation strategy {acts.get('strategy')!r}")
+        if not static and acts.get("strategy") not in ("token", "tensor"):
+            # Dynamic per-tensor scales are computed per token: each row's own scale.
+            raise unsupported(f"dynamic activation strategy {acts.get('strategy')!r}")
+    return lambda: Fp8LinearMethod(static=static)
 
 
 class CTWNA16LinearMethod(LinearMethodBase):

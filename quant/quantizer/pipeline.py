@@ -203,6 +203,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
     from transformers import AutoModelForCausalLM
 
     model_path, output = Path(model_path), Path(output)
+    _check_source_files(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     rotated = _rotate(model, options)
     layers = calibration.decoder_layers(model)
@@ -230,6 +231,15 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
     overrides = {"tie_word_embeddings": False} if rotated else {}
     writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
+
+
+def _check_source_files(model_path: Path) -> None:
+    """A truncated safetensors shard is a one-line ValueError naming it, before
+    transformers' loader meets it (its error is a deep traceback without the file)."""
+    from tamis.engine.loader import check_safetensors_files
+
+    if any(model_path.glob("*.safetensors")):
+        check_safetensors_files(model_path)
 
 
 def _rotate(model: nn.Module, options: QuantizeOptions) -> bool:

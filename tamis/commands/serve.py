@@ -75,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace, api_key: str | None):
     from tamis.engine.hub import HubModelError
+    from tamis.engine.loader import CheckpointFileError
 
     try:
         app = build_server_app(args, api_key)
-    except HubModelError as exc:   # the message says what to do; a traceback would bury it
+    except (HubModelError, CheckpointFileError) as exc:   # the message says what to do; a
+        # traceback would bury it
         raise SystemExit(f"tamis serve: {exc}") from None
     logger.info("serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host,
                 args.port, " (API key required)" if api_key else "")
