@@ -3,6 +3,7 @@
     x             [M, H]        the tokens
     w13           [E, 2I, H]    per expert: gate rows (silu'd), then up rows
     w2            [E, H, I]     per expert: down projection
+                                (plain tensors, or quantized: ``tamis.kernels.moe_weights``)
     topk_weights  [M, k] float  each token's routing weights (already renormalised)
     topk_ids      [M, k] int    each token's experts, in [0, E)
     out           [M, H]        sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m])
@@ -23,6 +24,8 @@ import torch.nn.functional as F
 from tamis.kernels._triton import kernel, use_triton
 from tamis.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from tamis.kernels.moe_align import ExpertBlocks, align_by_expert
+from tamis.kernels.moe_weights import (ExpertWeights, Fp8Experts, WNA16Experts, dense_expert,
+                                       expert_shape)
 
 try:
     import triton
@@ -32,22 +35,27 @@ except ImportError:
 
 
 def _check(x, w13, w2, topk_weights, topk_ids) -> None:
-    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+    w13_shape, w2_shape = expert_shape(w13), expert_shape(w2)
+    if x.dim() != 2 or len(w13_shape) != 3 or len(w2_shape) != 3:
         raise ValueError(f"fused_experts expects x [M, H], w13 [E, 2I, H], w2 [E, H, I]; got "
-                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
-    experts, two_i, hidden = w13.shape
-    if two_i % 2 or hidden != x.shape[1] or tuple(w2.shape) != (experts, hidden, two_i // 2):
+                         f"{tuple(x.shape)}, {w13_shape}, {w2_shape}")
+    if type(w13) is not type(w2):
+        raise ValueError(f"w13 and w2 must have one form, got {type(w13).__name__} and "
+                         f"{type(w2).__name__}")
+    experts, two_i, hidden = w13_shape
+    if two_i % 2 or hidden != x.shape[1] or w2_shape != (experts, hidden, two_i // 2):
         raise ValueError(f"expert weights do not fit x [M, {x.shape[1]}]: w13 "
-                         f"{tuple(w13.shape)}, w2 {tuple(w2.shape)} (want [E, 2I, H], [E, H, I])")
+                         f"{w13_shape}, w2 {w2_shape} (want [E, 2I, H], [E, H, I])")
     if (topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2
             or topk_ids.shape[0] != x.shape[0]):
         raise ValueError(f"topk_ids {tuple(topk_ids.shape)} and topk_weights "
                          f"{tuple(topk_weights.shape)} must both be [M={x.shape[0]}, top_k]")
 
 
-def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+def fused_experts_ref(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-    """Expert by expert (in expert order), weighted outputs summed in float32."""
+    """Expert by expert (in expert order), weighted outputs summed in float32; quantized
+    experts are dequantized one at a time into x's dtype (FP8: W8A16)."""
     _check(x, w13, w2, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     flat_ids, flat_weights = topk_ids.reshape(-1), topk_weights.reshape(-1).float()
@@ -55,8 +63,8 @@ def fused_experts_ref(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
     for expert in flat_ids.unique().tolist():
         pairs = (flat_ids == expert).nonzero().squeeze(1)
         tokens = pairs // top_k
-        hidden = silu_and_mul_ref(F.linear(x[tokens], w13[expert]))
-        expert_out = F.linear(hidden, w2[expert])
+        hidden = silu_and_mul_ref(F.linear(x[tokens], dense_expert(w13, expert, x.dtype)))
+        expert_out = F.linear(hidden, dense_expert(w2, expert, x.dtype))
         out.index_add_(0, tokens, expert_out.float() * flat_weights[pairs, None])
     return out.to(x.dtype)
 
@@ -85,12 +93,15 @@ def default_tiles(num_tokens: int, num_experts: int) -> MoeTiles:
 
 if tl is not None:
     @kernel
-    def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+    def _moe_gemm_kernel(a_ptr, w_ptr, c_ptr, weights_ptr, w_scale_ptr, a_scale_ptr,
+                         sorted_ids_ptr, expert_ids_ptr,
                          num_padded_ptr, N, K, num_pairs, num_blocks_m,
-                         stride_am, stride_we, stride_wn, stride_wk, stride_cm,
+                         stride_am, stride_we, stride_wn, stride_wk, stride_cm, stride_se,
                          A_ROWS_PER_PAIR: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+                         HAS_W_SCALE: tl.constexpr, HAS_A_SCALE: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+        # FP8 weights: HAS_W_SCALE (per channel); W8A8 adds HAS_A_SCALE (per row of a).
         # Program -> (M block, N block), GROUP_M M blocks side by side per N column.
         pid = tl.program_id(0)
         blocks_n = tl.cdiv(N, BLOCK_N)
@@ -116,9 +127,14 @@ if tl is not None:
             k_left = offs_k < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_left[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_left[:, None] & (offs_n[None, :] < N), other=0.0)
-            acc = tl.dot(a, w, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K * stride_wk
+        if HAS_W_SCALE:
+            acc = acc * tl.load(w_scale_ptr + expert * stride_se + offs_n, mask=offs_n < N,
+                                other=0.0)[None, :]
+        if HAS_A_SCALE:
+            acc = acc * tl.load(a_scale_ptr + a_rows, mask=valid, other=0.0)[:, None]
         if MUL_WEIGHT:
             acc = acc * tl.load(weights_ptr + pair, mask=valid, other=0.0)[:, None]
         c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
@@ -126,44 +142,84 @@ if tl is not None:
                  mask=valid[:, None] & (offs_n[None, :] < N))
 
 
-def _grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, blocks: ExpertBlocks,
-                  a_rows_per_pair: int, weights: torch.Tensor | None, tiles: MoeTiles) -> None:
-    """out[pair] = a[pair // a_rows_per_pair] @ w[expert(pair)].T (times weights[pair])."""
+def _grouped_gemm(a: torch.Tensor, w: ExpertWeights, out: torch.Tensor, blocks: ExpertBlocks,
+                  a_rows_per_pair: int, weights: torch.Tensor | None, tiles: MoeTiles,
+                  a_scale: torch.Tensor | None = None) -> None:
+    """out[pair] = a[pair // a_rows_per_pair] @ w[expert(pair)].T (times weights[pair]);
+    ``a_scale`` float32 [rows of a]: a is FP8 codes of a * a_scale (W8A8)."""
+    if isinstance(w, WNA16Experts):
+        from tamis.kernels.fused_moe_wna16 import grouped_gemm_wna16
+        grouped_gemm_wna16(a, w, out, blocks, a_rows_per_pair, weights, tiles)
+        return
+    w_scale = w.scale if isinstance(w, Fp8Experts) else None
+    w = w.weight if isinstance(w, Fp8Experts) else w
     n, k = w.shape[1], w.shape[2]
     num_blocks_m = blocks.sorted_ids.numel() // tiles.block_m
     grid = (num_blocks_m * triton.cdiv(n, tiles.block_n),)
     _moe_gemm_kernel[grid](
-        a, w, out, weights if weights is not None else out, blocks.sorted_ids, blocks.expert_ids,
+        a, w, out, weights if weights is not None else out,
+        w_scale if w_scale is not None else out, a_scale if a_scale is not None else out,
+        blocks.sorted_ids, blocks.expert_ids,
         blocks.num_padded, n, k, blocks.num_pairs, num_blocks_m,
         a.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+        w_scale.stride(0) if w_scale is not None else 0,
         A_ROWS_PER_PAIR=a_rows_per_pair, MUL_WEIGHT=weights is not None,
+        HAS_W_SCALE=w_scale is not None, HAS_A_SCALE=a_scale is not None,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
-def fused_experts_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+def fp8_activations(x: torch.Tensor, w: ExpertWeights,
+                    w8a8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(GEMM input, its per-row scale): x itself unless ``w8a8`` and the experts are FP8,
+    then FP8 codes of x, per token or by the static input scale."""
+    if not (w8a8 and isinstance(w, Fp8Experts)):
+        return x, None
+    from tamis.kernels.fp8 import per_token_quant_fp8, quantize_fp8
+    if w.input_scale is None:
+        codes, scale = per_token_quant_fp8(x)
+        return codes, scale.reshape(-1)
+    scale = w.input_scale.float().reshape(1, 1)
+    return quantize_fp8(x, scale), scale.expand(x.shape[0], 1).reshape(-1).contiguous()
+
+
+def use_w8a8(x: torch.Tensor) -> bool:
+    """FP8 experts multiply as FP8 on GPUs with FP8 tensor cores."""
+    from tamis.kernels.fp8 import fp8_supported
+    return fp8_supported(x.device)
+
+
+def fused_experts_triton(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                          topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                         tiles: MoeTiles | None = None) -> torch.Tensor:
-    """The sorted grouped-GEMM path; ``tiles`` defaults to ``default_tiles`` for M."""
+                         tiles: MoeTiles | None = None,
+                         w8a8: bool | None = None) -> torch.Tensor:
+    """The sorted grouped-GEMM path; ``tiles`` defaults to ``default_tiles`` for M;
+    ``w8a8`` (FP8 experts only) defaults to ``use_w8a8(x)``."""
     _check(x, w13, w2, topk_weights, topk_ids)
     num_tokens, top_k = topk_ids.shape
     if num_tokens == 0:
         return torch.empty_like(x)
-    x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
-    tiles = tiles or default_tiles(num_tokens, w13.shape[0])
-    blocks = align_by_expert(topk_ids, w13.shape[0], tiles.block_m)
+    if isinstance(w13, torch.Tensor):
+        w13, w2 = w13.contiguous(), w2.contiguous()
+    x = x.contiguous()
+    w8a8 = use_w8a8(x) if w8a8 is None else w8a8
+    (experts, two_i, _), hidden_size = expert_shape(w13), x.shape[1]
+    tiles = tiles or default_tiles(num_tokens, experts)
+    blocks = align_by_expert(topk_ids, experts, tiles.block_m)
     pairs = num_tokens * top_k
-    gate_up = torch.empty(pairs, w13.shape[1], dtype=x.dtype, device=x.device)
-    _grouped_gemm(x, w13, gate_up, blocks, top_k, None, tiles)
+    gate_up = torch.empty(pairs, two_i, dtype=x.dtype, device=x.device)
+    a, a_scale = fp8_activations(x, w13, w8a8)
+    _grouped_gemm(a, w13, gate_up, blocks, top_k, None, tiles, a_scale)
     hidden = silu_and_mul_triton(gate_up)
-    weighted = torch.empty(pairs, w2.shape[1], dtype=x.dtype, device=x.device)
+    weighted = torch.empty(pairs, hidden_size, dtype=x.dtype, device=x.device)
     flat_weights = topk_weights.reshape(-1).float().contiguous()
-    _grouped_gemm(hidden, w2, weighted, blocks, 1, flat_weights, tiles)
+    a, a_scale = fp8_activations(hidden, w2, w8a8)
+    _grouped_gemm(a, w2, weighted, blocks, 1, flat_weights, tiles, a_scale)
     return weighted.view(num_tokens, top_k, -1).sum(dim=1)
 
 
-def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+def fused_experts(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """The Triton path on CUDA, the reference elsewhere (see the module docstring)."""
     if use_triton(x):
