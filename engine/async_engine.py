@@ -1,33 +1,39 @@
-"""The server's engine: ``LLMEngine.step()`` in a background thread, outputs streamed
-to per-request asyncio queues.
+"""The server's engine: an engine core (``engine/core/``) fronted by per-request asyncio
+queues on the event loop.
 
 ::
 
-    event loop (server)                         engine thread
-    -------------------                         -------------
-    generate() --("add", id, prompt, params)-->  commands  --drained before each step-->
-    abort()    --("abort", ids)------------->              engine.add_request / abort_request
-                                                engine.step() -> [RequestOutput]
-    stream queues <--call_soon_threadsafe(dispatch, outputs)--
+    event loop (server)                          engine core (a thread, or a process)
+    -------------------                          ------------------------------------
+    generate() --core.send(("add", ...))------>  applied between steps
+    abort()    --core.send(("abort", id))----->  frees the request's blocks
+                                                 engine.step() -> outputs of one step
+    stream queues <--call_soon_threadsafe(dispatch, outputs)-- on_core_event
 
-The step loop never runs on the event loop, and the engine is only touched from its
-own thread: ``add``/``abort`` are commands queued under a lock and applied between steps,
-so no lock is held while a step runs. ``RequestOutput`` values are cumulative, so a
-consumer that falls behind reads only the newest output (``generate`` coalesces).
+The step loop never runs on the event loop. ``RequestOutput`` values reaching a consumer
+are cumulative (a core in another process sends deltas; ``engine/core/deltas.py`` adds
+them up per stream), so a consumer that falls behind reads only the newest output
+(``generate`` coalesces).
 
 Back-pressure: at most ``max_waiting`` requests may be admitted but not yet producing
 output; past that ``generate`` raises ``EngineOverloaded`` before anything is queued
 (the server answers 503 with ``Retry-After``).
+
+A core that dies (its step raised, its process exited) fails every in-flight request and
+every new one with ``EngineDeadError`` (a 503) and calls ``on_dead(message)`` once.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
+
+from tamis.engine.core.deltas import OutputMerger, delta_params
+from tamis.engine.core.process import ProcessCore
+from tamis.engine.core.thread import ThreadCore
+from tamis.engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("tamis.engine.async")
 
@@ -63,17 +69,24 @@ class RequestTimes:
 
 
 class _Stream:
-    """One request's queue on the event loop, plus its timing."""
+    """One request's queue on the event loop, plus its timing. ``merger`` rebuilds
+    cumulative outputs when the core sends deltas."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    def __init__(self, loop: asyncio.AbstractEventLoop, merger: OutputMerger | None):
         self.loop = loop
         self.queue: asyncio.Queue = asyncio.Queue()
         self.times = RequestTimes()
         self.started = False  # produced at least one output
+        self.merger = merger
 
 
 class AsyncEngine:
-    """Async front of an ``LLMEngine``; see the module docstring for the threading model.
+    """Async front of an engine core; see the module docstring.
+
+    ``engine``: an ``LLMEngine`` (or anything with its step interface), run by a
+    ``ThreadCore`` in this process, or a started-here core (``ThreadCore``,
+    ``ProcessCore``). ``self.engine`` is the engine (``CoreInfo`` for a core in another
+    process: config, tokenizer, ``max_model_len``, ``eos_token_ids``).
 
     ``generate(prompt, params, request_id)`` is an async iterator of cumulative
     ``RequestOutput`` values ending with one whose ``finished`` is true. It raises
@@ -84,32 +97,38 @@ class AsyncEngine:
     """
 
     def __init__(self, engine, max_waiting: int | None = 1024, on_finished=None,
-                 on_aborted=None):
+                 on_aborted=None, on_dead=None):
         if max_waiting is not None and max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
-        self.engine = engine
+        self.core = engine if isinstance(engine, (ThreadCore, ProcessCore)) else ThreadCore(engine)
         self.max_waiting = max_waiting
         self.on_finished = on_finished  # (RequestOutput, RequestTimes) on the event loop
         self.on_aborted = on_aborted    # (request_id) on the event loop
+        self.on_dead = on_dead          # (message) on the core's relay thread, once
         self._streams: dict[str, _Stream] = {}
-        self._commands: collections.deque = collections.deque()
-        self._wakeup = threading.Condition()
-        self._stopping = False
-        self._dead: BaseException | None = None
+        self._dead: str | None = None
         self._num_not_started = 0
         self.last_stats = None
-        self._thread = threading.Thread(target=self._run, name="tamis-engine", daemon=True)
-        self._thread.start()
+        self.core.start(self.on_core_event)
 
     # ---- public API (event loop side) ----
 
     @property
+    def engine(self):
+        return self.core.engine
+
+    @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self.core.engine.tokenizer
 
     @property
     def is_alive(self) -> bool:
-        return self._dead is None and self._thread.is_alive()
+        return self._dead is None and self.core.is_alive
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the core stopped serving (None while it serves)."""
+        return self._dead
 
     @property
     def num_in_flight(self) -> int:
@@ -117,8 +136,11 @@ class AsyncEngine:
 
     async def generate(self, prompt: str | list[int], params,
                        request_id: str, priority: int = 0) -> AsyncIterator[Any]:
-        stream = self._admit(request_id)
-        self._send(("add", request_id, prompt, params, priority))
+        merge = (self.core.remote
+                 and getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE)
+        stream = self._admit(request_id, OutputMerger() if merge else None)
+        self.core.send(("add", request_id, prompt, delta_params(params) if merge else params,
+                        priority))
         finished = False
         try:
             while True:
@@ -146,28 +168,25 @@ class AsyncEngine:
             return  # finished, failed, or already aborted: the engine holds nothing
         if not stream.started:
             self._num_not_started -= 1
-        self._send(("abort", request_id))
+        self.core.send(("abort", request_id))
         if self.on_aborted is not None:
             self.on_aborted(request_id)
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Aborts every in-flight request, stops the step thread and waits for it."""
-        with self._wakeup:
-            self._stopping = True
-            self._wakeup.notify()
-        self._thread.join(timeout)
+        """Stops the core (aborting every in-flight request) and waits for it."""
+        self.core.shutdown(timeout)
         err = EngineDeadError("the server is shutting down")
         for request_id, stream in list(self._streams.items()):
-            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, err)
+            _call_soon(stream.loop, stream.queue.put_nowait, err)
             self._streams.pop(request_id, None)
 
     def check_health(self) -> None:
         if not self.is_alive:
-            raise EngineDeadError(f"engine is not running: {self._dead!r}")
+            raise EngineDeadError(f"engine is not running: {self._dead or 'stopped'}")
 
     # ---- event-loop bookkeeping ----
 
-    def _admit(self, request_id: str) -> _Stream:
+    def _admit(self, request_id: str, merger: OutputMerger | None) -> _Stream:
         self.check_health()
         if request_id in self._streams:
             raise RequestFailed(f"request id {request_id!r} is already in flight")
@@ -175,7 +194,7 @@ class AsyncEngine:
             raise EngineOverloaded(
                 f"{self._num_not_started} requests are already waiting (--max-waiting "
                 f"{self.max_waiting}); retry later")
-        stream = _Stream(asyncio.get_running_loop())
+        stream = _Stream(asyncio.get_running_loop(), merger)
         self._streams[request_id] = stream
         self._num_not_started += 1
         return stream
@@ -198,6 +217,8 @@ class AsyncEngine:
             if not stream.started:
                 stream.started = True
                 self._num_not_started -= 1
+            if stream.merger is not None:
+                output = stream.merger.merge(output)
             stream.queue.put_nowait(output)
 
     def _fail(self, request_id: str, exc: BaseException) -> None:
@@ -209,72 +230,24 @@ class AsyncEngine:
             self._num_not_started -= 1
         stream.queue.put_nowait(exc)
 
-    # ---- engine thread ----
+    # ---- the core's events (on the core's thread or relay thread) ----
 
-    def _send(self, command: tuple) -> None:
-        with self._wakeup:
-            self._commands.append(command)
-            self._wakeup.notify()
+    def on_core_event(self, event: tuple) -> None:
+        """Takes one event of the core (``engine/core/loop.py``) to the event loops."""
+        kind = event[0]
+        if kind == "outputs":
+            self.last_stats = event[2] if event[2] is not None else self.last_stats
+            self._route(event[1])
+        elif kind == "stats":
+            self.last_stats = event[1] if event[1] is not None else self.last_stats
+        elif kind == "failed":
+            _, request_id, message, request_fault = event
+            exc = RequestFailed(message) if request_fault else RuntimeError(message)
+            self._call_on_loop(request_id, self._fail, request_id, exc)
+        elif kind == "dead":
+            self._die(event[1])
 
-    def _run(self) -> None:
-        import torch
-
-        # Tensors the engine keeps between steps are made under inference mode (the
-        # runner's); the mode is thread-local, so this thread enters it too.
-        try:
-            with torch.inference_mode():
-                self._loop()
-        except BaseException as exc:  # noqa: BLE001 - any crash kills every request
-            logger.exception("engine step loop crashed")
-            self._dead = exc
-            self._fail_all(EngineDeadError(f"engine step loop crashed: {exc!r}"))
-        finally:
-            self._abort_everything()
-
-    def _loop(self) -> None:
-        while True:
-            commands = self._wait_for_work()
-            if commands is None:
-                return
-            self._apply(commands)
-            if self.engine.has_unfinished_requests():
-                self._step()
-            else:
-                self._refresh_stats()  # aborts freed blocks without a step
-
-    def _wait_for_work(self) -> list[tuple] | None:
-        with self._wakeup:
-            while (not self._stopping and not self._commands
-                   and not self.engine.has_unfinished_requests()):
-                self._wakeup.wait()
-            if self._stopping:
-                return None
-            commands = list(self._commands)
-            self._commands.clear()
-            return commands
-
-    def _apply(self, commands: list[tuple]) -> None:
-        aborted = [c[1] for c in commands if c[0] == "abort"]
-        aborted_set = set(aborted)
-        for command in commands:
-            if command[0] != "add" or command[1] in aborted_set:
-                continue
-            _, request_id, prompt, params, priority = command
-            try:
-                self.engine.add_request(request_id, prompt, params, priority=priority)
-            except (ValueError, TypeError) as exc:  # the request's fault: a 400
-                self._call_on_loop(request_id, self._fail, request_id, RequestFailed(str(exc)))
-            except Exception as exc:  # an engine bug: fail this request (500), keep serving
-                logger.exception("add_request(%s) failed", request_id)
-                self._call_on_loop(request_id, self._fail, request_id, exc)
-        if aborted:
-            self.engine.abort_request(aborted)
-
-    def _step(self) -> None:
-        outputs = self.engine.step()
-        self._refresh_stats()
-        if not outputs:
-            return
+    def _route(self, outputs) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for output in outputs:
             stream = self._streams.get(output.request_id)
@@ -283,30 +256,23 @@ class AsyncEngine:
         for loop, batch in by_loop.items():
             _call_soon(loop, self._dispatch, batch)
 
-    def _refresh_stats(self) -> None:
-        try:
-            self.last_stats = self.engine.get_stats()
-        except Exception:  # stats are best effort; serving is not
-            logger.exception("get_stats failed")
+    def _die(self, message: str) -> None:
+        if self._dead is not None:
+            return
+        self._dead = message
+        exc = EngineDeadError(message)
+        for request_id, stream in list(self._streams.items()):
+            _call_soon(stream.loop, self._fail, request_id, exc)
+        if self.on_dead is not None:
+            try:
+                self.on_dead(message)
+            except Exception:
+                logger.exception("on_dead callback failed")
 
     def _call_on_loop(self, request_id: str, fn, *args) -> None:
         stream = self._streams.get(request_id)
         if stream is not None:
             _call_soon(stream.loop, fn, *args)
-
-    def _fail_all(self, exc: BaseException) -> None:
-        for request_id, stream in list(self._streams.items()):
-            _call_soon(stream.loop, self._fail, request_id, exc)
-
-    def _abort_everything(self) -> None:
-        ids = list(self._streams)
-        ids += [c[1] for c in self._commands if c[0] == "add"]
-        if not ids:
-            return
-        try:
-            self.engine.abort_request(ids)
-        except Exception:
-            logger.exception("abort on shutdown failed")
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:

@@ -9,6 +9,8 @@
         while it runs:  /health 200 (liveness), /ready and /readyz 503, any other path 503
         once it is done: every request goes to the built app (its lifespan entered here)
         if it fails:    the server stops and serve_while_loading raises SystemExit
+        once opened, the app's ``state.stop_server()`` stops the server the same way
+        (the serve command calls it when the engine core dies)
 
 ``/health`` answers 200 while the process is alive and its engine is not dead (liveness);
 ``/ready`` (and ``/readyz``, the names of vLLM's data-parallel supervisor) answer 200 only
@@ -111,6 +113,7 @@ class LoadingGate:
             self.failure = failure
             self._on_failure()
             return
+        app.state.stop_server = self._on_failure   # for a component that fails later
         self.app = app
         logger.info("model loaded: %s answers 200", READINESS_PATHS[0])
 

@@ -7,6 +7,12 @@ SIGTERM / SIGINT: uvicorn stops accepting connections, lets in-flight responses 
 for up to ``--shutdown-timeout`` seconds, then the engine thread aborts whatever is left.
 The port is taken before torch or the model loads (a busy port fails at once); while it loads,
 ``/health`` answers 200 and ``/ready`` 503 (``tamis.server.startup``).
+
+The engine core (scheduler, KV cache, structured outputs, model) runs in a child process
+(``tamis.engine.core.process``); this process keeps HTTP, tokenization and streaming.
+``--no-engine-process`` runs the core as a thread of this process instead. When the core
+dies, in-flight and new requests get 503, the server stops and the command exits with 1,
+so a supervisor restarts it.
 """
 from __future__ import annotations
 
@@ -50,6 +56,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     server.add_argument("--trust-request-chat-template", action="store_true",
                         help="let chat requests bring their own `chat_template` (default: "
                              "refused with 400, as vLLM)")
+    server.add_argument("--no-engine-process", action="store_true",
+                        help="run the engine core as a thread of the server process (its "
+                             "steps then share the GIL with HTTP) instead of a process of "
+                             "its own")
     from tamis.engine.arg_utils import add_engine_args
 
     add_engine_args(parser)
@@ -68,8 +78,18 @@ def run(args: argparse.Namespace) -> int:
     api_key = args.api_key or os.environ.get("TAMIS_API_KEY") or None
     sock = bind_listening_socket(args.host, args.port)
     logger.info("listening on http://%s:%d; loading the model", args.host, args.port)
-    serve_while_loading(sock, lambda: _load(args, api_key), log_level=args.log_level,
-                        access_log=False, timeout_graceful_shutdown=args.shutdown_timeout)
+    loaded = []
+
+    def load():
+        loaded.append(_load(args, api_key))
+        return loaded[0]
+
+    serve_while_loading(sock, load, log_level=args.log_level, access_log=False,
+                        timeout_graceful_shutdown=args.shutdown_timeout)
+    died = loaded[0].state.ctx.engine.dead_reason if loaded else None
+    if died:
+        logger.error("tamis serve: stopped because the engine core died: %s", died)
+        return 1
     return 0
 
 
@@ -82,16 +102,24 @@ def _load(args: argparse.Namespace, api_key: str | None):
     except (HubModelError, CheckpointFileError) as exc:   # the message says what to do; a
         # traceback would bury it
         raise SystemExit(f"tamis serve: {exc}") from None
+    app.state.ctx.engine.on_dead = lambda _message: _stop_server(app)
     logger.info("serving %s on http://%s:%d%s", app.state.ctx.model_names, args.host,
                 args.port, " (API key required)" if api_key else "")
     return app
 
 
+def _stop_server(app) -> None:
+    """The engine core died: stop serving (in-flight requests already got their 503)."""
+    stop = getattr(app.state, "stop_server", None)
+    if stop is not None:
+        stop()
+
+
 def build_server_app(args: argparse.Namespace, api_key: str | None):
-    """Engine from the CLI flags, wrapped in an AsyncEngine and the FastAPI app."""
+    """Engine core from the CLI flags (a process of its own unless ``--no-engine-process``),
+    wrapped in an AsyncEngine and the FastAPI app."""
     from tamis.engine.async_engine import AsyncEngine
     from tamis.engine.config import EngineConfig
-    from tamis.engine.engine import LLMEngine
     from tamis.server.app import build_app
     from tamis.server.context import ServerContext
 
@@ -99,8 +127,9 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
     if config.skip_tokenizer_init:
         raise SystemExit("tamis serve: the server needs the tokenizer (chat templates, text "
                          "prompts, streamed text); drop --skip-tokenizer-init")
-    engine = LLMEngine(config)
-    async_engine = AsyncEngine(engine, max_waiting=args.max_waiting)
+    async_engine = AsyncEngine(_make_core(config, args.no_engine_process),
+                               max_waiting=args.max_waiting)
+    engine = async_engine.engine
     ctx = ServerContext(engine=async_engine, tokenizer=engine.tokenizer,
                         model_names=served_model_names(args),
                         max_model_len=_max_model_len(engine),
@@ -110,6 +139,17 @@ def build_server_app(args: argparse.Namespace, api_key: str | None):
                         trust_request_chat_template=args.trust_request_chat_template)
     return build_app(ctx, api_key=api_key, max_body_bytes=args.max_request_body_bytes,
                      metrics_namespace=args.metrics_namespace)
+
+
+def _make_core(config, in_process: bool):
+    if in_process:
+        from tamis.engine.core import ThreadCore
+        from tamis.engine.engine import LLMEngine
+
+        return ThreadCore(LLMEngine(config))
+    from tamis.engine.core import ProcessCore
+
+    return ProcessCore.for_config(config)
 
 
 def served_model_names(args) -> list[str]:
