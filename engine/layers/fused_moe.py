@@ -1,21 +1,24 @@
 """Routed experts: top-k routing and the experts' stacked weights.
 
-``FusedMoE`` holds all experts of one layer in two parameters::
+``FusedMoE`` holds all experts of one layer in stacked parameters that its method
+(``FusedMoEMethodBase``: unquantized here, quantized ones in ``tamis.quant.moe``) creates.
+Unquantized::
 
     w13_weight  [E, 2I, H]   rows 0..I-1: expert e's gate_proj (w1), rows I..2I-1: up_proj (w3)
     w2_weight   [E, H, I]    expert e's down_proj (w2)
 
-Checkpoints store one tensor per expert and projection; the model maps each name to
-``(parameter, (expert_id, shard))`` (``CausalLMBase.expert_weight_names``) and the
-parameter's ``weight_loader`` copies it into its slice. The kernel runs in
-``tamis.kernels.fused_moe``.
+Checkpoints store one tensor per expert, projection and tensor name; the model maps
+``experts.<e>.<proj>.<tensor>`` to ``(w13_<tensor> | w2_<tensor>, (e, shard))``
+(``CausalLMBase.expert_weight_names``) and the parameter's ``weight_loader`` copies it
+into its slice. The kernel runs in ``tamis.kernels.fused_moe``.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tamis.engine.layers.quant_method import QuantizationConfig, set_weight_attrs
+from tamis.engine.layers.quant_method import (FusedMoEMethodBase, QuantizationConfig,
+                                              set_weight_attrs)
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int,
@@ -30,12 +33,31 @@ def select_experts(router_logits: torch.Tensor, top_k: int,
     return weights, ids.to(torch.int32)
 
 
-def refuse_quantized_experts(quant_config: QuantizationConfig | None, prefix: str) -> None:
-    """Raises ValueError for a quantized MoE layer: experts load unquantized only."""
-    if quant_config is not None:
-        raise ValueError(
-            f"{quant_config.get_name()} quantization of mixture-of-experts layers ({prefix}) "
-            f"is not supported yet: serve the unquantized checkpoint of this model")
+class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    """``w13_weight`` / ``w2_weight`` in the model dtype."""
+
+    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
+                       intermediate_size: int, params_dtype: torch.dtype) -> None:
+        layer.add_expert_param("w13_weight", torch.empty(
+            num_experts, 2 * intermediate_size, hidden_size, dtype=params_dtype), shard_dim=0)
+        layer.add_expert_param("w2_weight", torch.empty(
+            num_experts, hidden_size, intermediate_size, dtype=params_dtype))
+
+    def expert_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        return layer.w13_weight, layer.w2_weight
+
+
+def get_moe_method(quant_config: QuantizationConfig | None, prefix: str) -> FusedMoEMethodBase:
+    """The unquantized method, or the quant config's (``tamis.quant.moe``, imported only
+    for a quantized model)."""
+    if quant_config is None:
+        return UnquantizedFusedMoEMethod()
+    from tamis.quant.moe import get_moe_method as quantized_moe_method
+    return quantized_moe_method(quant_config, prefix)
+
+
+def _same_but_unit_dims(a: torch.Size, b: torch.Size) -> bool:
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
 
 
 class FusedMoE(nn.Module):
@@ -45,33 +67,52 @@ class FusedMoE(nn.Module):
                  renormalize: bool, quant_config: QuantizationConfig | None = None,
                  prefix: str = ""):
         super().__init__()
-        refuse_quantized_experts(quant_config, prefix)
         if not 0 < top_k <= num_experts:
             raise ValueError(f"{prefix}: num_experts_per_tok={top_k} must be in 1..{num_experts}")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
-        self.intermediate_size, self.prefix = intermediate_size, prefix
-        self.w13_weight = self._stacked(num_experts, 2 * intermediate_size, hidden_size)
-        self.w2_weight = self._stacked(num_experts, hidden_size, intermediate_size)
+        self.hidden_size, self.intermediate_size, self.prefix = \
+            hidden_size, intermediate_size, prefix
+        self.params_dtype = torch.get_default_dtype()
+        self.quant_method = get_moe_method(quant_config, prefix)
+        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size,
+                                         self.params_dtype)
 
-    def _stacked(self, *shape: int) -> nn.Parameter:
-        param = nn.Parameter(torch.empty(*shape), requires_grad=False)
-        set_weight_attrs(param, {"weight_loader": self.weight_loader})
+    def add_expert_param(self, name: str, tensor: torch.Tensor, shard_dim: int | None = None,
+                         **attrs) -> nn.Parameter:
+        """Registers a stacked parameter [E, ...]; ``shard_dim`` for w13 ones (see
+        ``quant_method.py``); ``attrs`` may bring its own ``weight_loader``."""
+        param = nn.Parameter(tensor, requires_grad=False)
+        attrs.setdefault("weight_loader", self.weight_loader)
+        set_weight_attrs(param, {**attrs, "shard_dim": shard_dim})
+        self.register_parameter(name, param)
         return param
 
-    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
-                      shard_id: tuple[int, int] | None = None) -> None:
-        """Copies expert ``shard_id[0]``'s projection into its slice: shard 0 (gate) or 1
-        (up) of ``w13_weight``, shard 0 of ``w2_weight``."""
+    def expert_slice(self, param: torch.Tensor, shard_id) -> torch.Tensor:
+        """The view of ``param`` that expert ``shard_id[0]``'s shard ``shard_id[1]`` fills."""
         if not isinstance(shard_id, tuple):
             raise ValueError(f"{self.prefix}: stacked expert weights load per expert "
-                             f"(experts.<id>.<projection>.weight), got a whole tensor")
+                             f"(experts.<id>.<projection>.<tensor>), got a whole tensor")
         expert, shard = shard_id
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"{self.prefix}: expert {expert} is out of range: the config "
                              f"has {self.num_experts} experts")
         target = param.data[expert]
-        if param is self.w13_weight:
-            target = target.narrow(0, shard * self.intermediate_size, self.intermediate_size)
+        shard_dim = getattr(param, "shard_dim", None)
+        if shard_dim is None:
+            if shard != 0:
+                raise ValueError(f"{self.prefix}: down projections have one shard, got {shard}")
+            return target
+        size = target.shape[shard_dim] // 2
+        return target.narrow(shard_dim, shard * size, size)
+
+    def weight_loader(self, param: torch.Tensor, loaded: torch.Tensor,
+                      shard_id: tuple[int, int] | None = None) -> None:
+        """Copies expert ``shard_id[0]``'s tensor into its slice of ``param``: shard 0
+        (gate) or 1 (up) of a w13 parameter, shard 0 of a w2 one. Shapes must agree up to
+        dims of size 1 (a scalar scale fills a [1] slot)."""
+        target = self.expert_slice(param, shard_id)
+        if target.shape != loaded.shape and _same_but_unit_dims(target.shape, loaded.shape):
+            loaded = loaded.reshape(target.shape)
         if target.shape != loaded.shape:
             raise ValueError(f"{self.prefix}: checkpoint tensor has shape "
                              f"{tuple(loaded.shape)}, the expert expects {tuple(target.shape)}")
@@ -81,7 +122,8 @@ class FusedMoE(nn.Module):
         """hidden [T, H], router_logits [T, E] -> [T, H]."""
         from tamis.kernels.fused_moe import fused_experts  # lazy: no Triton at import
         weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        return fused_experts(hidden, self.w13_weight, self.w2_weight, weights, ids)
+        w13, w2 = self.quant_method.expert_weights(self)
+        return fused_experts(hidden, w13, w2, weights, ids)
 
 
 class SparseMoeBlock(nn.Module):

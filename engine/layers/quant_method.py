@@ -18,6 +18,13 @@ Parameter attributes the layer's weight loaders read (set with ``set_weight_attr
 
 A fused layer (q/k/v or gate/up) is one parameter set covering all shards along N;
 the loader copies each checkpoint shard into its slice.
+
+A mixture-of-experts layer (``FusedMoE``) has a ``FusedMoEMethodBase`` instead: its
+parameters stack all experts, named ``w13_<tensor>`` (gate and up) and ``w2_<tensor>``
+(down) after the checkpoint's per-expert tensor names (``experts.<e>.<proj>.<tensor>``:
+``weight``, ``qweight``, ``scales``, ``weight_scale``, ...). Dim 0 is the expert; a w13
+parameter's ``shard_dim`` is the dim of one expert's tensor along which gate (shard 0)
+and up (shard 1) sit side by side.
 """
 from __future__ import annotations
 
@@ -51,6 +58,22 @@ class LinearMethodBase(ABC):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once after every parameter is loaded (repack, transpose, check)."""
+
+
+class FusedMoEMethodBase(ABC):
+    """How one mixture-of-experts layer stores its experts' weights."""
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
+                       intermediate_size: int, params_dtype: torch.dtype) -> None:
+        """Registers the stacked ``w13_*`` / ``w2_*`` parameters on ``layer``."""
+
+    @abstractmethod
+    def expert_weights(self, layer: nn.Module) -> tuple[Any, Any]:
+        """(w13, w2) in a form ``tamis.kernels.fused_moe.fused_experts`` takes."""
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Called once after every parameter is loaded (repack, check)."""
 
 
 class QuantizationConfig(ABC):

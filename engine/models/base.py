@@ -9,12 +9,13 @@ declares in ``packed_modules_mapping`` (vLLM's form)::
 (the position in the list) by that parameter's ``weight_loader``.
 
 Mixture-of-experts models stack their experts per layer and declare, per projection name
-of the checkpoint's per-expert tensors, the stacked parameter and shard it goes to
+of the checkpoint's per-expert tensors, the stack and shard it goes to
 (``expert_weight_names``)::
 
-    {"w1": ("w13_weight", 0), "w3": ("w13_weight", 1), "w2": ("w2_weight", 0)}
+    {"w1": ("w13", 0), "w3": ("w13", 1), "w2": ("w2", 0)}
 
-``...experts.5.w3.weight`` is loaded into ``...experts.w13_weight`` with shard id (5, 1).
+``...experts.5.w3.weight`` is loaded into ``...experts.w13_weight`` with shard id (5, 1);
+a quantized checkpoint's ``...experts.5.w3.qweight`` into ``...experts.w13_qweight``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from torch import nn
 
 # Tensors some checkpoints carry that are recomputed here, never loaded.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
-_EXPERT_TENSOR = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.weight")
+_EXPERT_TENSOR = re.compile(
+    r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)\.(?P<tensor>\w+)")
 
 
 def head_dim_of(hf_config) -> int:
@@ -61,7 +63,7 @@ class CausalLMBase(nn.Module):
     ``self.tie_word_embeddings``."""
 
     packed_modules_mapping: dict[str, list[str]] = {}
-    expert_weight_names: dict[str, tuple[str, int]] = {}
+    expert_weight_names: dict[str, tuple[str, int]] = {}   # proj -> ("w13" | "w2", shard)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, vocab]."""
@@ -75,7 +77,8 @@ class CausalLMBase(nn.Module):
         """(parameter name, shard id) for a checkpoint tensor name."""
         expert = _EXPERT_TENSOR.fullmatch(name)
         if expert and expert["proj"] in self.expert_weight_names:
-            param, shard = self.expert_weight_names[expert["proj"]]
+            stack, shard = self.expert_weight_names[expert["proj"]]
+            param = f"{stack}_{expert['tensor']}"
             return f"{expert['block']}.{param}", (int(expert["expert"]), shard)
         parts = name.split(".")
         for fused, shards in self.packed_modules_mapping.items():
@@ -107,9 +110,10 @@ class CausalLMBase(nn.Module):
         block, _, param = name.rpartition(".")
         if not block.endswith("experts"):
             return []
+        stack, _, tensor = param.partition("_")
         projections = [proj for proj, (stacked, _) in self.expert_weight_names.items()
-                       if stacked == param]
-        return [f"{block}.{expert}.{proj}.weight" for expert in range(num_experts)
+                       if stacked == stack]
+        return [f"{block}.{expert}.{proj}.{tensor}" for expert in range(num_experts)
                 for proj in projections]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

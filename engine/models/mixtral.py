@@ -8,8 +8,8 @@ from tamis.engine.models.llama import MistralForCausalLM
 
 class MixtralForCausalLM(MistralForCausalLM):
     mlp_name = "block_sparse_moe"
-    expert_weight_names = {"w1": ("w13_weight", 0), "w3": ("w13_weight", 1),
-                           "w2": ("w2_weight", 0)}
+    expert_weight_names = {"w1": ("w13", 0), "w3": ("w13", 1),
+                           "w2": ("w2", 0)}
 
     @staticmethod
     def make_mlp(config, layer_idx: int, quant_config, prefix: str) -> SparseMoeBlock:

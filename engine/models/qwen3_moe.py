@@ -13,8 +13,8 @@ from tamis.engine.models.llama import LlamaMLP
 from tamis.engine.models.qwen2 import Qwen2ForCausalLM
 from tamis.engine.models.qwen3 import Qwen3ForCausalLM
 
-QWEN_EXPERT_WEIGHT_NAMES = {"gate_proj": ("w13_weight", 0), "up_proj": ("w13_weight", 1),
-                            "down_proj": ("w2_weight", 0)}
+QWEN_EXPERT_WEIGHT_NAMES = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1),
+                            "down_proj": ("w2", 0)}
 
 
 def is_sparse_layer(config, layer_idx: int) -> bool:

@@ -4,6 +4,7 @@ The dense models' logit checks (``test_models``) run here on tiny MoE checkpoint
 the engine end to end: greedy tokens equal transformers' over 8 prompts, a request's
 tokens do not depend on its batch, on prefix-cache hits or on preemption, and
 structured outputs hold. Loading: stacked experts, layer selection, refusals.
+Quantized experts: ``test_models_moe_quant``.
 """
 from __future__ import annotations
 
@@ -145,13 +146,6 @@ def test_bad_expert_tensors_are_named(tiny_checkpoint):
     loaded = {n for n in model.expected_checkpoint_names() if n != name.format(2)}
     with pytest.raises(ValueError, match=r"missing tensor\(s\) '.*experts\.2\.w2\.weight'"):
         model.check_all_loaded(loaded)
-
-
-def test_quantized_moe_is_refused_with_a_clear_message(tiny_checkpoint):
-    config = engine_config(tiny_checkpoint("qwen3_moe"), quantization="fp8")
-    with pytest.raises(ValueError, match="fp8 quantization of mixture-of-experts layers .* "
-                                         "not supported yet"):
-        load_model(config, "cpu")
 
 
 @pytest.mark.gpu
