@@ -4,8 +4,8 @@
 tokenizer, names) into the routes. Middleware, outermost first: access log (one line
 per request), body-size limit (413), API key (401 on ``/v1/*``). ``/health`` (liveness) and
 ``/ready`` (readiness) answer 200 while the engine's step loop runs, 503 once it died. Shutting the app down
-(uvicorn on SIGTERM/SIGINT, after in-flight responses drain) stops the engine thread,
-aborting whatever is still running.
+(uvicorn on SIGTERM/SIGINT, after in-flight responses drain) stops the engine core (its
+thread or process), aborting whatever is still running.
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def _model_card(ctx: ServerContext, name: str) -> dict:
 def _add_routes(app: FastAPI, ctx: ServerContext) -> None:
     @app.get("/health")
     async def health():
-        """Liveness: 200 while the engine's step loop runs."""
+        """Liveness: 200 while the engine core runs."""
         return _engine_status(ctx)
 
     @app.get("/ready")
