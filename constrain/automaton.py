@@ -58,6 +58,14 @@ class NFA:
         self.eps.append([])
         return len(self.edges) - 1
 
+    def seal(self) -> None:
+        """Turns the per-state lists into tuples once the automaton is built. A large
+        constraint's NFA has hundreds of thousands of states, kept alive by its lazy DFA:
+        as lists, every one of them is rescanned by each full garbage collection (seconds
+        in a long-running engine); tuples of ints drop out of the collector's tracking."""
+        self.edges = [tuple(out) for out in self.edges]
+        self.eps = [tuple(out) for out in self.eps]
+
 
 def build_nfa(node) -> tuple[NFA, int, int]:
     if ra.tree_size(node) > MAX_NFA_STATES:
@@ -70,6 +78,7 @@ def build_nfa(node) -> tuple[NFA, int, int]:
         accept = _build(nfa, node, start)
         if nfa.may_dead_end:
             _trim(nfa, accept)
+        nfa.seal()
     return nfa, start, accept
 
 
@@ -138,6 +147,7 @@ def _record(node) -> tuple:
     end = _build_node(local, node, start)
     enters_start = any(t == 0 for edges in local.edges for _, _, t in edges) \
         or any(0 in eps for eps in local.eps)
+    local.seal()
     return (node, local.edges, local.eps, end, local.may_dead_end, enters_start)
 
 
@@ -512,7 +522,7 @@ class LazyDFA:
         found = self._class_edges.get(q)
         if found is None:
             cls = self._class_of
-            found = [(cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges[q]]
+            found = tuple((cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges[q])
             self._class_edges[q] = found
         return found
 
