@@ -168,13 +168,16 @@ def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
                                     f"({total['valid_ok']}/{total['valid']})",
         "cold compile ms p50 / p99": f"{pct(compile_ms, 50):.1f} / {pct(compile_ms, 99):.1f}",
         "first mask after compile ms p50 / p99": f"{pct(first_mask, 50):.2f} / {pct(first_mask, 99):.1f}",
-        "JSON mask fill us p50 / p99": f"{1e3 * pct(mask_times, 50):.0f} / {1e3 * pct(mask_times, 99):.0f}",
+        "JSON mask fill us p50 / p99 / p99.9": mask_percentiles(mask_times),
     }
     for other, times in others.items():
-        fig[f"{other} mask fill us p50 / p99"] = (
-            f"n/a: {times[:70]}" if isinstance(times, str)
-            else f"{1e3 * pct(times, 50):.0f} / {1e3 * pct(times, 99):.0f}")
+        fig[f"{other} mask fill us p50 / p99 / p99.9"] = (
+            f"n/a: {times[:70]}" if isinstance(times, str) else mask_percentiles(times))
     return fig
+
+
+def mask_percentiles(seconds: list) -> str:
+    return " / ".join(f"{1e3 * pct(seconds, q):,.0f}" for q in (50, 99, 99.9))
 
 
 # ---- with the model: constrained vs unconstrained decode throughput ------------------------
@@ -317,10 +320,10 @@ def main() -> None:
         figures = {name: model_free_figures(name, args.per_subset) for name in names}
         print("\n| workload | " + " | ".join(names) + " | target |")
         print("|---|" + "---|" * len(names) + "---|")
-        targets = {"schemas compiled": ">= 99%", "invalid instances accepted": "0",
-                   "valid instances accepted": ">= 99%", "cold compile ms p50 / p99": "<= 20 (p50)"}
+        targets = {"schemas compiled": ">= 97%", "invalid instances accepted": "0",
+                   "cold compile ms p50 / p99": "<= 5 / <= 100"}
         for row in figures[names[0]]:
-            target = targets.get(row, "<= 30 / <= 300" if "mask fill" in row else "")
+            target = targets.get(row, "p99 <= 1,000, p99.9 <= 5,000" if "mask fill" in row else "")
             print(f"| {row} | " + " | ".join(figures[n][row] for n in names) + f" | {target} |")
     if args.engine_masks:
         import structured_engine_masks as engine_masks
