@@ -33,7 +33,7 @@ import torch
 from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
 from tamis.engine.inflight import LaunchedStep, is_pipelinable
-from tamis.engine.kv_cache import KVCacheManager
+from tamis.engine.kv_cache import KVCacheManager, shared_sliding_window
 from tamis.engine.loader import tokenizer_path
 from tamis.engine.output_processor import OutputProcessor, RequestGroup
 from tamis.engine.outputs import Logprob, RequestOutput
@@ -91,7 +91,9 @@ class LLMEngine:
             logger.warning("KV cache holds %d tokens: max_model_len lowered from %d", capacity,
                            self.max_model_len)
             self.max_model_len = capacity
-        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        window = shared_sliding_window(self.runner.kv_spec.sliding_windows)
+        self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                       sliding_window=window)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, budget, config.scheduling_policy)
 
     # --- requests ------------------------------------------------------------------------

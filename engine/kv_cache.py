@@ -24,6 +24,27 @@ in the queue.
 
 ``allocate`` returns the new block ids or ``None`` when the pool cannot hold the
 request; choosing whom to preempt is the scheduler's job.
+
+Sliding window (``sliding_window`` W, set when every attention layer slides by the same
+W: ``shared_sliding_window``). The next query of a request is at position
+``num_computed_tokens`` or later and sees keys ``> position - W``, so a block whose last
+position is ``<= num_computed_tokens - W`` is never read again. ``drop_blocks_outside_window``
+releases such blocks (front first) and puts ``PLACEHOLDER_BLOCK`` in their table entries,
+so positions keep mapping to table entries::
+
+    block_ids:  [P][P][ 9][ 4]        B = 16, W = 16, num_computed_tokens = 50
+                 0  16 32  48         keys 35.. are visible to position 50: block 2 on
+
+A dropped block is released as a finished request's block is: with prefix caching on,
+only blocks already registered are dropped, and they keep their hash. Their KV stays
+valid (it depends on the tokens up to them, not on the window), so a later request with
+the same prefix may still hit them until the pool hands them out again.
+
+Attention gives keys outside the window zero weight: the Triton kernels start at the
+tile holding the window's first key, the torch backend masks them. Both may still load a
+dropped entry's tile, so the placeholder is an ordinary block (its contents finite: the
+cache starts zeroed and only ever holds computed keys); a runner that keeps table rows
+between steps may show a dropped block's former id there instead, which is equally unread.
 """
 from __future__ import annotations
 
@@ -40,6 +61,23 @@ class KVBlock:
     block_hash: int | None = None          # set while registered in the prefix cache
     parent_hash: int | None = None
     token_ids: tuple[int, ...] = ()
+
+
+# Stands in a block table for a block dropped behind the sliding window (never read).
+PLACEHOLDER_BLOCK = 0
+
+
+def shared_sliding_window(sliding_windows: tuple[int | None, ...] | list[int | None]) -> int | None:
+    """The window W when every layer attends within the same W, else None.
+
+    Only then are blocks dropped: all layers share one block table, so a block can go
+    only when no layer reads it. Hybrid models (Gemma 2 / 3: sliding layers beside global
+    ones) keep every block, since their global layers read the whole sequence; dropping
+    per layer kind would need a table per kind (vLLM's hybrid allocator)."""
+    windows = set(sliding_windows)
+    if len(windows) != 1 or None in windows:
+        return None
+    return windows.pop()
 
 
 def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -130,9 +168,13 @@ class BlockPool:
 class KVCacheManager:
     """Per-request block tables over a ``BlockPool`` (see the module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be a positive token count, got {sliding_window}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
         # Counted by the scheduler when a lookup's request is admitted (vLLM's metrics).
         self.prefix_cache_queries = 0                # tokens looked up
@@ -221,10 +263,28 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Drops the request's references, tail first, and clears its block table."""
-        blocks = [self.pool.blocks[i] for i in reversed(request.block_ids)]
-        self.pool.release(blocks)
+        held = request.block_ids[request.num_dropped_blocks:]
+        self.pool.release([self.pool.blocks[i] for i in reversed(held)])
         request.block_ids = []
         request.num_registered_blocks = 0
+        request.num_dropped_blocks = 0
+
+    def drop_blocks_outside_window(self, request: Request) -> None:
+        """Releases the request's blocks that no query from ``num_computed_tokens`` on can
+        see (see the module docstring); a no-op without a shared sliding window."""
+        if self.sliding_window is None:
+            return
+        first_visible = request.num_computed_tokens - self.sliding_window + 1
+        count = min(max(first_visible, 0) // self.block_size, len(request.block_ids))
+        if self.enable_prefix_caching:
+            count = min(count, request.num_registered_blocks)
+        start = request.num_dropped_blocks
+        if count <= start:
+            return
+        dropped = request.block_ids[start:count]
+        self.pool.release([self.pool.blocks[i] for i in reversed(dropped)])
+        request.block_ids[start:count] = [PLACEHOLDER_BLOCK] * (count - start)
+        request.num_dropped_blocks = count
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()
@@ -242,4 +302,5 @@ class KVCacheManager:
             hashes.append(hash_block(parent, self._block_tokens(request, len(hashes))))
 
 
-__all__ = ["KVCacheManager", "BlockPool", "KVBlock", "hash_block", "hash_salt"]
+__all__ = ["KVCacheManager", "BlockPool", "KVBlock", "PLACEHOLDER_BLOCK", "hash_block",
+           "hash_salt", "shared_sliding_window"]

@@ -87,6 +87,7 @@ class Request:
         self.num_inflight_tokens = 0
         self.block_ids: list[int] = []
         self.num_registered_blocks = 0        # leading full blocks registered in the prefix cache
+        self.num_dropped_blocks = 0           # leading blocks released behind a sliding window
         self.block_hashes: list[int] = []     # prefix-cache hash chain of full blocks
         self.num_cached_tokens = 0            # prompt tokens served by the prefix cache
         self.cache_salt: str | None = None    # prefix-cache hits only among equal salts

@@ -190,7 +190,8 @@ class Scheduler:
         return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
 
     def update_after_step(self, output: SchedulerOutput) -> None:
-        """Marks the scheduled tokens computed and makes newly full blocks hittable."""
+        """Marks the scheduled tokens computed, makes newly full blocks hittable and
+        releases blocks that fell behind a sliding window."""
         kv = self.kv_cache
         caching, block_size = kv.enable_prefix_caching, kv.block_size
         for item in output.scheduled:
@@ -202,6 +203,8 @@ class Scheduler:
             if caching and (min(end, len(request.all_token_ids)) // block_size
                             > request.num_registered_blocks):
                 kv.cache_computed_blocks(request)
+            if kv.sliding_window is not None:
+                kv.drop_blocks_outside_window(request)
 
 
 __all__ = ["Scheduler", "SchedulerOutput", "ScheduledRequest"]
