@@ -198,3 +198,20 @@ def test_a_missing_quantized_expert_tensor_is_named(quantized, tmp_path):
     with pytest.raises(ValueError, match=r"missing tensor\(s\) "
                                          r"'model.layers.1.block_sparse_moe.experts.2.w2.qzeros'"):
         load_model(engine_config(tmp_path), "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "ct-w4a16", "fp8-static", "ct-fp8"])
+def test_cuda_quantized_experts_pick_transformers_tokens(quantized, fmt):
+    """bf16 on CUDA: the compiled kernels (int tiles dequantized in the grouped GEMMs; FP8
+    as W8A8 on GPUs with FP8 tensor cores) agree with transformers' argmax on the
+    dequantized weights."""
+    folder, reference = quantized("mixtral", fmt)
+    model, hf_config = load_model(engine_config(folder, dtype="bfloat16"), "cuda")
+    batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
+                           dtype=model.dtype, device="cuda")
+    ids = prompt_ids(folder, 40)
+    (expected,) = reference_logits(reference, ids)
+    got = batcher.run(model, [("a", ids)])["a"].float().cpu()
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.9
