@@ -11,9 +11,9 @@ queues on the event loop.
     stream queues <--call_soon_threadsafe(dispatch, outputs)-- on_core_event
 
 The step loop never runs on the event loop. ``RequestOutput`` values reaching a consumer
-are cumulative (a core in another process sends deltas; ``engine/core/deltas.py`` adds
-them up per stream), so a consumer that falls behind reads only the newest output
-(``generate`` coalesces).
+are cumulative (a core in another process sends token deltas; ``engine/core/deltas.py``
+detokenizes and adds them up per stream, here), so a consumer that falls behind reads only
+the newest output (``generate`` coalesces).
 
 Back-pressure: at most ``max_waiting`` requests may be admitted but not yet producing
 output; past that ``generate`` raises ``EngineOverloaded`` before anything is queued
@@ -30,10 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from tamis.engine.core.deltas import OutputMerger, delta_params
+from tamis.engine.core.deltas import OutputMerger, core_params, wants_merging
 from tamis.engine.core.process import ProcessCore
 from tamis.engine.core.thread import ThreadCore
-from tamis.engine.sampling_params import RequestOutputKind
 
 logger = logging.getLogger("tamis.engine.async")
 
@@ -77,6 +76,7 @@ class _Stream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.times = RequestTimes()
         self.started = False  # produced at least one output
+        self.ended = False    # its finished output is queued
         self.merger = merger
 
 
@@ -136,11 +136,13 @@ class AsyncEngine:
 
     async def generate(self, prompt: str | list[int], params,
                        request_id: str, priority: int = 0) -> AsyncIterator[Any]:
-        merge = (self.core.remote
-                 and getattr(params, "output_kind", None) == RequestOutputKind.CUMULATIVE)
-        stream = self._admit(request_id, OutputMerger() if merge else None)
-        self.core.send(("add", request_id, prompt, delta_params(params) if merge else params,
-                        priority))
+        merger = None
+        if self.core.remote and wants_merging(params):
+            # Outputs come as token deltas, made into text and cumulative outputs here.
+            merger = OutputMerger(params, self.tokenizer)
+            params = core_params(params, detokenize_here=self.tokenizer is not None)
+        stream = self._admit(request_id, merger)
+        self.core.send(("add", request_id, prompt, params, priority))
         finished = False
         try:
             while True:
@@ -212,13 +214,16 @@ class AsyncEngine:
         """Runs on the event loop: routes one step's outputs to their queues."""
         for output in outputs:
             stream = self._streams.get(output.request_id)
-            if stream is None:
-                continue  # aborted meanwhile
+            if stream is None or stream.ended:
+                continue  # aborted meanwhile, or ended by a stop string found here
             if not stream.started:
                 stream.started = True
                 self._num_not_started -= 1
             if stream.merger is not None:
-                output = stream.merger.merge(output)
+                delta, output = output, stream.merger.merge(output)
+                if output.finished and not delta.finished:   # a stop string, found here
+                    self.core.send(("abort", output.request_id))
+            stream.ended = output.finished
             stream.queue.put_nowait(output)
 
     def _fail(self, request_id: str, exc: BaseException) -> None:

@@ -24,14 +24,19 @@ ENGINE_ARGS = dict(model=None, kv_cache_memory_bytes="64MiB", max_model_len=512,
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
 
 
-def _params() -> list[SamplingParams]:
+def _params(period_id: int) -> list[SamplingParams]:
     """One of each output shape: plain, logprobs + prompt logprobs, n=2 seeded sampling,
-    stop strings, a regex constraint."""
+    stop strings (kept, held back and cut, with logprobs, after min_tokens, in one of two
+    choices), a stop token id, a regex constraint."""
     return [SamplingParams(max_tokens=12, temperature=0),
             SamplingParams(max_tokens=6, temperature=0, logprobs=3, prompt_logprobs=2),
             SamplingParams(max_tokens=8, temperature=0.8, n=2, seed=7),
             SamplingParams(max_tokens=24, temperature=0, stop=[".", " and"],
                            include_stop_str_in_output=True),
+            SamplingParams(max_tokens=24, temperature=0, stop=[" the", ","], logprobs=1),
+            SamplingParams(max_tokens=24, temperature=0, stop=[" "], min_tokens=3),
+            SamplingParams(max_tokens=16, temperature=1.0, n=2, seed=3, stop=["e"]),
+            SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[period_id]),
             SamplingParams(max_tokens=10, temperature=0,
                            structured_outputs=StructuredOutputsParams(regex=r"[a-z]{3,6}"))]
 
@@ -68,11 +73,24 @@ async def _collect(engine: AsyncEngine, prompt, params, request_id: str) -> list
 
 
 def _run_all(engine: AsyncEngine) -> list[list]:
+    period_id = engine.tokenizer.convert_tokens_to_ids(".")
+
     async def main():
         jobs = [_collect(engine, prompt, params, f"r{i}-{j}")
-                for i, prompt in enumerate(PROMPTS) for j, params in enumerate(_params())]
+                for i, prompt in enumerate(PROMPTS) for j, params in enumerate(_params(period_id))]
         return await asyncio.gather(*jobs)
     return asyncio.run(main())
+
+
+def _wait_until_idle(engine: AsyncEngine, timeout: float = 30):
+    """The core's stats once no request runs and every block is free (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = engine.last_stats
+        if stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks:
+            break
+        time.sleep(0.05)
+    return engine.last_stats
 
 
 def _final(output) -> tuple:
@@ -93,10 +111,16 @@ def test_outputs_equal_the_in_process_core(process_engine, thread_engine):
                 assert last.token_ids[:len(choice.token_ids)] == choice.token_ids
                 assert last.text.startswith(choice.text)
     assert any(len(outputs) > 2 for outputs in remote), "no request streamed several outputs"
+    reasons = [c.stop_reason for outputs in remote for c in outputs[-1].outputs]
+    assert any(isinstance(r, str) for r in reasons), "no stop string ended a request"
+    assert any(isinstance(r, int) for r in reasons), "no stop token id ended a request"
     assert process_engine.num_in_flight == 0
-    stats = process_engine.last_stats
+    stats = _wait_until_idle(process_engine)   # requests a stop string ended are aborted
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
-    assert stats.num_finished_requests >= len(remote)
+    # Requests a stop string ended here were aborted in the core, not finished there.
+    ended_in_core = [o for o in remote if not any(isinstance(c.stop_reason, str)
+                                                  for c in o[-1].outputs)]
+    assert stats.num_finished_requests >= len(ended_in_core)
 
 
 def test_request_errors_keep_their_kind(process_engine):
@@ -124,16 +148,10 @@ def test_leaving_the_stream_frees_the_request_in_the_core(process_engine):
                 used = process_engine.last_stats.num_total_blocks - \
                     process_engine.last_stats.num_free_blocks
                 break
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            stats = process_engine.last_stats
-            if stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks:
-                break
-            await asyncio.sleep(0.05)
         return used
 
     used = asyncio.run(main())
-    stats = process_engine.last_stats
+    stats = _wait_until_idle(process_engine)
     assert used > 0
     assert stats.num_running == 0 and stats.num_free_blocks == stats.num_total_blocks
     assert process_engine.num_in_flight == 0
