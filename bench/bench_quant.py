@@ -81,7 +81,7 @@ PPL_METHODS = {
     "gptq-4bit-g128-asym": [*_GPTQ, "--no-sym"],
     "gptq-4bit-g128-act-order-asym": [*_GPTQ, "--desc-act", "--no-sym"],
     "rtn-4bit-g128-asym": [*_GPTQ, "--no-sym", "--rtn"],
-    "fp8-dynamic": ["--method", "fp8"],  # GPTQ-rounded FP8 weights, per-tensor scales
+    "fp8-dynamic": ["--method", "fp8"],  # GPTQ-rounded FP8 weights, per-channel scales
     "fp8-dynamic-rtn": ["--method", "fp8", "--rtn"],
     "fp8-online": [],  # --quantization fp8 on the unquantized checkpoint (per-channel)
     # The residual stream rotated before quantizing (quant/quantizer/rotate.py): the

@@ -1,9 +1,10 @@
-"""FP8 (e4m3) weights with one scale per tensor, rounded by GPTQ's error feedback.
+"""FP8 (e4m3) weights with one scale per output channel, rounded by GPTQ's error feedback.
 
-The scale maps the tensor's max |w| to 448 (e4m3's largest value), as round-to-nearest
+Each row's scale maps its max |w| to 448 (e4m3's largest value), as round-to-nearest
 does; GPTQ then picks each column's FP8 values so that the layer's output error on the
-calibration inputs is small, instead of each weight's own error. Per-tensor scales keep
-the checkpoint in the layout every FP8 loader reads (``quant_method: fp8``).
+calibration inputs is small, instead of each weight's own error. Per-channel scales are
+what compressed-tensors' ``float-quantized`` format (llm-compressor's FP8_DYNAMIC) stores,
+and rows stay independent, so the linears that share an input are solved in one stack.
 """
 from __future__ import annotations
 
@@ -12,21 +13,26 @@ from dataclasses import dataclass
 import torch
 
 from tamis.kernels.fp8 import FP8_DTYPE, quantize_fp8
-from tamis.quant.fp8 import quantize_weight_per_tensor
+from tamis.quant.fp8 import quantize_weight_per_channel
 from tamis.quant.quantizer.gptq import gptq_solve, visiting_order
 
 
 @dataclass
 class Fp8Weight:
     weight: torch.Tensor  # float8 [N, K]
-    scale: torch.Tensor   # float32 scalar
+    scale: torch.Tensor   # float32 [N], one per output channel
 
     def dequantize(self) -> torch.Tensor:
-        return self.weight.float() * self.scale
+        return self.weight.float() * self.scale[:, None]
+
+    def split_rows(self, rows: list[int]) -> list["Fp8Weight"]:
+        """The parts of a stack of linears (``rows``: each one's output features)."""
+        return [Fp8Weight(w.contiguous(), s.contiguous())
+                for w, s in zip(self.weight.split(rows), self.scale.split(rows))]
 
 
 def rtn_fp8(weight: torch.Tensor) -> Fp8Weight:
-    return Fp8Weight(*quantize_weight_per_tensor(weight))
+    return Fp8Weight(*quantize_weight_per_channel(weight))
 
 
 def gptq_fp8(weight: torch.Tensor, hessian: torch.Tensor, act_order: bool = True,

@@ -85,6 +85,10 @@ class QuantizeOptions:
     # spread over every channel; the checkpoint's embeddings come untied). None: the
     # method's default (on for calibrated GPTQ).
     rotate: bool | None = None
+    # The checkpoint layout (writer.py): "native" (AWQ GEMM / GPTQ v1) or
+    # "compressed-tensors" (pack-quantized; float-quantized, the only FP8 layout).
+    # None: native for awq and gptq, compressed-tensors for fp8.
+    format: str | None = None
     # Set by __post_init__: rotate is the method's default, not asked for. A default
     # rotation is skipped on an architecture rotate.py does not know; an asked-for one
     # is refused there.
@@ -104,6 +108,13 @@ class QuantizeOptions:
         elif self.group_size not in GROUP_SIZES[self.method]:
             raise ValueError(f"--group-size {self.group_size} is not supported for "
                              f"{self.method}: choose one of {GROUP_SIZES[self.method]}")
+        if self.format is None:
+            self.format = "compressed-tensors" if self.method == "fp8" else "native"
+        if self.format not in writer.FORMATS:
+            raise ValueError(f"--format {self.format!r}: choose one of {writer.FORMATS}")
+        if self.method == "fp8" and self.format != "compressed-tensors":
+            raise ValueError("--method fp8 writes the compressed-tensors format only (the "
+                             "layout vLLM and transformers both read)")
         if self.sym is None:
             self.sym = self.method != "awq"
         if self.method == "awq" and self.sym:
@@ -141,6 +152,11 @@ class QuantizeOptions:
                              "--method gptq or awq without --rtn")
         if self.refit is None:
             self.refit = bool(self.refine) and not self.rtn and self.method != "fp8"
+        if self.format == "compressed-tensors" and self.desc_act and not self.static_groups:
+            raise ValueError("--desc-act with --format compressed-tensors needs "
+                             "--static-groups (actorder 'weight'): compressed-tensors 0.19 "
+                             "no longer reads dynamic act-order groups (actorder 'group'); "
+                             "the native GPTQ format keeps them")
 
 
 def _default_act_order_block(options: QuantizeOptions) -> int:
@@ -223,11 +239,14 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             inputs = calibration.run_layer(layer, inputs, kwargs)
             bar.update(1)
     bar.close()
-    state = _checkpoint_state(model, result, options)
+    state = writer.checkpoint_state(
+        model, result.weights, options.method, options.format, options.sym,
+        act_order=options.desc_act and not options.static_groups,
+        dtype=writer.source_dtype(model_path))
     quant_config = writer.quantization_config(
         options.method, options.bits, options.group_size, options.desc_act, options.sym,
         static_groups=bool(options.static_groups), true_sequential=options.true_sequential,
-        damp=options.damp)
+        damp=options.damp, fmt=options.format)
     overrides = {"tie_word_embeddings": False} if rotated else {}
     writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
@@ -318,7 +337,8 @@ def _quantize_layer_rtn(layer: nn.Module, prefix: str, options: QuantizeOptions,
 
 def _min_zero(options: QuantizeOptions) -> int:
     # GPTQ v1 stores zero - 1, so an asymmetric zero point must be at least 1.
-    return 1 if options.method == "gptq" and not options.sym else 0
+    native_gptq = options.method == "gptq" and options.format == "native"
+    return 1 if native_gptq and not options.sym else 0
 
 
 def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
@@ -330,11 +350,6 @@ def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
     for stage in stages:
         if options.true_sequential:  # this stage's inputs through the quantized stages
             hessians = _hessians(layer, inputs, kwargs, stage)
-        if options.method == "fp8":  # one per-tensor scale per linear: solve them apart
-            for name in stage:
-                quantized = _gptq_linear(linears[name].weight.data, hessians[name], options)
-                _store(linears[name], f"{prefix}.{name}", quantized, result)
-            continue
         # The linears of a stage read one input, so share one Hessian, and GPTQ treats
         # output rows independently: one solve over their stacked rows gives each the
         # result of its own solve, in one pass over K instead of one per linear.
@@ -357,7 +372,7 @@ def _split_rows(quantized, rows: list[int]) -> list:
     if len(rows) == 1:
         return [quantized]
     if isinstance(quantized, Fp8Weight):
-        raise ValueError("FP8 stacks share one per-tensor scale: quantize them apart")
+        return quantized.split_rows(rows)
     return [QuantizedWeight(c.contiguous(), s.contiguous(), z.contiguous(),
                             quantized.g_idx.clone(),  # safetensors refuses shared tensors
                             quantized.bits, quantized.group_size)
@@ -450,18 +465,3 @@ def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
         if need_hessian:
             quantized = _polish(weight, hessians[name].hessian, quantized, options)
         _store(linear, f"{prefix}.{name}", quantized, result)
-
-
-def _checkpoint_state(model: nn.Module, result: QuantizeResult,
-                      options: QuantizeOptions) -> dict[str, torch.Tensor]:
-    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)
-    pack = {"awq": writer.awq_tensors, "gptq": writer.gptq_tensors}.get(options.method)
-    for name, quantized in result.weights.items():
-        del state[f"{name}.weight"]
-        if options.method == "fp8":
-            state.update(writer.fp8_tensors(name, quantized.weight, quantized.scale))
-        else:
-            state.update(pack(name, quantized))
-    return state

@@ -2,13 +2,23 @@
 loads, and vLLM / transformers read):
 
 ```
-awq   <name>.qweight [K, N/8] (AWQ order), .qzeros [K/G, N/8], .scales fp16 [K/G, N]
-gptq  <name>.qweight [K/P, N], .qzeros [G, N/P] holding zero - 1 (v1), .scales fp16 [G, N],
-      .g_idx int32 [K]
-fp8   <name>.weight float8_e4m3fn [N, K], .weight_scale float32 [] (per tensor)
+awq (native)   <name>.qweight [K, N/8] (AWQ order), .qzeros [K/G, N/8], .scales fp16 [K/G, N]
+gptq (native)  <name>.qweight [K/P, N], .qzeros [G, N/P] holding zero - 1 (v1),
+               .scales fp16 [G, N], .g_idx int32 [K]
+compressed-tensors pack-quantized (awq, gptq):
+               <name>.weight_packed int32 [N, K/P] (codes, sequential along K),
+               .weight_scale float32 [N, G], .weight_shape int64 [2] = (N, K),
+               .weight_zero_point int32 [N/P, G] (asymmetric), .weight_g_idx int32 [K]
+               (act order "group")
+compressed-tensors float-quantized (fp8):
+               <name>.weight float8_e4m3fn [N, K], .weight_scale float32 [N, 1]
 ```
-plus every other tensor unchanged, ``config.json`` with ``quantization_config``, and the
-tokenizer files.
+(P = 32 / bits codes per int32, G groups along K.) Codes are stored unsigned, which is
+compressed-tensors' signed code plus 2**(bits-1); a symmetric grid's zero point is that
+offset, so it is not stored. Scales of pack-quantized are written in float32: the
+quantizer's float16-exact values, whose products with the codes compressed-tensors then
+forms exactly (in float16 they would round). Every other tensor is written as it came,
+``config.json`` gets ``quantization_config``, and the tokenizer files are copied.
 """
 from __future__ import annotations
 
@@ -18,9 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tamis.quant.packing import pack_awq, pack_int32
+from tamis.quant.quantizer.fp8 import Fp8Weight
 from tamis.quant.quantizer.grid import QuantizedWeight
+
+FORMATS = ("native", "compressed-tensors")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt",
@@ -43,17 +57,38 @@ def gptq_tensors(name: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
             f"{name}.g_idx": qw.g_idx.to(torch.int32).contiguous()}
 
 
-def fp8_tensors(name: str, weight: torch.Tensor, scale: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {f"{name}.weight": weight.contiguous(),
-            f"{name}.weight_scale": scale.float().reshape(()).contiguous()}
+def ct_fp8_tensors(name: str, quantized: Fp8Weight) -> dict[str, torch.Tensor]:
+    return {f"{name}.weight": quantized.weight.contiguous(),
+            f"{name}.weight_scale": quantized.scale.float().reshape(-1, 1).contiguous()}
+
+
+def ct_pack_tensors(name: str, qw: QuantizedWeight, sym: bool,
+                    act_order: bool) -> dict[str, torch.Tensor]:
+    n, k = qw.codes.shape
+    tensors = {f"{name}.weight_packed": pack_int32(qw.codes, qw.bits, dim=1),
+               f"{name}.weight_scale": qw.scales.float().contiguous(),
+               f"{name}.weight_shape": torch.tensor([n, k], dtype=torch.int64)}
+    if sym:
+        if not torch.equal(qw.zeros, torch.full_like(qw.zeros, 1 << (qw.bits - 1))):
+            raise ValueError(f"{name}: a symmetric grid must have its zero point at "
+                             f"{1 << (qw.bits - 1)}")
+    else:
+        tensors[f"{name}.weight_zero_point"] = pack_int32(qw.zeros.to(torch.int32), qw.bits,
+                                                          dim=0)
+    if act_order:
+        tensors[f"{name}.weight_g_idx"] = qw.g_idx.to(torch.int32).contiguous()
+    return tensors
 
 
 def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
                         sym: bool, static_groups: bool = False, true_sequential: bool = False,
-                        damp: float = 0.01) -> dict[str, Any]:
+                        damp: float = 0.01, fmt: str = "native") -> dict[str, Any]:
     """``quantization_config`` for config.json; the GPTQ provenance fields (damp,
     true-sequential, static groups) record how the checkpoint was made (loaders ignore
     them: ``g_idx`` carries the groups)."""
+    if fmt == "compressed-tensors":
+        return compressed_tensors_config(method, bits, group_size, desc_act, sym,
+                                         static_groups)
     if method == "awq":
         return {"quant_method": "awq", "bits": bits, "group_size": group_size,
                 "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
@@ -63,7 +98,89 @@ def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
                 "damp_percent": damp, "true_sequential": true_sequential,
                 "static_groups": static_groups,
                 "lm_head": False}
-    return {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": []}
+    raise ValueError(f"{method} is written in the compressed-tensors format only")
+
+
+def compressed_tensors_config(method: str, bits: int, group_size: int, desc_act: bool,
+                              sym: bool, static_groups: bool) -> dict[str, Any]:
+    """compressed-tensors' ``quantization_config`` (the fields llm-compressor writes)
+    for every Linear but lm_head: FP8 per-channel weights with dynamic per-token FP8
+    activations (``float-quantized``, llm-compressor's FP8_DYNAMIC), or int weights
+    with float activations (``pack-quantized``, W4A16 / W8A16). ``actorder``: "group"
+    for GPTQ's dynamic act-order groups (``weight_g_idx`` stored), "weight" for act-order
+    visiting with groups contiguous in K (static groups), else null (compressed-tensors
+    0.19 refuses "group", so ``QuantizeOptions`` does not ask for it)."""
+    if method == "fp8":
+        fmt = "float-quantized"
+        weights = _ct_args("float", 8, "channel", None, True, None)
+        activations = {**_ct_args("float", 8, "token", None, True, None), "dynamic": True,
+                       "observer": None}
+    else:
+        fmt = "pack-quantized"
+        actorder = "group" if desc_act and not static_groups else (
+            "weight" if static_groups else None)
+        weights = _ct_args("int", bits, "channel" if group_size == -1 else "group",
+                           None if group_size == -1 else group_size, sym, actorder)
+        activations = None
+    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations,
+             "output_activations": None, "format": fmt}
+    return {"quant_method": "compressed-tensors", "format": fmt,
+            "config_groups": {"group_0": group}, "ignore": ["lm_head"],
+            "quantization_status": "compressed", "kv_cache_scheme": None,
+            "global_compression_ratio": None, "sparsity_config": {}}
+
+
+def _ct_args(kind: str, bits: int, strategy: str, group_size: int | None, sym: bool,
+             actorder: str | None) -> dict[str, Any]:
+    return {"type": kind, "num_bits": bits, "strategy": strategy, "group_size": group_size,
+            "symmetric": sym, "dynamic": False, "actorder": actorder,
+            "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
+
+
+def checkpoint_state(model: nn.Module, weights: dict[str, QuantizedWeight | Fp8Weight],
+                     method: str, fmt: str, sym: bool, act_order: bool,
+                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors to write: each quantized linear of ``weights`` in ``fmt``'s layout, the
+    model's other floating tensors (embeddings, head, norms) in ``dtype``, the source's:
+    the quantizer works in float32, and a rotated model's untied embedding and head would
+    otherwise double the file. The model takes those rounded values too, so as the
+    quantizer's reference it stays what the checkpoint holds."""
+    quantized_weights = {f"{name}.weight" for name in weights}
+    state = {}
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name not in quantized_weights and tensor.is_floating_point():
+                tensor.copy_(tensor.to(dtype))
+                state[name] = tensor.to(dtype, copy=True)
+            elif name not in quantized_weights:
+                state[name] = tensor.detach().clone()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    for name, quantized in weights.items():
+        state.update(_linear_tensors(name, quantized, method, fmt, sym, act_order))
+    return state
+
+
+def _linear_tensors(name: str, quantized, method: str, fmt: str, sym: bool,
+                    act_order: bool) -> dict[str, torch.Tensor]:
+    if method == "fp8":
+        return ct_fp8_tensors(name, quantized)
+    if fmt == "compressed-tensors":
+        return ct_pack_tensors(name, quantized, sym, act_order)
+    if method == "awq":
+        return awq_tensors(name, quantized)
+    return gptq_tensors(name, quantized)
+
+
+def source_dtype(model_path: Path) -> torch.dtype:
+    """The floating dtype the source checkpoint declares (config.json ``dtype`` /
+    ``torch_dtype``), float32 when it declares none."""
+    config = json.loads((model_path / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype") or "float32"
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"{model_path / 'config.json'}: dtype {name!r} is not a floating dtype")
+    return dtype
 
 
 def write_checkpoint(source: Path, output: Path, state: dict[str, torch.Tensor],

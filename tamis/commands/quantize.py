@@ -2,15 +2,23 @@
 
 No MODEL quantizes the embedded SmolLM2-135M-Instruct. GPTQ, AWQ and FP8 calibrate on
 ``--calibration-text`` (a text file; default: standard-library docstrings); ``--rtn``
-skips calibration (round to nearest). FP8 has one weight scale per tensor and dynamic
-activations; its weights are rounded by GPTQ unless ``--rtn``. The output loads in tamis
-(and in vLLM / transformers): AWQ GEMM, GPTQ v1 and FP8 layouts, ``config.json`` with
-``quantization_config``.
+skips calibration (round to nearest). FP8 has one weight scale per output channel and
+dynamic per-token activations; its weights are rounded by GPTQ unless ``--rtn``.
+Tensors that stay unquantized keep the source's dtype.
+
+What is written, and what reads it:
+  awq, gptq (--format native, the default): AWQ GEMM / GPTQ v1 layouts; load in tamis
+      and vLLM (transformers reads them only through a separate AWQ / GPTQ backend).
+  awq, gptq --format compressed-tensors: pack-quantized (W4A16 / W8A16); load in tamis,
+      vLLM, and transformers with compressed-tensors installed.
+  fp8: compressed-tensors float-quantized (llm-compressor's FP8_DYNAMIC layout); loads in
+      tamis, vLLM, and transformers with compressed-tensors installed.
 
 Examples:
   tamis quantize --method gptq --bits 4 --group-size 128 --desc-act --output smol-gptq
   tamis quantize --method gptq --no-sym --desc-act --static-groups --output smol-gptq-ao
   tamis quantize path/to/model --method awq --output model-awq
+  tamis quantize --method gptq --format compressed-tensors --output smol-w4a16
   tamis quantize --method fp8 --output smol-fp8 && tamis serve smol-fp8
 """
 from __future__ import annotations
@@ -28,6 +36,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="HF model folder (default: embedded SmolLM2)")
     parser.add_argument("--method", required=True, choices=("awq", "gptq", "fp8"))
     parser.add_argument("--output", required=True, help="folder to write the checkpoint into")
+    parser.add_argument("--format", default=None, choices=("native", "compressed-tensors"),
+                        help="checkpoint layout: native (AWQ GEMM / GPTQ v1; default for "
+                             "awq and gptq) or compressed-tensors (pack-quantized; "
+                             "float-quantized, the only one for fp8)")
     parser.add_argument("--bits", type=int, default=None, help="4 (awq, gptq), 8 (gptq, fp8)")
     parser.add_argument("--group-size", type=int, default=128,
                         help="input columns per scale: 32, 64, 128, or -1 for one per row (gptq)")
@@ -113,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
                                   refine=args.refine, refit=args.refit,
                                   descent=args.descent,
                                   awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
-                                  rotate=args.rotate,
+                                  rotate=args.rotate, format=args.format,
                                   **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():

@@ -11,7 +11,12 @@ about a minute). The cache outlives the environment that made it (a clone delete
 checkout moved), so every call rewrites the .pth to name the running environment's
 packages: a .pth naming a gone environment hid torch from the scripts once in CI.
 ``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there, caching each
-(kind, model) result under the same cache for the session.
+(kind, model) result under the same cache for the session; ``transformers_forward``
+loads a checkpoint there with transformers + compressed-tensors.
+
+A test that needs the venv calls ``library_python_or_skip()``: where the venv cannot be
+built (no PyPI) the test is skipped, except with ``TAMIS_REQUIRE_QUANT_LIBS=1`` (CI),
+where that is a failure.
 """
 from __future__ import annotations
 
@@ -78,6 +83,47 @@ def _create(venv: Path) -> None:
         raise LibraryUnavailable(f"could not build the library venv at {venv}: "
                                  f"{detail.strip()[-800:]}") from exc
     (venv / ".complete").write_text(" ".join(PINS))
+
+
+def library_python_or_skip() -> Path:
+    import pytest
+    try:
+        return library_python()
+    except LibraryUnavailable as exc:
+        if os.environ.get("TAMIS_REQUIRE_QUANT_LIBS") == "1":
+            raise
+        pytest.skip(f"quantization libraries unavailable (needs PyPI access once): {exc}")
+
+
+def in_library_venv(script: str, *args: str) -> None:
+    """Runs ``script`` (Python source) with the library venv's python; AssertionError
+    with its output tail when it fails."""
+    python = library_python_or_skip()
+    proc = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+_TRANSFORMERS_FORWARD = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
+with torch.no_grad():
+    logits = model(torch.tensor([json.loads(sys.argv[2])])).logits[0]
+weights = {name: module.weight.detach().float() for name, module in model.named_modules()
+           if isinstance(module, torch.nn.Linear) and name != "lm_head"}
+torch.save({"logits": logits, "weights": weights}, sys.argv[3])
+"""
+
+
+def transformers_forward(model_dir: Path, prompt: list[int], out: Path) -> dict:
+    """transformers (with compressed-tensors installed) on ``model_dir`` in float32:
+    {"logits": of ``prompt``, "weights": {decoder linear name: its decompressed weight}}."""
+    import json
+
+    import torch
+    in_library_venv(_TRANSFORMERS_FORWARD, str(model_dir), json.dumps(prompt), str(out))
+    return torch.load(out)
 
 
 def run_library(kind: str, model_dir: Path, out_dir: Path, *extra: str) -> Path:

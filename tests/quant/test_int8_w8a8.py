@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 import torch
 
 from formats import (greedy_pair, load_layer, make_layer, quantize_int8_per_channel,
                      write_quantized_checkpoint)
+from libraries import in_library_venv, transformers_forward
 from tamis.kernels.int8 import (int8_scaled_mm_ref, int8_scaled_mm_triton, per_token_quant_int8,
                                per_token_quant_int8_ref, per_token_quant_int8_triton)
 from tamis.quant.compressed_tensors import CompressedTensorsConfig
@@ -189,18 +189,6 @@ def test_tiny_checkpoint_greedy_tokens_match_the_w8a8_math(int8_model):
     assert ours == theirs
 
 
-_COMPRESSED_TENSORS_RUN = """
-import json, sys, torch
-from transformers import AutoModelForCausalLM
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32).eval()
-with torch.no_grad():
-    logits = model(torch.tensor([json.loads(sys.argv[2])])).logits[0]
-weights = {name: module.weight.detach().float() for name, module in model.named_modules()
-           if isinstance(module, torch.nn.Linear) and name != "lm_head"}
-torch.save({"logits": logits, "weights": weights}, sys.argv[3])
-"""
-
-
 _LLMCOMPRESSOR_W8A8 = """
 import sys, torch
 from llmcompressor import oneshot
@@ -213,25 +201,10 @@ model.save_pretrained(sys.argv[2], save_compressed=True)
 """
 
 
-def _in_library_venv(script: str, *args: str) -> None:
-    """Runs ``script`` with the library venv's python (compressed-tensors, llm-compressor)."""
-    from libraries import LibraryUnavailable, library_python
-    try:
-        python = library_python()
-    except LibraryUnavailable as exc:
-        if os.environ.get("TAMIS_REQUIRE_QUANT_LIBS") == "1":
-            raise
-        pytest.skip(f"quantization libraries unavailable (needs PyPI access once): {exc}")
-    proc = subprocess.run([str(python), "-c", script, *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-
-
 def _run_compressed_tensors(model_dir, out):
     """transformers + compressed-tensors on ``model_dir``: logits of PROMPT and the
     decompressed weight of every decoder linear."""
-    _in_library_venv(_COMPRESSED_TENSORS_RUN, str(model_dir), json.dumps(PROMPT), str(out))
-    return torch.load(out)
+    return transformers_forward(model_dir, PROMPT, out)
 
 
 def _check_against_compressed_tensors(model_dir, out):
@@ -268,7 +241,7 @@ def test_llm_compressor_w8a8_checkpoint_loads(tiny_checkpoint, tmp_path):
     """llm-compressor's W8A8 preset (RTN) writes the checkpoint: tamis reads it as
     compressed-tensors does."""
     written = tmp_path / "llmc-w8a8"
-    _in_library_venv(_LLMCOMPRESSOR_W8A8, str(tiny_checkpoint("llama")), str(written))
+    in_library_venv(_LLMCOMPRESSOR_W8A8, str(tiny_checkpoint("llama")), str(written))
     config = json.loads((written / "config.json").read_text())["quantization_config"]
     assert config["format"] == "int-quantized"
     _check_against_compressed_tensors(written, tmp_path / "run.pt")

@@ -135,6 +135,32 @@ def test_rotated_round_trip(tiny_checkpoint, samples, tmp_path, arch, method):
     assert 0 < errors[0] < 2 * errors[1], errors
 
 
+def test_checkpoint_keeps_the_source_dtype(tiny, samples, tmp_path):
+    """The quantizer works in float32, but the tensors it does not quantize are written in
+    the source's dtype: a bf16 model rotated by default (embedding and head untied) keeps
+    both, and its norms, in bf16, and the reload still equals the reference."""
+    import json
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+    source = tmp_path / "bf16"
+    shutil.copytree(tiny, source)
+    state = load_file(str(source / "model.safetensors"))
+    save_file({k: v.bfloat16() for k, v in state.items()}, str(source / "model.safetensors"))
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    _round_trip(source, tmp_path, QuantizeOptions("gptq", group_size=64), samples)
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
+        dtypes = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] \
+        is False
+    for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
+                 "model.layers.0.input_layernorm.weight"):
+        assert dtypes[name] == "BF16", (name, dtypes[name])
+    assert dtypes["model.layers.0.mlp.down_proj.scales"] == "F16"
+
+
 def test_default_rotation_skips_an_architecture_it_does_not_know(tiny, samples, tmp_path,
                                                                  monkeypatch, capsys):
     """GPTQ rotates by default only the architectures rotate.py knows (here llama taken
@@ -197,6 +223,9 @@ def test_cli_writes_a_loadable_checkpoint(tiny, tmp_path):
     (["--method", "gptq", "--group-size", "48"], "--group-size 48 is not supported"),
     (["--method", "awq", "--sym"], "AWQ's GEMM format stores zero points"),
     (["--method", "fp8", "--desc-act"], "--desc-act needs --method gptq"),
+    (["--method", "fp8", "--format", "native"], "--method fp8 writes the compressed-tensors"),
+    (["--method", "gptq", "--desc-act", "--format", "compressed-tensors"],
+     "needs --static-groups"),
 ])
 def test_cli_rejects_bad_options(tiny, tmp_path, capsys, argv, message):
     from tamis.cli import main
