@@ -54,8 +54,9 @@ METHODS = {  # name -> (config.json quantization_config, LLM(quantization=...))
     # 32-row groups: the layers the TMA wgmma kernel does not take (the cp.async one does)
     "awq-g32": ({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
                  "version": "gemm"}, None),
-    "gptq": ({"quant_method": "gptq", **G128, "desc_act": False}, None),
-    "gptq-act-order": ({"quant_method": "gptq", **G128, "desc_act": True}, None),
+    # vLLM's GPTQ configs require "sym" (GPTQ's writers always store it).
+    "gptq": ({"quant_method": "gptq", **G128, "desc_act": False, "sym": True}, None),
+    "gptq-act-order": ({"quant_method": "gptq", **G128, "desc_act": True, "sym": True}, None),
     "fp8": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, None),
     "fp8-online": (None, "fp8"),
     "ct-w4a16": ({"quant_method": "compressed-tensors", "format": "pack-quantized",
