@@ -160,13 +160,6 @@ def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, tor
     return quantize_fp8(weight, scale.reshape(-1, 1)), scale
 
 
-def quantize_weight_per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, K] -> (float8 [N, K], float32 scalar) with the tensor's amax mapped to 448."""
-    scale = weight.float().abs().max() / FP8_MAX
-    scale = scale if scale > 0 else torch.ones_like(scale)
-    return quantize_fp8(weight, scale), scale
-
-
 def ignored_layers_of(config: dict[str, Any]) -> list[str]:
     """The layers a quantization_config leaves unquantized, under either of its names."""
     return list(config.get("ignored_layers") or []) + list(
