@@ -77,7 +77,8 @@ def test_fp8_experts_stay_fp8_and_static_scales_collapse_to_their_maximum(quanti
     assert experts.w13_weight_scale.shape == (4, 64)
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         prefix = "model.layers.0.block_sparse_moe.experts"
-        w13 = [f.get_tensor(f"{prefix}.{e}.{p}.input_scale") for e in range(4) for p in ("w1", "w3")]
+        w13 = [f.get_tensor(f"{prefix}.{e}.{p}.input_scale")
+               for e in range(4) for p in ("w1", "w3")]
         w2 = [f.get_tensor(f"{prefix}.{e}.w2.input_scale") for e in range(4)]
     assert len(set(t.item() for t in w13)) == 8
     assert experts.w13_input_scale.shape == ()
