@@ -16,6 +16,7 @@ weight applied to the float32 accumulator; the k rows of each token are summed l
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -186,8 +187,14 @@ def fp8_activations(x: torch.Tensor, w: ExpertWeights,
 
 def use_w8a8(x: torch.Tensor) -> bool:
     """FP8 experts multiply as FP8 on GPUs with FP8 tensor cores."""
+    return x.is_cuda and _fp8_tensor_cores(x.device.index or 0)
+
+
+@functools.cache
+def _fp8_tensor_cores(device_index: int) -> bool:
+    # Asked once per device, not per layer and step.
     from tamis.kernels.fp8 import fp8_supported
-    return fp8_supported(x.device)
+    return fp8_supported(torch.device("cuda", device_index))
 
 
 def fused_experts_triton(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
