@@ -69,7 +69,7 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
     w[:, dead] = 0.0
     w, h = w[:, perm], h[perm][:, perm]
     h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    hinv = inverse_cholesky_upper(h)
     for start in range(0, k, block_size):
         end = min(start + block_size, k)
         block = w[:, start:end].clone()
@@ -79,9 +79,21 @@ def gptq_solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
             pending = lambda i=i: torch.cat([block[:, i:], w[:, end:]], dim=1)  # noqa: E731
             dq = round_column(start + i, block[:, i], pending).to(torch.float64)
             err = (block[:, i] - dq) / hinv_block[i, i]
-            block[:, i:] -= err[:, None] * hinv_block[i, i:][None, :]
+            # One fused outer-product update: this loop runs once per column of K, and
+            # on a CPU its small ops cost more in dispatch than in arithmetic.
+            block[:, i:].addr_(err, hinv_block[i, i:], alpha=-1)
             errors[:, i] = err
         w[:, end:] -= errors @ hinv[start:end, end:]
+
+
+def inverse_cholesky_upper(h: torch.Tensor) -> torch.Tensor:
+    """U upper triangular with H^-1 = U^T U (GPTQ's ``cholesky(cholesky_inverse(
+    cholesky(H)), upper=True)``), from one Cholesky factorization and one triangular
+    solve instead of two factorizations and an inverse. With J the reversal of the
+    indices, J H J = M M^T (M lower) gives U = J M^-1 J."""
+    m = torch.linalg.cholesky(h.flip(0, 1))
+    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    return torch.linalg.solve_triangular(m, eye, upper=False).flip(0, 1)
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_size: int,

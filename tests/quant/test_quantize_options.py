@@ -255,3 +255,19 @@ def test_act_order_block_needs_desc_act_and_must_divide_the_group():
         QuantizeOptions("gptq", act_order_block=32)
     with pytest.raises(ValueError, match="must divide the group size"):
         QuantizeOptions("gptq", desc_act=True, act_order_block=48)
+
+
+@pytest.mark.parametrize("k", [7, 64, 300])
+def test_inverse_cholesky_upper_is_gptqs_factor(k):
+    """One factorization and one triangular solve give the upper factor of H^-1 that
+    GPTQ's reference builds with two factorizations and an inverse."""
+    from tamis.quant.quantizer.gptq import inverse_cholesky_upper
+    h = _correlated_hessian(k) + 0.01 * torch.eye(k, dtype=torch.float64)
+    reference = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)),
+                                      upper=True)
+    factor = inverse_cholesky_upper(h)
+    assert torch.equal(factor, factor.triu())
+    torch.testing.assert_close(factor, reference, rtol=0, atol=1e-4 * reference.abs().max())
+    eye = torch.eye(k, dtype=torch.float64)
+    residual = (factor.t() @ factor @ h - eye).abs().max()
+    assert residual <= 4 * (reference.t() @ reference @ h - eye).abs().max() + 1e-12
