@@ -97,8 +97,12 @@ class ProcessCore:
         # Only the child may hold its ends: a dead child must read as EOF here.
         core_commands.close()
         core_events.close()
-        self.engine: CoreInfo = self._wait_until_ready(start_timeout)
-        self.engine.load_tokenizer()
+        try:
+            self.engine: CoreInfo = self._wait_until_ready(start_timeout)
+            self.engine.load_tokenizer()
+        except BaseException:
+            self.process.kill()
+            raise
         self._outbox: collections.deque = collections.deque()
         self._wakeup = threading.Condition()
         self._stopping = False
@@ -199,9 +203,9 @@ class ProcessCore:
         except Exception as exc:  # noqa: BLE001 - a broken relay is a dead core to the server
             logger.exception("relaying the engine core's events failed")
             message = f"relaying the engine core's events failed: {exc!r}"
-        if not self._stopping:
+        if not self._stopping:   # after shutdown() the core's exit is no death
             logger.error("engine core died: %s", message)
-        self._on_event(("dead", message))
+            self._on_event(("dead", message))
 
     def _next_event(self) -> tuple | None:
         """The next event, or None once the core process is gone (after its last
