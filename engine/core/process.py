@@ -246,7 +246,11 @@ def run_core(make_engine: Callable[[], Any], commands, events, log_level: int) -
         engine = make_engine()
         events.send(("ready", CoreInfo.of(engine)))
     except BaseException as exc:  # noqa: BLE001 - handed to the server, which raises it
-        logger.exception("the engine core failed to start")
+        # Not logged here: the server decides how to report it (one line for a bad model
+        # name). Where it prints a traceback, this process's frames come with it.
+        if hasattr(exc, "add_note"):   # Python 3.11+
+            exc.add_note("raised in the engine core process:\n" + "".join(
+                traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
         events.send(("error", _picklable(exc)))
         sys.exit(1)
     loop = CoreLoop(engine, events.send, OutputPacker())
