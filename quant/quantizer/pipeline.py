@@ -239,15 +239,17 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
             inputs = calibration.run_layer(layer, inputs, kwargs)
             bar.update(1)
     bar.close()
+    dtype = writer.checkpoint_dtype(model_path)
     state = writer.checkpoint_state(
         model, result.weights, options.method, options.format, options.sym,
-        act_order=options.desc_act and not options.static_groups,
-        dtype=writer.source_dtype(model_path))
+        act_order=options.desc_act and not options.static_groups, dtype=dtype)
     quant_config = writer.quantization_config(
         options.method, options.bits, options.group_size, options.desc_act, options.sym,
         static_groups=bool(options.static_groups), true_sequential=options.true_sequential,
         damp=options.damp, fmt=options.format)
-    overrides = {"tie_word_embeddings": False} if rotated else {}
+    overrides = writer.dtype_override(model_path, dtype)
+    if rotated:
+        overrides["tie_word_embeddings"] = False
     writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
 

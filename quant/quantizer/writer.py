@@ -141,9 +141,9 @@ def checkpoint_state(model: nn.Module, weights: dict[str, QuantizedWeight | Fp8W
                      method: str, fmt: str, sym: bool, act_order: bool,
                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors to write: each quantized linear of ``weights`` in ``fmt``'s layout, the
-    model's other floating tensors (embeddings, head, norms) in ``dtype``, the source's:
-    the quantizer works in float32, and a rotated model's untied embedding and head would
-    otherwise double the file. The model takes those rounded values too, so as the
+    model's other floating tensors (embeddings, head, norms) in ``dtype``
+    (``checkpoint_dtype``): the quantizer works in float32, and a rotated model's untied
+    embedding and head would otherwise double the file. The model takes those rounded values too, so as the
     quantizer's reference it stays what the checkpoint holds."""
     quantized_weights = {f"{name}.weight" for name in weights}
     state = {}
@@ -172,15 +172,22 @@ def _linear_tensors(name: str, quantized, method: str, fmt: str, sym: bool,
     return gptq_tensors(name, quantized)
 
 
-def source_dtype(model_path: Path) -> torch.dtype:
-    """The floating dtype the source checkpoint declares (config.json ``dtype`` /
-    ``torch_dtype``), float32 when it declares none."""
+def checkpoint_dtype(model_path: Path) -> torch.dtype:
+    """The dtype of the tensors a quantized checkpoint keeps unquantized: the source's
+    (config.json ``dtype`` / ``torch_dtype``) when it is 16-bit, else bfloat16. Quantized
+    checkpoints are served with 16-bit activations, and float32 embeddings would make
+    most of a small model's file (both of them, once rotation unties the head)."""
     config = json.loads((model_path / "config.json").read_text())
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"{model_path / 'config.json'}: dtype {name!r} is not a floating dtype")
-    return dtype
+    name = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    return dtype if dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def dtype_override(model_path: Path, dtype: torch.dtype) -> dict[str, str]:
+    """config.json fields naming ``dtype`` (``torch_dtype`` too where the source has it)."""
+    config = json.loads((model_path / "config.json").read_text())
+    name = str(dtype).removeprefix("torch.")
+    return {key: name for key in ("dtype", "torch_dtype") if key in config} or {"dtype": name}
 
 
 def write_checkpoint(source: Path, output: Path, state: dict[str, torch.Tensor],

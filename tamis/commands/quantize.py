@@ -4,7 +4,8 @@ No MODEL quantizes the embedded SmolLM2-135M-Instruct. GPTQ, AWQ and FP8 calibra
 ``--calibration-text`` (a text file; default: standard-library docstrings); ``--rtn``
 skips calibration (round to nearest). FP8 has one weight scale per output channel and
 dynamic per-token activations; its weights are rounded by GPTQ unless ``--rtn``.
-Tensors that stay unquantized keep the source's dtype.
+Tensors that stay unquantized (embeddings, head, norms) are written in the source's
+dtype when it is 16-bit, else in bfloat16.
 
 What is written, and what reads it:
   awq, gptq (--format native, the default): AWQ GEMM / GPTQ v1 layouts; load in tamis

@@ -135,10 +135,13 @@ def test_rotated_round_trip(tiny_checkpoint, samples, tmp_path, arch, method):
     assert 0 < errors[0] < 2 * errors[1], errors
 
 
-def test_checkpoint_keeps_the_source_dtype(tiny, samples, tmp_path):
+@pytest.mark.parametrize("source_dtype,written", [("float16", "F16"), ("float32", "BF16")])
+def test_unquantized_tensors_are_written_in_16_bits(tiny, samples, tmp_path, source_dtype,
+                                                    written):
     """The quantizer works in float32, but the tensors it does not quantize are written in
-    the source's dtype: a bf16 model rotated by default (embedding and head untied) keeps
-    both, and its norms, in bf16, and the reload still equals the reference."""
+    the source's dtype when it is 16-bit, else bf16: a model rotated by default (embedding
+    and head untied) keeps both, and its norms, in 16 bits, config.json says which, and
+    the reload still equals the reference."""
     import json
     import shutil
 
@@ -147,17 +150,19 @@ def test_checkpoint_keeps_the_source_dtype(tiny, samples, tmp_path):
     source = tmp_path / "bf16"
     shutil.copytree(tiny, source)
     state = load_file(str(source / "model.safetensors"))
-    save_file({k: v.bfloat16() for k, v in state.items()}, str(source / "model.safetensors"))
+    dtype = getattr(torch, source_dtype)
+    save_file({k: v.to(dtype) for k, v in state.items()}, str(source / "model.safetensors"))
     config = json.loads((source / "config.json").read_text())
-    (source / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    (source / "config.json").write_text(json.dumps({**config, "dtype": source_dtype}))
     _round_trip(source, tmp_path, QuantizeOptions("gptq", group_size=64), samples)
     with safe_open(str(tmp_path / "out" / "model.safetensors"), framework="pt") as handle:
         dtypes = {name: handle.get_slice(name).get_dtype() for name in handle.keys()}
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] \
-        is False
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False
+    assert config["dtype"] == {"F16": "float16", "BF16": "bfloat16"}[written]
     for name in ("model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
                  "model.layers.0.input_layernorm.weight"):
-        assert dtypes[name] == "BF16", (name, dtypes[name])
+        assert dtypes[name] == written, (name, dtypes[name])
     assert dtypes["model.layers.0.mlp.down_proj.scales"] == "F16"
 
 
@@ -174,8 +179,8 @@ def test_default_rotation_skips_an_architecture_it_does_not_know(tiny, samples, 
                                  False, samples)
     assert "not rotating a 'llama' model" in capsys.readouterr().err
     original = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    assert torch.equal(result.reference_model.model.embed_tokens.weight,
-                       original.model.embed_tokens.weight)  # not rotated
+    assert torch.equal(result.reference_model.model.embed_tokens.weight,  # not rotated
+                       original.model.embed_tokens.weight.bfloat16().float())  # as written
     with pytest.raises(ValueError, match="quantize with --no-rotate"):
         quantize_checkpoint(tiny, tmp_path / "r", QuantizeOptions("gptq", group_size=64,
                                                                   rotate=True), False, samples)
