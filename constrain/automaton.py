@@ -208,7 +208,8 @@ def _build_node(nfa: NFA, node, start: int) -> int:
     if kind == "rep":
         return _build_rep(nfa, node[1], node[2], node[3], start)
     if kind in ("and", "diff"):
-        return _build_product(nfa, node[1], node[2], start, kind)
+        from .product import build_product    # the product builds LazyDFAs of its operands
+        return build_product(nfa, node[1], node[2], start, kind)
     if kind == "props":
         return _build_props(nfa, node, start)
     if kind == "multiple":
@@ -308,64 +309,7 @@ def _build_multiple(nfa: NFA, m: int, p: int, start: int) -> int:
     return end
 
 
-MAX_PRODUCT_STATES = 20_000
 _DEAD_ROW = np.full(256, DEAD, dtype=np.int32)
-
-
-def _build_product(nfa: NFA, a, b, start: int, mode: str = "and") -> int:
-    """Intersection ("and") or difference ("diff": in a, not in b) of two regular languages,
-    embedded as an explicit product automaton."""
-    left, right = LazyDFA(a, allow_empty_language=True), LazyDFA(b, allow_empty_language=True)
-    nfa.may_dead_end = True
-    diff = mode == "diff"
-    if left.start == DEAD:
-        return nfa.new_state()          # empty language: nothing reaches the end
-    end = nfa.new_state()
-    first = nfa.new_state()
-    nfa.eps[start].append(first)
-    ids = {(left.start, right.start): first}
-    queue = [(left.start, right.start)]
-    while queue:
-        pair = queue.pop()
-        here = ids[pair]
-        in_right = pair[1] != DEAD and right.is_accepting(pair[1])
-        if left.is_accepting(pair[0]) and in_right != diff:
-            nfa.eps[here].append(end)
-        row_l = left.row(pair[0])
-        row_r = right.row(pair[1]) if pair[1] != DEAD else _DEAD_ROW
-        live = np.flatnonzero((row_l >= 0) & ((row_r >= 0) | diff))
-        for byte in live.tolist():
-            target = (int(row_l[byte]), int(row_r[byte]))
-            if target not in ids:
-                if len(ids) >= MAX_PRODUCT_STATES:
-                    raise ConstraintError("constraint too large: the intersection of two "
-                                          "sub-expressions (e.g. pattern and maxLength) is too big")
-                ids[target] = nfa.new_state()
-                queue.append(target)
-            nfa.edges[here].append((byte, byte, ids[target]))
-    return end
-
-
-def languages_intersect(a, b, budget: int = 20_000) -> bool | None:
-    """True if some string matches both ``a`` and ``b``; None if the search exceeds ``budget``."""
-    left, right = LazyDFA(a, allow_empty_language=True), LazyDFA(b, allow_empty_language=True)
-    if left.start == DEAD or right.start == DEAD:
-        return False
-    seen = {(left.start, right.start)}
-    queue = [(left.start, right.start)]
-    while queue:
-        sa, sb = queue.pop()
-        if left.is_accepting(sa) and right.is_accepting(sb):
-            return True
-        row_l, row_r = left.row(sa), right.row(sb)
-        for byte in np.flatnonzero((row_l >= 0) & (row_r >= 0)).tolist():
-            target = (int(row_l[byte]), int(row_r[byte]))
-            if target not in seen:
-                if len(seen) >= budget:
-                    return None
-                seen.add(target)
-                queue.append(target)
-    return False
 
 
 def _trim(nfa: NFA, accept: int) -> None:

@@ -2,8 +2,9 @@
 
 Formats are enforced (assertion semantics). They never produce characters that need a JSON
 escape. Known limits (documented policy): leap seconds (``:60``) are rejected; e-mail local
-parts are dot-atoms (no quoted local parts); ``hostname`` checks label syntax and lengths but
-not IDNA/punycode rules.
+parts are dot-atoms (no quoted local parts); ``hostname`` checks label syntax and lengths and
+refuses labels with "--" as their 3rd and 4th characters (A-labels such as ``xn--...``, whose
+IDNA/Punycode rules it cannot check).
 
 Formats tamis has no regex for: a format the JSON Schema specification defines
 (``STANDARD_FORMATS``: idn-email, iri, uri-template, regex...) is a compile error naming it,
@@ -28,7 +29,10 @@ DATE_TIME = rf"{DATE}[Tt]{TIME}"
 UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"{OCTET}(\.{OCTET}){{3}}"
-LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+# A label of 1-63 letters, digits and inner hyphens, never with "--" as its 3rd and 4th
+# characters: those are A-labels ("xn--...") whose Punycode a regex cannot check, or reserved.
+_AN, _ANH = "[A-Za-z0-9]", "[A-Za-z0-9-]"
+LABEL = rf"{_AN}({_AN}|{_ANH}{_AN}|{_ANH}{{2}}{_AN}|{_ANH}({_AN}{_ANH}|-{_AN}){_ANH}{{0,58}}{_AN})?"
 HOSTNAME = rf"{LABEL}(\.{LABEL})*"
 DURATION = (r"P(([0-9]+D|[0-9]+M([0-9]+D)?|[0-9]+Y([0-9]+M([0-9]+D)?)?)(T([0-9]+H([0-9]+M([0-9]+S)?)?"
             r"|[0-9]+M([0-9]+S)?|[0-9]+S))?|T([0-9]+H([0-9]+M([0-9]+S)?)?|[0-9]+M([0-9]+S)?|[0-9]+S)"

@@ -1,0 +1,91 @@
+"""Intersections and differences (constrain/product.py) are exact: over characters (classes
+renamed to pseudo-characters, a length bound counted and dropped once it cannot fail) and
+over bytes, every drawn string is accepted exactly when Python's ``re`` and the length say so."""
+import random
+import re
+
+import pytest
+
+from tamis.constrain import product, regex_ast as ra
+from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
+from tamis.constrain.json_formats import EMAIL
+from tamis.constrain.json_strings import SAFE_CHAR, SAFE_CHARS
+from tamis.constrain.regex_parser import parse_regex
+
+# "\t" is no string content without an escape (the patterns' universe). Non-ASCII spaces
+# are left out: tamis's \s is ASCII and its \S excludes them (a documented policy).
+ALPHABET = ["a", "b", "7", " ", "\t", "@", ".", "-", "\u00e9", "\u4e2d", "\U0001f600", "x"]
+WORDS = r"^(?:\S+\s+){0,3}\S+$"
+
+
+def _matches(regex: str, text: str) -> bool:
+    """JSON Schema's pattern semantics (a search) over unescaped string content."""
+    return "\t" not in text and re.search(regex, text) is not None
+
+
+def _accepts(node, text: str) -> bool:
+    dfa = LazyDFA(node, allow_empty_language=True)
+    state = dfa.walk(dfa.start, text.encode()) if dfa.start != DEAD else DEAD
+    return dfa.is_accepting(state)
+
+
+def _strings(rng: random.Random, count: int, longest: int) -> list[str]:
+    return [''.join(rng.choice(ALPHABET) for _ in range(rng.randint(0, longest)))
+            for _ in range(count)]
+
+
+def _pattern(regex: str):
+    return parse_regex(regex, universe=SAFE_CHARS, anchored=False)
+
+
+@pytest.mark.parametrize("regex, lo, hi", [(WORDS, 0, 9), (WORDS, 3, 12), (r"^[a-z7]+(@[a-z]+)?$", 2, 6),
+                                           (r"\S\s", 1, 4)])
+def test_pattern_within_length_bounds(regex, lo, hi, product_alphabet):
+    rng = random.Random(f"{regex} {lo} {hi}")
+    node = ("and", _pattern(regex), ra.rep(SAFE_CHAR, lo, hi))
+    dfa = LazyDFA(node, allow_empty_language=True)
+    for text in _strings(rng, 400, hi + 3):
+        expected = _matches(regex, text) and lo <= len(text) <= hi
+        state = dfa.walk(dfa.start, text.encode())
+        assert dfa.is_accepting(state) == expected, (regex, text)
+
+
+@pytest.fixture(params=["characters", "bytes"])
+def product_alphabet(request, monkeypatch):
+    """The product over character classes, or (no class allowed) byte by byte."""
+    if request.param == "bytes":
+        monkeypatch.setattr(product, "MAX_CLASSES", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("a, b", [(WORDS, r"^[^ ]*$"), (r"^[a-z\u00e9 ]*$", r"^a"), (r"\S", r"^[\u4e00-\u9fff]+$")])
+def test_difference_and_intersection_of_patterns(a, b, product_alphabet):
+    rng = random.Random(7)
+    both = ("and", _pattern(a), _pattern(b))
+    only_a = ("diff", _pattern(a), _pattern(b))
+    for text in _strings(rng, 300, 6):
+        in_a, in_b = _matches(a, text), _matches(b, text)
+        assert _accepts(both, text) == (in_a and in_b), (a, b, text)
+        assert _accepts(only_a, text) == (in_a and not in_b), (a, b, text)
+
+
+def test_words_within_256_characters_stay_small():
+    """~20,000 character states: the byte product passed the 400,000-state NFA limit."""
+    node = ("and", _pattern(r"^(?:\S+\s+){0,49}\S+$"), ra.rep(SAFE_CHAR, 0, 256))
+    nfa, _, _ = build_nfa(node)
+    assert len(nfa.edges) < 400_000
+    dfa = LazyDFA(node)
+    for text, expected in [("w " * 49 + "w", True), ("w " * 50 + "w", False),
+                           ("\u4e2d" * 256, True), ("\u4e2d" * 257, False), (" x", False)]:
+        assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected
+
+
+def test_email_within_length_drops_the_count_in_bounded_tails():
+    node = ("and", _pattern(EMAIL), ra.rep(SAFE_CHAR, 0, 60))
+    dfa = LazyDFA(node)
+    ipv6 = "a@[IPv6:1:2:3:4:5:6:7:8]"
+    for text, expected in [(ipv6, True), ("a" * 36 + ipv6, True), ("a" * 37 + ipv6, False),
+                           ("b" * 50 + "@c.de", True), ("b" * 55 + "@c.de", True),
+                           ("b" * 56 + "@c.de", False), ("b@" + "c" * 58, True), ("b@" + "c" * 59, False)]:
+        assert len(text) <= 60 or not expected
+        assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected, text
