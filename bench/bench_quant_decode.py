@@ -163,6 +163,18 @@ def parse_child_name(name: str) -> tuple[str, str, str]:
 def parent(args) -> None:
     results = run_each(__file__, "--child", child_names(args), args.out, "decode", "child")
     print_table(results, args)
+    print_act_order_cost(results)
+
+
+def print_act_order_cost(results: list[dict]) -> None:
+    """gptq-act-order's decode speed over gptq's, per engine and batch (issue: act-order
+    within 3% of the same checkpoint without it)."""
+    speed = {(r["engine"], r["method"], row["batch"]): row["output_tok_s"] for r in results
+             if "error" not in r and r.get("kernel", "chosen") == "chosen" for row in r["rows"]}
+    for (engine, method, batch), tok_s in sorted(speed.items()):
+        plain = speed.get((engine, "gptq", batch))
+        if method == "gptq-act-order" and plain:
+            print(f"{engine} batch {batch}: gptq-act-order / gptq = {tok_s / plain:.3f}")
 
 
 def print_table(results: list[dict], args) -> None:
