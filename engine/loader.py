@@ -29,6 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from tamis.engine.attention.backends import get_attention_backend
+from tamis.engine.distributed.parallel_state import current_tp_group
 from tamis.engine.models.base import head_dim_of
 from tamis.engine.models.registry import get_model_class
 
@@ -52,10 +53,12 @@ class KVCacheSpec:
         return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
 
 
-def kv_cache_spec(hf_config) -> KVCacheSpec:
+def kv_cache_spec(hf_config, tensor_parallel_size: int = 1) -> KVCacheSpec:
     """The cache layout the model built from ``hf_config`` uses (its architecture decides
-    which layers slide)."""
+    which layers slide); under tensor parallelism, one rank's (its share of the key/value
+    heads, at least one)."""
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    num_kv_heads = max(1, num_kv_heads // tensor_parallel_size)
     windows = get_model_class(hf_config).sliding_windows(hf_config)
     return KVCacheSpec(hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config),
                        tuple(windows))
@@ -155,6 +158,10 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     model_dir = model_path(config)
     hf_config = AutoConfig.from_pretrained(model_dir)
     model_cls = get_model_class(hf_config)
+    if current_tp_group().is_parallel and model_cls.expert_weight_names:
+        raise ValueError(f"{model_cls.__name__} (mixture of experts) does not support "
+                         f"--tensor-parallel-size > 1: its experts are not sharded; "
+                         f"run it with --tensor-parallel-size 1")
     dtype = _compute_dtype(config, device, hf_config)
     quant_config = _quant_config(model_dir, hf_config, getattr(config, "quantization", None))
     backend = get_attention_backend(getattr(config, "attention_backend", "auto") or "auto", device)
@@ -163,7 +170,9 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     if load_format == "dummy":
         init_dummy_weights(model, getattr(config, "seed", 0) or 0)
     else:
-        loaded = model.load_weights(iter_safetensors(model_dir))
+        # Under tensor parallelism each rank reads only its slices of the checkpoint.
+        lazy = current_tp_group().is_parallel
+        loaded = model.load_weights(iter_safetensors(model_dir, lazy=lazy))
         model.check_all_loaded(loaded)
     model.process_weights_after_loading()
     model.dtype = dtype
@@ -249,14 +258,34 @@ def check_safetensors_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_safetensors(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """Streams (name, tensor) shard by shard, so only one tensor is materialised at a time.
     Every shard's header is checked before the first tensor is yielded, so a truncated
-    last shard fails the load before any weight is copied (``check_safetensors_files``)."""
+    last shard fails the load before any weight is copied (``check_safetensors_files``).
+    With ``lazy`` each tensor is a ``CheckpointSlice``, valid until the next one is
+    yielded, that reads nothing until sliced or loaded."""
     for file in check_safetensors_files(model_dir):
         with open_safetensors(file) as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                yield name, CheckpointSlice(handle, name) if lazy else handle.get_tensor(name)
+
+
+class CheckpointSlice:
+    """One tensor of an open safetensors file, read on demand: ``narrow`` reads only the
+    slice (what a tensor-parallel rank keeps), ``load`` the whole tensor."""
+
+    def __init__(self, handle, name: str):
+        self._handle, self.name = handle, name
+        self._slice = handle.get_slice(name)
+        self.shape = torch.Size(self._slice.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._slice[tuple(index)]
+
+    def load(self) -> torch.Tensor:
+        return self._handle.get_tensor(self.name)
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:

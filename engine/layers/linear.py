@@ -11,12 +11,25 @@ Fused layers lay their shards out along N::
 
     QKVLinear.weight  [q_size + kv_size + kv_size, K]    shard_id "q" | "k" | "v"
     MergedColumnLinear.weight  [N0 + N1 + ..., K]          shard_id 0 | 1 | ...
+
+Tensor parallelism (a model built under ``tensor_parallel(group)`` with N > 1 ranks):
+``MergedColumnLinear`` and ``QKVLinear`` are column-parallel (each rank holds 1/N of every
+fused shard, q/k/v by whole heads), ``RowLinear`` is row-parallel (1/N of K, outputs summed
+over ranks, the bias added once). Their parameters' loaders first cut the rank's slice
+out of the checkpoint tensor (``tamis.engine.distributed.sharding``), then load it as the
+one-rank layer would; so quant methods see a smaller layer and need no parallel code.
+With one rank none of this runs.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
 
+from tamis.engine.distributed.parallel_state import TPGroup, current_tp_group
+from tamis.engine.distributed.sharding import (Span, kv_head_span, materialize, split_evenly,
+                                               take_span)
 from tamis.engine.layers.quant_method import (LinearMethodBase, QuantizationConfig,
                                               set_weight_attrs)
 
@@ -107,7 +120,7 @@ def _copy_checked(target: torch.Tensor, loaded: torch.Tensor, prefix: str) -> No
 
 
 class ReplicatedLinear(LinearBase):
-    """One unfused linear layer (also used for o_proj / down_proj: no tensor parallelism yet)."""
+    """One unfused linear layer, whole on every rank."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
                  quant_config: QuantizationConfig | None = None, prefix: str = "",
@@ -115,17 +128,142 @@ class ReplicatedLinear(LinearBase):
         super().__init__(input_size, [output_size], bias, quant_config, prefix, params_dtype)
 
 
-class RowLinear(ReplicatedLinear):
-    """The row-split layer of a block (o_proj, down_proj); ReplicatedLinear on one device."""
+def _wrap_loaders(layer: LinearBase, slicer) -> None:
+    """Puts ``slicer(inner, param, loaded, shard_id)`` in front of every parameter's loader."""
+    for param in layer.parameters(recurse=False):
+        param.weight_loader = functools.partial(slicer, param.weight_loader)
+        param.reads_checkpoint_slices = True
 
 
-class MergedColumnLinear(LinearBase):
-    """Several linears over the same input fused along N (gate_up_proj); shard ids 0, 1, ..."""
+def _shape_tensor(loaded, expected_full: tuple[int, int], local: tuple[int, int]):
+    """A compressed-tensors ``weight_shape`` ([N, K] of the whole layer) as the rank's shape."""
+    values = materialize(loaded)
+    if tuple(values.reshape(-1).tolist()) != expected_full:
+        return values
+    return torch.tensor(local, dtype=values.dtype)
+
+
+class RowLinear(LinearBase):
+    """The row-parallel layer of a block (o_proj, down_proj): rank r holds input columns
+    ``r*K/N .. (r+1)*K/N``, and the ranks' partial outputs are summed (bias added once).
+
+    Group-wise quantized weights must split into whole groups per rank; a layer whose
+    K/N is not a multiple of its group size is refused, naming the layer."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 params_dtype: torch.dtype | None = None):
+        self.tp = tp = current_tp_group()
+        span = split_evenly(input_size, tp.rank, tp.size, f"{prefix}: input size")
+        self.full_input_size = input_size
+        try:
+            super().__init__(span.size, [output_size], bias, quant_config, prefix, params_dtype)
+        except ValueError as exc:
+            if not tp.is_parallel:
+                raise
+            raise ValueError(f"{exc} (the input size {input_size} split over tensor parallel "
+                             f"size {tp.size} ranks)") from None
+        if tp.is_parallel:
+            self._check_whole_groups()
+            _wrap_loaders(self, self._load_rank_slice)
+
+    def _check_whole_groups(self) -> None:
+        for name, param in self.named_parameters(recurse=False):
+            size = getattr(param, "group_size", None)
+            if size and getattr(param, "group_dim", None) == getattr(param, "input_dim", -1) \
+                    and size < self.full_input_size and self.input_size % size:
+                raise ValueError(
+                    f"{self.prefix}: tensor parallel size {self.tp.size} splits the input size "
+                    f"{self.full_input_size} into slices of {self.input_size}, which are not "
+                    f"whole quantization groups of {size} ({name}); choose a tensor parallel "
+                    f"size that divides the layer into whole groups")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.tp.is_parallel:
+            return self.quant_method.apply(self, x, self.bias)
+        partial = self.quant_method.apply(self, x, self.bias if self.tp.rank == 0 else None)
+        return self.tp.all_reduce(partial)
+
+    def _load_rank_slice(self, inner, param: torch.Tensor, loaded, shard_id=None) -> None:
+        dim = getattr(param, "input_dim", None)
+        if getattr(param, "holds_shape", False):
+            loaded = _shape_tensor(loaded, (self.output_size, self.full_input_size),
+                                   (self.output_size, self.input_size))
+        elif getattr(param, "group_index", False):
+            loaded = self._local_group_index(materialize(loaded))
+        elif dim is not None:
+            local = param.shape[dim]
+            loaded = take_span(loaded, dim, Span(local * self.tp.size, self.tp.rank * local, local))
+        inner(param, materialize(loaded), *(() if shard_id is None else (shard_id,)))
+
+    def _local_group_index(self, g_idx: torch.Tensor) -> torch.Tensor:
+        """The rank's rows of a group index (GPTQ ``g_idx``), renumbered from its first group.
+        Act-order groups that cross the split (a row of this rank in another rank's
+        group) are refused: the rank would need scales it does not hold."""
+        if g_idx.numel() != self.full_input_size:
+            return g_idx   # the method's own loader refuses the shape
+        start = self.tp.rank * self.input_size
+        local = g_idx[start:start + self.input_size]
+        if int(g_idx.max()) == 0:
+            return local   # one group over all of K: its scales are replicated
+        size = min(getattr(p, "group_size", None) or self.full_input_size
+                   for p in self.parameters(recurse=False))
+        local = local - start // size
+        num_groups = -(-self.input_size // size)
+        if bool((local < 0).any() or (local >= num_groups).any()):
+            raise ValueError(
+                f"{self.prefix}: act-order (desc_act) groups cross the tensor-parallel split: "
+                f"rank {self.tp.rank}'s input rows {start}..{start + self.input_size - 1} "
+                f"use groups outside its own {num_groups}; this layer cannot be split at "
+                f"tensor parallel size {self.tp.size}")
+        return local.to(g_idx.dtype)
+
+
+class _ColumnParallel(LinearBase):
+    """A column-parallel layer: ``shard_spans[i]`` is the rank's part of fused shard i."""
+
+    shard_spans: list[Span]
+
+    def _init_parallel(self, tp: TPGroup) -> None:
+        self.tp = tp
+        if tp.is_parallel:
+            _wrap_loaders(self, self._load_rank_slice)
+
+    def _load_rank_slice(self, inner, param: torch.Tensor, loaded, shard_id=None) -> None:
+        dim = getattr(param, "output_dim", None)
+        if shard_id is None and len(self.shard_spans) > 1 and dim is not None \
+                and not getattr(param, "is_per_shard_scalar", False):
+            # The checkpoint stores the fused layer whole (Phi-3): load it shard by shard.
+            factor = param.packed_factor if getattr(param, "packed_dim", None) == dim else 1
+            offset = 0
+            for index, span in enumerate(self.shard_spans):
+                piece = loaded.narrow(dim, offset // factor, span.full // factor)
+                self._load_rank_slice(inner, param, piece, index)
+                offset += span.full
+            return
+        span = self.shard_spans[0 if shard_id is None else self.shard_index(shard_id)]
+        if getattr(param, "holds_shape", False):
+            loaded = _shape_tensor(loaded, (span.full, self.input_size), (span.size, self.input_size))
+        elif dim is not None and not getattr(param, "is_per_shard_scalar", False):
+            if getattr(param, "packed_dim", None) == dim:
+                span = span.scaled_down(param.packed_factor)
+            loaded = take_span(loaded, dim, span)
+        inner(param, materialize(loaded), *(() if shard_id is None else (shard_id,)))
+
+
+class MergedColumnLinear(_ColumnParallel):
+    """Several linears over the same input fused along N (gate_up_proj); shard ids 0, 1, ...
+    Column-parallel: each rank holds 1/N of every shard."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False,
                  quant_config: QuantizationConfig | None = None, prefix: str = "",
                  params_dtype: torch.dtype | None = None):
-        super().__init__(input_size, output_sizes, bias, quant_config, prefix, params_dtype)
+        tp = current_tp_group()
+        self.shard_spans = [split_evenly(size, tp.rank, tp.size, f"{prefix}: output size")
+                            for size in output_sizes]
+        super().__init__(input_size, [span.size for span in self.shard_spans], bias,
+                         quant_config, prefix, params_dtype)
+        self._init_parallel(tp)
 
     def shard_index(self, shard_id) -> int:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_partition_sizes):
@@ -133,18 +271,28 @@ class MergedColumnLinear(LinearBase):
         return shard_id
 
 
-class QKVLinear(LinearBase):
-    """q, k and v projections fused along N; shard ids "q", "k", "v" (or 0, 1, 2)."""
+class QKVLinear(_ColumnParallel):
+    """q, k and v projections fused along N; shard ids "q", "k", "v" (or 0, 1, 2).
+
+    Column-parallel by whole heads: ``num_heads`` / ``num_kv_heads`` are this rank's
+    (``num_attention_heads / N``; key/value heads per ``kv_head_span``)."""
 
     _SHARDS = {"q": 0, "k": 1, "v": 2, 0: 0, 1: 1, 2: 2}
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
                  bias: bool = False, quant_config: QuantizationConfig | None = None,
                  prefix: str = "", params_dtype: torch.dtype | None = None):
-        self.q_size = num_heads * head_dim
-        self.kv_size = num_kv_heads * head_dim
+        tp = current_tp_group()
+        heads = split_evenly(num_heads, tp.rank, tp.size, "num_attention_heads")
+        kv_heads = kv_head_span(num_kv_heads, tp.rank, tp.size)
+        self.num_heads, self.num_kv_heads = heads.size, kv_heads.size
+        self.q_size = heads.size * head_dim
+        self.kv_size = kv_heads.size * head_dim
+        kv = Span(num_kv_heads * head_dim, kv_heads.start * head_dim, self.kv_size)
+        self.shard_spans = [Span(num_heads * head_dim, heads.start * head_dim, self.q_size), kv, kv]
         super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias,
                          quant_config, prefix, params_dtype)
+        self._init_parallel(tp)
 
     def shard_index(self, shard_id) -> int:
         if isinstance(shard_id, bool) or shard_id not in self._SHARDS:

@@ -14,6 +14,7 @@ from torch import nn
 from tamis.engine.attention.backends import AttentionBackend
 from tamis.engine.attention.kv_scales import KVScaleCollector
 from tamis.engine.attention.torch_backend import TorchAttentionBackend
+from tamis.engine.distributed.sharding import materialize
 from tamis.engine.layers.activation import get_act_and_mul
 from tamis.engine.layers.attention import Attention
 from tamis.engine.layers.embedding import LMHead, VocabEmbedding
@@ -52,12 +53,14 @@ class LlamaAttention(nn.Module):
         """``scale`` defaults to head_dim ** -0.5; ``soft_cap`` caps the attention logits;
         ``rope_layer_type`` picks per-layer-type rope settings (see ``get_rope``)."""
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        num_heads = config.num_attention_heads
+        num_kv_heads = getattr(config, "num_key_value_heads", None) or num_heads
         self.head_dim = head_dim_of(config)
-        self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads,
-                                  self.num_kv_heads, qkv_bias, quant_config, f"{prefix}.qkv_proj")
-        self.o_proj = RowLinear(self.num_heads * self.head_dim, config.hidden_size, o_bias,
+        self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, num_heads, num_kv_heads,
+                                  qkv_bias, quant_config, f"{prefix}.qkv_proj")
+        # This rank's heads (all of them on one rank; 1/N of them under tensor parallelism).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowLinear(num_heads * self.head_dim, config.hidden_size, o_bias,
                                 quant_config, f"{prefix}.o_proj")
         if qk_norm:
             self.q_norm = qk_norm_cls(self.head_dim, config.rms_norm_eps)
@@ -175,9 +178,19 @@ class LlamaForCausalLM(CausalLMBase):
     def load_weights(self, weights) -> set[str]:
         """The base loader; FP8 KV-cache scales go to the attention layers (kv_scales.py)."""
         collector = KVScaleCollector()
-        loaded = super().load_weights(collector.filter(weights))
+        loaded = super().load_weights(collector.filter(self._read_unsliced(weights)))
         collector.apply(self)
         return loaded | collector.names
+
+    def _read_unsliced(self, weights):
+        """Reads whole the lazy checkpoint tensors (tensor parallelism) of parameters
+        that take no slice; the others read only their rank's slice."""
+        params = dict(self.named_parameters(remove_duplicate=False))
+        for name, tensor in weights:
+            param = params.get(self._target(name)[0])
+            if not getattr(param, "reads_checkpoint_slices", False):
+                tensor = materialize(tensor)
+            yield name, tensor
 
     @staticmethod
     def attention_options(config) -> dict:
