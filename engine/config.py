@@ -155,8 +155,10 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
                              f">= --max-num-seqs ({self.max_num_seqs})")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("--tensor-parallel-size > 1 is not supported yet by this engine")
+        if self.tensor_parallel_size > 1 and self.device != "cpu" and _cuda_available() and \
+                self.tensor_parallel_size > _cuda_device_count():
+            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size} needs as many "
+                             f"GPUs; {_cuda_device_count()} are visible")
         if not isinstance(self.seed, int):
             raise ValueError(f"--seed must be an integer, got {self.seed!r}")
 
@@ -241,6 +243,12 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _positive(config: EngineConfig, *names: str) -> None:

@@ -216,7 +216,12 @@ class ModelRunner:
 
 
 def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:
-    """``GPUModelRunner`` (CUDA graphs) on CUDA when available, else the plain runner."""
+    """``GPUModelRunner`` (CUDA graphs) on CUDA when available, else the plain runner;
+    with ``tensor_parallel_size > 1`` rank 0's runner of a tensor-parallel engine
+    (eager, on CUDA too: ``tamis.engine.distributed.runner``)."""
+    if config.tensor_parallel_size > 1:
+        from tamis.engine.distributed.runner import TensorParallelRunner
+        return TensorParallelRunner(config, device)
     if device.type == "cuda":
         try:
             from tamis.engine.gpu_runner import GPUModelRunner

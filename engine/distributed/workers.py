@@ -1,0 +1,263 @@
+"""The processes of tensor-parallel ranks 1..N-1 and what rank 0 tells them.
+
+Rank 0 is the engine's own process: it hosts the scheduler, the KV block manager,
+structured outputs and sampling, and drives the other ranks::
+
+    rank 0                                   rank r (worker_main)
+    WorkerPool.start  -- spawn ------------>  join the groups, load the model shard
+                      <-- ("ready",) -------
+    send(("init_kv", sizes))  ------------->  size the KV cache; min over ranks (collective)
+    send(("step", StepMessage))  ---------->  same inputs, same forward (collectives)
+    sample on the gathered logits             (logits dropped)
+    close: send(("shutdown",))  ----------->  exit
+
+Commands travel over one pipe per worker (``multiprocessing`` connections: small pickled
+tuples); tensors travel only through torch.distributed. A worker whose pipe closes (rank 0
+is gone) exits. A rank that dies fails every peer's next collective at once ("connection
+closed by peer"); one that hangs fails it after ``collective_timeout_s()``. Rank 0 then
+raises ``TensorParallelError`` naming the rank and how it ended.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from tamis.engine.distributed.parallel_state import TPGroup, connect_store, make_tp_group
+
+LOOPBACK = "127.0.0.1"
+_POLL_S = 0.05
+
+
+def collective_timeout_s() -> float:
+    """Seconds a collective (or the start-up rendezvous) may wait for a silent rank;
+    ``TAMIS_DISTRIBUTED_TIMEOUT_S``, default 600."""
+    return float(os.environ.get("TAMIS_DISTRIBUTED_TIMEOUT_S", "600"))
+
+
+class TensorParallelError(RuntimeError):
+    """A tensor-parallel rank failed or exited; the engine cannot go on."""
+
+
+@dataclass
+class ScheduledChunk:
+    """What a rank needs of one scheduled request to build the step's inputs (the fields
+    of ``ScheduledRequest`` that ``ModelRunner.prepare_inputs`` reads)."""
+    token_ids: list[int]
+    start: int
+    num_new_tokens: int
+    block_ids: list[int]
+    samples: bool
+    num_prompt_logprob_rows: int
+
+
+@dataclass
+class StepMessage:
+    """One step's inputs for the other ranks. With ``has_inflight`` some input ids are
+    on rank 0's device only: the ranks then receive ``input_ids`` by broadcast."""
+    scheduled: list[ScheduledChunk] = field(default_factory=list)
+    has_inflight: bool = False
+
+    @classmethod
+    def of(cls, batch, has_inflight: bool) -> "StepMessage":
+        return cls([ScheduledChunk(item.token_ids, item.start, item.num_new_tokens,
+                                   list(item.block_ids), bool(item.samples),
+                                   item.num_prompt_logprob_rows)
+                    for item in batch.scheduled], has_inflight)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank ``rank``'s device: GPU ``rank`` on CUDA, the CPU otherwise."""
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+# ----------------------------------------------------------------------- worker side
+
+def worker_main(config, rank: int, port: int, device_type: str, conn) -> None:
+    """Entry point of rank ``rank``'s process (spawned by ``WorkerPool.start``)."""
+    try:
+        size = config.tensor_parallel_size
+        device = rank_device(torch.device(device_type), rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:   # the ranks share the host's cores
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        conn.send(("joining",))
+        store = connect_store(LOOPBACK, port, size, False, collective_timeout_s())
+        group = make_tp_group(store, rank, size, device, collective_timeout_s())
+        from tamis.engine.distributed.runner import ShardRunner
+        runner = ShardRunner(config, device, group)
+        conn.send(("ready",))
+        _serve(runner, conn)
+    except BaseException:   # report, then exit non-zero: rank 0 names this rank's error
+        with contextlib.suppress(OSError):
+            conn.send(("error", traceback.format_exc()))
+        os._exit(1)
+    # Skip interpreter teardown: destroying a process group whose peers are gone aborts
+    # the process from C++ ("terminate called without an active exception").
+    os._exit(0)
+
+
+def _serve(runner, conn) -> None:
+    while True:
+        try:
+            kind, *args = conn.recv()
+        except EOFError:   # rank 0 is gone
+            return
+        if kind == "shutdown":
+            return
+        if kind == "init_kv":
+            runner.initialize_kv_cache(*args)
+        elif kind == "step":
+            runner.run_step(args[0])
+        else:
+            raise ValueError(f"unknown command {kind!r} from rank 0")
+
+
+# ----------------------------------------------------------------------- rank 0's side
+
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Lets a daemonic process (``tamis serve``'s engine core) start its rank processes.
+
+    multiprocessing refuses children of daemonic processes only so that they are not
+    orphaned; ranks cannot be: each exits when its pipe to rank 0 closes."""
+    config = multiprocessing.current_process()._config
+    daemonic = config.get("daemon", False)
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        config["daemon"] = daemonic
+
+
+class WorkerPool:
+    """Ranks 1..N-1 of one engine, one process each; the caller is rank 0."""
+
+    def __init__(self, processes: list, conns: list, group: TPGroup, store) -> None:
+        self.processes, self.conns, self.group, self._store = processes, conns, group, store
+        self._closed = False
+
+    @classmethod
+    def start(cls, config, device: torch.device) -> "WorkerPool":
+        """Spawns the ranks and joins the groups with them (rank 0's groups in ``.group``)."""
+        size, timeout = config.tensor_parallel_size, collective_timeout_s()
+        store = connect_store(LOOPBACK, 0, size, True, timeout)
+        context = multiprocessing.get_context("spawn")
+        processes, conns = [], []
+        with _children_allowed():
+            for rank in range(1, size):
+                ours, theirs = context.Pipe()
+                process = context.Process(target=worker_main, name=f"tamis-tp-rank{rank}",
+                                          args=(config, rank, store.port, device.type, theirs),
+                                          daemon=True)
+                process.start()
+                theirs.close()
+                processes.append(process)
+                conns.append(ours)
+        pool = cls(processes, conns, TPGroup(), store)
+        try:
+            pool._expect("joining", timeout)
+            pool.group = make_tp_group(store, 0, size, device, timeout)
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    def wait_ready(self) -> None:
+        """Returns once every rank loaded its shard; TensorParallelError if one failed."""
+        self._expect("ready", collective_timeout_s())
+
+    def _expect(self, reply: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
+            while not conn.poll(_POLL_S):
+                if not process.is_alive():
+                    raise self.failure()
+                if time.monotonic() > deadline:
+                    raise TensorParallelError(f"tensor-parallel rank {rank} sent no {reply!r} "
+                                              f"within {timeout_s:.0f} s")
+            message = conn.recv()
+            if message[0] != reply:
+                raise self.failure()   # an error report: failure() reads it
+        return None
+
+    def send(self, command: tuple) -> None:
+        """Sends ``command`` to every rank; TensorParallelError if one is gone."""
+        try:
+            for conn in self.conns:
+                conn.send(command)
+        except OSError as exc:
+            raise self.failure(exc) from exc
+
+    @contextlib.contextmanager
+    def watch(self) -> Iterator[None]:
+        """Turns a failed collective into a TensorParallelError naming the rank that failed."""
+        try:
+            yield
+        except RuntimeError as exc:
+            if isinstance(exc, TensorParallelError):
+                raise
+            raise self.failure(exc) from exc
+
+    def failure(self, cause: BaseException | None = None) -> TensorParallelError:
+        """What went wrong, read from the ranks' error reports and exit codes; the pool
+        is closed (the surviving ranks are stopped)."""
+        time.sleep(0.2)   # let a dying rank's exit code and report land
+        reasons = []
+        for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
+            report = _error_report(conn)
+            if report:
+                reasons.append(f"rank {rank} failed:\n{report}")
+            elif process.exitcode is not None:
+                reasons.append(f"rank {rank} (pid {process.pid}) exited with "
+                               f"{_describe_exit(process.exitcode)}")
+        self.close()
+        if not reasons:
+            reasons.append(f"a collective failed: {cause}")
+        return TensorParallelError("tensor-parallel engine stopped: " + "; ".join(reasons))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stops every rank (asks, then terminates those still running). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(("shutdown",))
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout_s)
+        for conn in self.conns:
+            conn.close()
+
+
+def _error_report(conn) -> str | None:
+    with contextlib.suppress(OSError, EOFError):
+        while conn.poll(0):
+            message = conn.recv()
+            if message[0] == "error":
+                return message[1]
+    return None
+
+
+def _describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"exit code {code}"
+    import signal
+    with contextlib.suppress(ValueError):
+        return f"signal {signal.Signals(-code).name}"
+    return f"signal {-code}"
+
+
+__all__ = ["WorkerPool", "StepMessage", "TensorParallelError", "worker_main",
+           "collective_timeout_s"]
