@@ -144,6 +144,10 @@ class Combinators:
                 out.append(node)
                 continue
             where = f"{path}/oneOf/{i}"
+            only_here = self._values_in_one_branch(schema, [live[j][1] for j in overlaps[i]], where)
+            if only_here is not None:
+                out.append(ra.alt(*(self._literal(v) for v in only_here)))
+                continue
             try:
                 others = [negate(live[j][1], self._peek, where) for j in overlaps[i]]
             except SchemaError:
@@ -152,6 +156,21 @@ class Combinators:
                 continue                    # no instance provably fails some other branch
             out.append(self.value({"allOf": [schema] + others}, where, depth + 1))
         return ra.alt(*out)
+
+    def _values_in_one_branch(self, schema, others: list, path: str) -> list | None:
+        """A branch with finitely many values (const/enum, or anyOf/oneOf of such): those it
+        accepts that no overlapping branch does, each checked by the validator (exact where
+        negating the others would drop arrays and objects); None for other branches."""
+        if not isinstance(schema, dict):
+            return None
+        values = self._values_of(schema, path)
+        if values is None or "nullable" in json.dumps(others, default=str):
+            return None                 # OpenAPI's nullable: null passes where the validator says no
+        try:                            # formats asserted here, annotations there: the stricter
+            return [v for v in values if self._valid(v, schema, formats=True)
+                    and not any(self._valid(v, other) for other in others)]
+        except SchemaError:
+            return None
 
     def _disjoint(self, a, b, path: str, depth: int = 0) -> bool:
         """True only if no instance can meet both schemas (False = unknown). Checks types,

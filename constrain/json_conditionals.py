@@ -17,7 +17,8 @@ Both branches only constrain objects, so other values pass as the keywords say.
 (an under-approximation of the negation; exact for what real schemas put in ``if``:
 ``type``, ``const``/``enum``, ``required``, ``properties`` of those, string and number bounds,
 ``minItems``/``maxItems``, ``items`` (without prefixItems), ``contains`` (one match wanted),
-``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
+``patternProperties`` and ``propertyNames`` (a member that fails them: ``_some``, see
+json_witnesses), ``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
 negation is contained in its own). Any other keyword is *dropped* before negating:
 dropping an assertion weakens the schema, so its negation only shrinks (sound; the
 else-branch may then refuse some valid instances). ``format`` is dropped too, so the result
@@ -138,6 +139,8 @@ def negate(schema, deref, path: str, depth: int = 0):
             arms.append(value)
         elif key in ("items", "contains"):
             arms += _negate_elements(schema, key, deref, where, depth)
+        elif key in ("patternProperties", "propertyNames"):
+            arms += _negate_names(key, value, deref, where, depth)
         # any other keyword is dropped (see module doc: sound)
     leaves += _negate_group(schema, STRING_KEYWORDS, "string", path)
     leaves += _negate_group(schema, NUMBER_KEYWORDS, "number", path)
@@ -163,6 +166,24 @@ def _negate_elements(schema: dict, key: str, deref, where: str, depth: int) -> l
     if negated is False:
         return []
     return [{"type": "array", "contains" if key == "items" else "items": negated}]
+
+
+def _negate_names(key: str, value, deref, where: str, depth: int) -> list:
+    """Objects with a member failing ``patternProperties`` (a key matching a pattern, its value
+    failing the pattern's schema) or ``propertyNames`` (a key failing it), as the internal
+    keyword ``_some`` (json_witnesses)."""
+    if key == "propertyNames":
+        negated = _negate_part(value, deref, where, depth)
+        return [] if negated is False else \
+            [{"type": "object", "_some": [{"name": negated, "value": True}]}]
+    if not isinstance(value, dict):
+        raise SchemaError("patternProperties must be an object", where)
+    arms = []
+    for pattern, sub in value.items():
+        negated = _negate_part(sub, deref, f"{where}/{pattern}", depth)
+        if negated is not False:
+            arms.append({"type": "object", "_some": [{"name": {"pattern": pattern}, "value": negated}]})
+    return arms
 
 
 def _negate_part(schema, deref, path: str, depth: int):

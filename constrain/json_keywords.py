@@ -21,7 +21,7 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "contains", "minContains",
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "_some", "contains", "minContains",
     "maxContains", *CONDITIONAL_KEYWORDS,
 }
 UNSUPPORTED = {
@@ -41,7 +41,7 @@ TYPE_KEYWORDS = {
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
               "contains", "minContains", "maxContains"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "propertyNames", "patternProperties"},
+               "propertyNames", "patternProperties", "_some"},
 }
 
 
@@ -83,8 +83,8 @@ def json_equal(x, y) -> bool:
 
 def as_json_schema(schema):
     """``schema`` with tamis's internal keywords (``_patterns``: more patterns that must all
-    match; ``_negate``: a value of the leaves' type meeting none of them) spelled in JSON
-    Schema, for a validator that would otherwise ignore them (and accept too much)."""
+    match; ``_negate``: a value of the leaves' type meeting none of them; ``_some``: members
+    the object must contain) spelled in JSON Schema, for a validator that would otherwise ignore them (and accept too much)."""
     if isinstance(schema, list):
         return [as_json_schema(part) for part in schema]
     if not isinstance(schema, dict):
@@ -95,6 +95,8 @@ def as_json_schema(schema):
             more += [{"pattern": pattern} for pattern in value]
         elif key == "_negate":
             more.append(_negation_as_json_schema(value))
+        elif key == "_some":
+            more += [_member_as_json_schema(req) for req in value]
         elif key in ("enum", "const", "default", "examples", "required"):
             out[key] = value                      # values, not schemas
         elif key in SCHEMA_MAPS and isinstance(value, dict):
@@ -104,6 +106,17 @@ def as_json_schema(schema):
     if more:
         out["allOf"] = list(out.get("allOf", [])) + more
     return out
+
+
+def _member_as_json_schema(req: dict) -> dict | bool:
+    """A ``_some`` requirement (json_witnesses) in JSON Schema where it can be said: a name
+    failing ``not name`` or a pattern's key with a value failing ``not value``; otherwise
+    False (no value: a validator then filters every enum value out, which is sound)."""
+    if req["value"] is True:
+        return {"not": {"propertyNames": {"not": as_json_schema(req["name"])}}}
+    if isinstance(req["name"], dict) and req["name"].keys() == {"pattern"}:
+        return {"not": {"patternProperties": {req["name"]["pattern"]: {"not": as_json_schema(req["value"])}}}}
+    return False
 
 
 def _negation_as_json_schema(leaves: list) -> dict | bool:

@@ -187,7 +187,7 @@ def _merge_keyword(key, x, y, merged, path):
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
-    if key in ("_negate", "_patterns"):
+    if key in ("_negate", "_patterns", "_some"):
         return list(x) + list(y)
     if key == "patternProperties":
         out = dict(x)

@@ -8,21 +8,24 @@ additional properties (allowed unless ``additionalProperties: false`` or the req
 enumerated up to ``MAX_MEMBER_CHOICES`` alternatives."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 from . import regex_ast as ra
 from .errors import ConstraintError, SchemaError
 from .json_keywords import nonneg_int
 from .json_strings import QUOTE, SAFE_CHARS, json_string_literal, string_not_in
+from .json_witnesses import Witnesses
 from .regex_parser import parse_regex
 
 MAX_MEMBER_CHOICES = 64      # maxProperties below the declared count: alternatives enumerated
 
 
-class ObjectSchemas:
+class ObjectSchemas(Witnesses):
     """``type: object`` for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
     path, depth)``, ``ws`` (the whitespace node), ``allow_additional`` and
-    ``_valid(value, schema)``."""
+    ``_valid(value, schema, formats)``; members the object must contain (``_some``) are
+    ``json_witnesses``'s."""
 
     def _object(self, schema: dict, path: str, depth: int) -> tuple:
         props = schema.get("properties", {})
@@ -38,25 +41,30 @@ class ObjectSchemas:
             extra_schema = False
         names = list(props) + [n for n in required if n not in props]
         sep = ra.seq(self.ws, ra.char(","), self.ws)
-        members = []
+        members, declared = [], []
         for name in names:
             sub = self._member_schema(name, props, patterns, extra_schema, path)
             allowed_name = names_schema is True or self._valid(name, names_schema)
-            value = self.value(sub, f"{path}/properties/{_escape_pointer(name)}", depth + 1) \
-                if allowed_name else ra.NOTHING
+            where = f"{path}/properties/{_escape_pointer(name)}"
+            value = self.value(sub, where, depth + 1) if allowed_name else ra.NOTHING
             if value == ra.NOTHING:
                 if name in required:
                     return ra.NOTHING
                 continue
-            key = json_string_literal(name)
-            members.append((ra.seq(key, self.ws, ra.char(":"), self.ws, value), name in required))
-        extra = self._extra_members(names, patterns, extra_schema, names_schema, path, depth)
+            members.append((self._member(name, value), name in required))
+            declared.append((name, sub, where))
+        kinds = self._extra_kinds(names, patterns, extra_schema, names_schema, path, depth)
+        extra = ra.alt(*(ra.seq(key, self.ws, ra.char(":"), self.ws, value) for key, _, value in kinds))
         lo = nonneg_int(schema, "minProperties", path, 0)
         hi = nonneg_int(schema, "maxProperties", path, None)
         required_count = sum(1 for _, req in members if req)
         if hi is not None and hi < required_count:
             return ra.NOTHING
-        if hi is None or hi >= len(members):
+        if schema.get("_some"):
+            plain = functools.partial(_members_body, sep=sep, extra=extra, lo=lo, hi=hi, path=path)
+            bodies = self._bodies_with_some(schema["_some"], members, declared, kinds,
+                                            (sep, extra, lo, hi, plain), path, depth)
+        elif hi is None or hi >= len(members):
             bodies = [_members_body(tuple(members), sep, extra, lo, hi, path)]
         else:
             # maxProperties below the declared count: one alternative per set of optional
@@ -78,9 +86,13 @@ class ObjectSchemas:
         base = props[name] if name in props else (extra_schema if not matching else True)
         return {"allOf": [base] + matching} if matching else base
 
-    def _extra_members(self, names, patterns, extra_schema, names_schema, path, depth) -> tuple:
-        """Members whose key is not declared: keys matching one pattern take its schema, the
-        others take additionalProperties. Keys matching two patterns are left out (sound)."""
+    def _member(self, name: str, value) -> tuple:
+        return ra.seq(json_string_literal(name), self.ws, ra.char(":"), self.ws, value)
+
+    def _extra_kinds(self, names, patterns, extra_schema, names_schema, path, depth) -> list:
+        """(key node, value schema, value node) of each kind of member whose key is not
+        declared: keys matching one pattern take its schema, the others additionalProperties.
+        Keys matching two patterns are left out (sound); kinds with no value are dropped."""
         free_key = string_not_in(names, path)
         if names_schema is not True:
             as_string = {"allOf": [names_schema, {"type": "string"}]} \
@@ -99,20 +111,21 @@ class ObjectSchemas:
                 raise SchemaError(f"unsupported patternProperties pattern: {exc}",
                                   f"{path}/patternProperties") from None
             pattern_nodes.append(ra.seq(QUOTE, node, QUOTE))
-        alternatives = []
+        kinds = []
         for i, (pattern, sub) in enumerate(patterns.items()):
             key = ("and", free_key, pattern_nodes[i])
             others = [n for j, n in enumerate(pattern_nodes) if j != i]
             if others:
                 key = ("diff", key, ra.alt(*others))
-            value = self.value(sub, f"{path}/patternProperties/{_escape_pointer(pattern)}", depth + 1)
+            kinds.append((key, sub, f"{path}/patternProperties/{_escape_pointer(pattern)}"))
+        key = ("diff", free_key, ra.alt(*pattern_nodes)) if pattern_nodes else free_key
+        kinds.append((key, extra_schema, f"{path}/additionalProperties"))
+        out = []
+        for key, sub, where in kinds:
+            value = self.value(sub, where, depth + 1)
             if value != ra.NOTHING:
-                alternatives.append(ra.seq(key, self.ws, ra.char(":"), self.ws, value))
-        value = self.value(extra_schema, f"{path}/additionalProperties", depth + 1)
-        if value != ra.NOTHING:
-            key = ("diff", free_key, ra.alt(*pattern_nodes)) if pattern_nodes else free_key
-            alternatives.append(ra.seq(key, self.ws, ra.char(":"), self.ws, value))
-        return ra.alt(*alternatives)
+                out.append((key, (sub, where), value))
+        return out
 
 
 def _members_body(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:

@@ -160,14 +160,19 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
             values = [v for v in values if self._valid(v, schema)]
         return ra.alt(*(self._literal(v) for v in values))
 
-    def _valid(self, value, schema) -> bool:
+    def _valid(self, value, schema, formats: bool = False) -> bool:
+        """``value`` meets ``schema`` (``$ref``s resolved in the root document); with
+        ``formats``, ``format`` is asserted too (the validator's default: annotations)."""
         import jsonschema
         if self._validator is None:
             root = self.root if isinstance(self.root, dict) else {}
             cls = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)
             self._validator = cls(root)
         try:
-            return self._validator.evolve(schema=as_json_schema(schema)).is_valid(value)
+            validator = self._validator.evolve(schema=as_json_schema(schema))
+            if formats:
+                validator = validator.evolve(format_checker=validator.FORMAT_CHECKER)
+            return validator.is_valid(value)
         except jsonschema.exceptions.RefResolutionError:
             raise SchemaError("enum filtering needs a $ref that cannot be resolved") from None
         except Exception as exc:  # referencing errors have their own hierarchy

@@ -1,0 +1,62 @@
+"""Schemas of the maskbench sample once refused as unsatisfiable, though a value meets each:
+a oneOf of enums of arrays (only values in exactly one branch), and `not` around
+patternProperties / propertyNames (members the object must contain, json_witnesses). Each
+compiles, accepts its witness, and accepts no drawn instance that jsonschema rejects."""
+import itertools
+import json
+import random
+
+import jsonschema
+import pytest
+
+from conformance import CONFORMANCE, compact, in_schema_order, smollm2, walk
+from tamis.constrain import StructuredOutputsParams, compile_constraint
+
+SAMPLE = CONFORMANCE / "maskbench-dev-sample" / "Handwritten"
+
+
+def _draw_key9(rng):
+    return [rng.randint(0, 6) for _ in range(rng.randint(0, 3))]
+
+
+def _draw_object7(rng):
+    keys = ["".join(p) for p in itertools.product("abcdx", repeat=2)] + ["a", "abc"]
+    return {k: 1 for k in rng.sample(keys, rng.randint(0, 3))}
+
+
+def _draw_oneofpr4(rng):
+    values = [{"c": "99"}, {"c": "1"}, {}, 1, {"c": 99}, {"c": "x99y", "d": 1}]
+    return {k: rng.choice(values) for k in rng.sample(["a", "b", "ab", "x", "ba"], rng.randint(0, 3))}
+
+
+CASES = {
+    # [1, 2] is only in y's enum; [1] is in all three, [2, 4] in x and z, [4, 6] fails `then`
+    "key9": ([1, 2], [[1], [2, 4], [4, 6], [5], [1, 2, 3], []], _draw_key9),
+    # "da" gives a and d, "cb" b and c; "bc" is forbidden, a third key too many
+    "object7": ({"da": 1, "cb": 1}, [{"da": 1}, {"da": 1, "bc": 1}, {"da": 1, "cb": 1, "xy": 1},
+                                      {"ab": 1, "cd": 1}], _draw_object7),
+    # a key matching "a" whose value has c holding "99"; no key matching "b" (the other branch)
+    "oneofpr4": ({"a": {"c": "99"}}, [{"a": {"c": "1"}}, {"a": {}}, {}, {"x": 1},
+                                       {"a": {"c": "99"}, "b": {"c": "99"}}], _draw_oneofpr4),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_satisfiable_schema_compiles_exactly_enough(name):
+    schema = json.loads((SAMPLE / f"{name}.json").read_text())["schema"]
+    witness, invalid, draw = CASES[name]
+    validator = jsonschema.Draft202012Validator(schema)
+    assert validator.is_valid(witness)
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+
+    def accepted(value):
+        return walk(compiled, compact(in_schema_order(value, schema)))[0]
+
+    assert accepted(witness)
+    for value in invalid:
+        assert not validator.is_valid(value)
+        assert not accepted(value), value
+    rng = random.Random(name)
+    drawn = [draw(rng) for _ in range(150)]
+    wrongly_accepted = [v for v in drawn if accepted(v) and not validator.is_valid(v)]
+    assert not wrongly_accepted
