@@ -178,7 +178,8 @@ class CTWNA16LinearMethod(LinearMethodBase):
         shapes = [[size, input_size] for size in output_partition_sizes]
         add_param(layer, "weight_shape",
                   torch.zeros(len(output_partition_sizes), 2, dtype=torch.int64),
-                  weight_loader=_weight_shape_loader(layer), dummy_init=values_init(shapes))
+                  weight_loader=_weight_shape_loader(layer), dummy_init=values_init(shapes),
+                  holds_shape=True)
         if not self.sym:
             for size in output_partition_sizes:
                 require(size % pack == 0, layer, f"packed zero points need shard N={size} to be "
@@ -188,7 +189,7 @@ class CTWNA16LinearMethod(LinearMethodBase):
                       group_dim=1, group_size=group)
         if self.act_order:
             add_param(layer, "weight_g_idx", torch.empty(input_size, dtype=torch.int32),
-                      input_dim=0, ignore_shard=True,
+                      input_dim=0, ignore_shard=True, group_index=True,
                       dummy_init=group_index_init(group, act_order=True))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

@@ -100,7 +100,7 @@ class GPTQLinearMethod(LinearMethodBase):
         add_param(layer, "scales", torch.empty(groups, n, dtype=torch.float32),
                   input_dim=0, output_dim=1, group_dim=0, group_size=group)
         add_param(layer, "g_idx", torch.empty(input_size, dtype=torch.int32),
-                  input_dim=0, ignore_shard=True,
+                  input_dim=0, ignore_shard=True, group_index=True,
                   dummy_init=group_index_init(group, self.config.desc_act))
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:

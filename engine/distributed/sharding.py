@@ -64,3 +64,12 @@ def take_span(loaded, dim: int, span: Span) -> torch.Tensor:
     if len(loaded.shape) <= dim or loaded.shape[dim] != span.full:
         return materialize(loaded)
     return materialize(loaded.narrow(dim, span.start, span.size))
+
+
+def shape_tensor(loaded, expected_full: tuple[int, int], local: tuple[int, int]) -> torch.Tensor:
+    """A compressed-tensors ``weight_shape`` ([N, K] of the whole layer) as the rank's
+    ``local`` shape; any other value unchanged (the layer's loader then refuses it)."""
+    values = materialize(loaded)
+    if tuple(values.reshape(-1).tolist()) != expected_full:
+        return values
+    return torch.tensor(local, dtype=values.dtype)

@@ -28,8 +28,9 @@ import torch
 from torch import nn
 
 from tamis.engine.distributed.parallel_state import TPGroup, current_tp_group
-from tamis.engine.distributed.sharding import (Span, kv_head_span, materialize, split_evenly,
-                                               take_span)
+from tamis.engine.distributed.row_shards import RowShardLoader
+from tamis.engine.distributed.sharding import (Span, kv_head_span, materialize, shape_tensor,
+                                               split_evenly, take_span)
 from tamis.engine.layers.quant_method import (LinearMethodBase, QuantizationConfig,
                                               set_weight_attrs)
 
@@ -135,20 +136,14 @@ def _wrap_loaders(layer: LinearBase, slicer) -> None:
         param.reads_checkpoint_slices = True
 
 
-def _shape_tensor(loaded, expected_full: tuple[int, int], local: tuple[int, int]):
-    """A compressed-tensors ``weight_shape`` ([N, K] of the whole layer) as the rank's shape."""
-    values = materialize(loaded)
-    if tuple(values.reshape(-1).tolist()) != expected_full:
-        return values
-    return torch.tensor(local, dtype=values.dtype)
-
-
 class RowLinear(LinearBase):
     """The row-parallel layer of a block (o_proj, down_proj): rank r holds input columns
     ``r*K/N .. (r+1)*K/N``, and the ranks' partial outputs are summed (bias added once).
 
     Group-wise quantized weights must split into whole groups per rank; a layer whose
-    K/N is not a multiple of its group size is refused, naming the layer."""
+    K/N is not a multiple of its group size is refused, naming the layer. Act-order
+    (GPTQ ``desc_act``) layers keep their own groups' rows and gather their input
+    (``tamis.engine.distributed.row_shards``)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False,
                  quant_config: QuantizationConfig | None = None, prefix: str = "",
@@ -163,8 +158,11 @@ class RowLinear(LinearBase):
                 raise
             raise ValueError(f"{exc} (the input size {input_size} split over tensor parallel "
                              f"size {tp.size} ranks)") from None
+        # Act-order layers under tensor parallelism: the input rows this rank keeps.
+        self.register_buffer("input_rows", None, persistent=False)
         if tp.is_parallel:
             self._check_whole_groups()
+            self._row_loader = RowShardLoader(self)
             _wrap_loaders(self, self._load_rank_slice)
 
     def _check_whole_groups(self) -> None:
@@ -181,42 +179,13 @@ class RowLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.tp.is_parallel:
             return self.quant_method.apply(self, x, self.bias)
+        if self.input_rows is not None:
+            x = self.tp.all_gather(x, dim=-1).index_select(-1, self.input_rows)
         partial = self.quant_method.apply(self, x, self.bias if self.tp.rank == 0 else None)
         return self.tp.all_reduce(partial)
 
     def _load_rank_slice(self, inner, param: torch.Tensor, loaded, shard_id=None) -> None:
-        dim = getattr(param, "input_dim", None)
-        if getattr(param, "holds_shape", False):
-            loaded = _shape_tensor(loaded, (self.output_size, self.full_input_size),
-                                   (self.output_size, self.input_size))
-        elif getattr(param, "group_index", False):
-            loaded = self._local_group_index(materialize(loaded))
-        elif dim is not None:
-            local = param.shape[dim]
-            loaded = take_span(loaded, dim, Span(local * self.tp.size, self.tp.rank * local, local))
-        inner(param, materialize(loaded), *(() if shard_id is None else (shard_id,)))
-
-    def _local_group_index(self, g_idx: torch.Tensor) -> torch.Tensor:
-        """The rank's rows of a group index (GPTQ ``g_idx``), renumbered from its first group.
-        Act-order groups that cross the split (a row of this rank in another rank's
-        group) are refused: the rank would need scales it does not hold."""
-        if g_idx.numel() != self.full_input_size:
-            return g_idx   # the method's own loader refuses the shape
-        start = self.tp.rank * self.input_size
-        local = g_idx[start:start + self.input_size]
-        if int(g_idx.max()) == 0:
-            return local   # one group over all of K: its scales are replicated
-        size = min(getattr(p, "group_size", None) or self.full_input_size
-                   for p in self.parameters(recurse=False))
-        local = local - start // size
-        num_groups = -(-self.input_size // size)
-        if bool((local < 0).any() or (local >= num_groups).any()):
-            raise ValueError(
-                f"{self.prefix}: act-order (desc_act) groups cross the tensor-parallel split: "
-                f"rank {self.tp.rank}'s input rows {start}..{start + self.input_size - 1} "
-                f"use groups outside its own {num_groups}; this layer cannot be split at "
-                f"tensor parallel size {self.tp.size}")
-        return local.to(g_idx.dtype)
+        self._row_loader.load(inner, param, loaded, shard_id)
 
 
 class _ColumnParallel(LinearBase):
@@ -243,7 +212,7 @@ class _ColumnParallel(LinearBase):
             return
         span = self.shard_spans[0 if shard_id is None else self.shard_index(shard_id)]
         if getattr(param, "holds_shape", False):
-            loaded = _shape_tensor(loaded, (span.full, self.input_size), (span.size, self.input_size))
+            loaded = shape_tensor(loaded, (span.full, self.input_size), (span.size, self.input_size))
         elif dim is not None and not getattr(param, "is_per_shard_scalar", False):
             if getattr(param, "packed_dim", None) == dim:
                 span = span.scaled_down(param.packed_factor)

@@ -15,6 +15,10 @@ Parameter attributes the layer's weight loaders read (set with ``set_weight_attr
   ``input_scale``); the parameter has ``len(output_partition_sizes)`` elements and the
   loader writes shard i's scalar at index i.
 - ``ignore_shard``: a tensor identical for every shard (e.g. GPTQ ``g_idx``); loaded once.
+- ``group_index``: the group of each input row (GPTQ ``g_idx``); a row-parallel rank
+  renumbers its part from its first group (act-order: ``engine/distributed/row_shards.py``).
+- ``holds_shape``: the layer's ``[N, K]`` as values (compressed-tensors ``weight_shape``);
+  a tensor-parallel rank loads its own shape instead.
 
 A fused layer (q/k/v or gate/up) is one parameter set covering all shards along N;
 the loader copies each checkpoint shard into its slice.
