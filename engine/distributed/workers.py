@@ -35,9 +35,14 @@ LOOPBACK = "127.0.0.1"
 _POLL_S = 0.05
 
 
+# Start-up (spawn, rendezvous, loading a shard) may take long for a big checkpoint; a rank
+# that dies meanwhile is noticed at once (its process is polled), one that hangs by this.
+STARTUP_TIMEOUT_S = 1800.0
+
+
 def collective_timeout_s() -> float:
-    """Seconds a collective (or the start-up rendezvous) may wait for a silent rank;
-    ``TAMIS_DISTRIBUTED_TIMEOUT_S``, default 600."""
+    """Seconds a collective may wait for a silent (hung) rank before failing;
+    ``TAMIS_DISTRIBUTED_TIMEOUT_S``, default 600. A rank that exits fails it at once."""
     return float(os.environ.get("TAMIS_DISTRIBUTED_TIMEOUT_S", "600"))
 
 
@@ -89,7 +94,7 @@ def worker_main(config, rank: int, port: int, device_type: str, conn) -> None:
         else:   # the ranks share the host's cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         conn.send(("joining",))
-        store = connect_store(LOOPBACK, port, size, False, collective_timeout_s())
+        store = connect_store(LOOPBACK, port, size, False, STARTUP_TIMEOUT_S)
         group = make_tp_group(store, rank, size, device, collective_timeout_s())
         from tamis.engine.distributed.runner import ShardRunner
         runner = ShardRunner(config, device, group)
@@ -147,8 +152,8 @@ class WorkerPool:
     @classmethod
     def start(cls, config, device: torch.device) -> "WorkerPool":
         """Spawns the ranks and joins the groups with them (rank 0's groups in ``.group``)."""
-        size, timeout = config.tensor_parallel_size, collective_timeout_s()
-        store = connect_store(LOOPBACK, 0, size, True, timeout)
+        size = config.tensor_parallel_size
+        store = connect_store(LOOPBACK, 0, size, True, STARTUP_TIMEOUT_S)
         context = multiprocessing.get_context("spawn")
         processes, conns = [], []
         with _children_allowed():
@@ -163,8 +168,8 @@ class WorkerPool:
                 conns.append(ours)
         pool = cls(processes, conns, TPGroup(), store)
         try:
-            pool._expect("joining", timeout)
-            pool.group = make_tp_group(store, 0, size, device, timeout)
+            pool._expect("joining", STARTUP_TIMEOUT_S)
+            pool.group = make_tp_group(store, 0, size, device, collective_timeout_s())
         except BaseException:
             pool.close()
             raise
@@ -172,7 +177,7 @@ class WorkerPool:
 
     def wait_ready(self) -> None:
         """Returns once every rank loaded its shard; TensorParallelError if one failed."""
-        self._expect("ready", collective_timeout_s())
+        self._expect("ready", STARTUP_TIMEOUT_S)
 
     def _expect(self, reply: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -218,7 +223,7 @@ class WorkerPool:
             elif process.exitcode is not None:
                 reasons.append(f"rank {rank} (pid {process.pid}) exited with "
                                f"{_describe_exit(process.exitcode)}")
-        self.close()
+        self.close(timeout_s=1.0)   # a hung rank would not answer a longer wait either
         if not reasons:
             reasons.append(f"a collective failed: {cause}")
         return TensorParallelError("tensor-parallel engine stopped: " + "; ".join(reasons))
@@ -236,6 +241,9 @@ class WorkerPool:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.terminate()
+                process.join(timeout_s)
+            if process.is_alive():   # stopped (SIGSTOP) or ignoring SIGTERM
+                process.kill()
                 process.join(timeout_s)
         for conn in self.conns:
             conn.close()
