@@ -121,7 +121,7 @@ def negate(schema, deref, path: str, depth: int = 0):
         if key == "type":
             _negate_type(value, whole_types, leaves, where)
         elif key in ("enum", "const"):
-            _negate_values([value] if key == "const" else value, whole_types, leaves, where)
+            arms += _negate_values([value] if key == "const" else value, whole_types, leaves, where)
         elif key == "required":
             arms += [{"type": "object", "properties": {name: False}} for name in value]
         elif key == "properties":
@@ -204,16 +204,40 @@ def _negate_type(value, whole_types: set, leaves: list, where: str) -> None:
         leaves.append({"type": "number", "not_integer": True})
 
 
-def _negate_values(values, whole_types: set, leaves: list, where: str) -> None:
+def _negate_values(values, whole_types: set, leaves: list, where: str) -> list:
+    """Fills ``whole_types`` and ``leaves`` for the scalar values; returns the arms of values
+    other than the one object or array of its type (several of one type: no arm, sound)."""
     if not isinstance(values, list):
         raise SchemaError("enum must be an array", where)
+    arms = []
     for t in ALL_TYPES:
         mine = [v for v in values if json_type(v) == t]
         if not mine:
             whole_types.add(t)
         elif t in SCALAR_TYPES:
             leaves.append({"type": t, "enum": mine})
-        # objects/arrays in the enum: no arm for that type (sound: fewer failing values)
+        elif len(mine) == 1:
+            arms += _other_objects(mine[0]) if t == "object" else _other_arrays(mine[0])
+    return arms
+
+
+def _other_objects(value: dict) -> list:
+    """Objects unequal to ``value``: a key missing, another key, or a value unequal."""
+    keys = list(value)
+    arms = [{"type": "object", "properties": {k: False}} for k in keys]
+    arms.append({"type": "object", "_some": [{"name": {"not": {"enum": keys}}, "value": True}]})
+    arms += [{"type": "object", "required": [k], "properties": {k: {"not": {"const": value[k]}}}}
+             for k in keys]
+    return arms
+
+
+def _other_arrays(value: list) -> list:
+    """Arrays unequal to ``value``: another length, or an element unequal."""
+    n = len(value)
+    arms = [{"type": "array", "minItems": n + 1}] + ([{"type": "array", "maxItems": n - 1}] if n else [])
+    arms += [{"type": "array", "minItems": i + 1,
+              "prefixItems": [True] * i + [{"not": {"const": item}}]} for i, item in enumerate(value)]
+    return arms
 
 
 def _negate_count(key: str, value) -> list:

@@ -106,10 +106,7 @@ class SchemaMerging:
 
     def _merge(self, a: dict, b: dict, path: str):
         a, b = self._rewrite(a, path), self._rewrite(b, path)
-        for x, y in ((a, b), (b, a)):
-            if "prefixItems" in x and "items" in y and "prefixItems" not in y:
-                raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
-                                  "branches (their meaning depends on the branch)", path)
+        a, b = _items_at_every_position(a, b, path), _items_at_every_position(b, a, path)
         out = dict(a)
         for key, value in b.items():
             if key in ANNOTATIONS or key not in out:
@@ -126,6 +123,18 @@ class SchemaMerging:
 
 _UNSAT = object()
 MAX_UNROLLINGS = 8
+
+
+def _items_at_every_position(side: dict, other: dict, path: str) -> dict:
+    """``side`` whose ``items`` (without prefixItems) holds at every position, spelled with
+    as many ``prefixItems`` as ``other`` has, so that both merge position by position."""
+    prefix = other.get("prefixItems")
+    if prefix is None or "items" not in side or "prefixItems" in side:
+        return side
+    if not isinstance(prefix, list) or not isinstance(side["items"], (dict, bool)):
+        raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
+                          "branches (their meaning depends on the branch)", path)
+    return dict(side, prefixItems=[side["items"]] * len(prefix))
 
 
 def _common_multiple(x, y):
@@ -172,6 +181,8 @@ def _merge_keyword(key, x, y, merged, path):
         if x == y:
             return x
         return _merge_patterns(merged, x, y)
+    if key == "prefixItems" and isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+        return [_both(p, q) for p, q in zip(x, y)]
     if key in ("items", "additionalProperties", "additionalItems"):
         if isinstance(x, dict) and isinstance(y, dict) or isinstance(x, bool) or isinstance(y, bool):
             if x is True:

@@ -9,7 +9,9 @@ member whose name meets it (made required, its value narrowed) or by an extra me
 witnesses meeting several requirements at once are one member (every grouping is tried).
 The union is exact when the object has no ``maxProperties`` (extras in any order around the
 witnesses); with it, witnesses come first among the extras, then the free extras (sound, may
-refuse valid orders). More than ``MAX_WITNESS_CHOICES`` alternatives are refused."""
+refuse valid orders). Alternatives past ``MAX_WITNESS_CHOICES`` are left out (sound).
+``json_conditionals`` also writes one for an object unequal to a ``const``: a key besides
+the constant's keys."""
 from __future__ import annotations
 
 import itertools
@@ -43,9 +45,8 @@ class Witnesses:
             extra_reqs = [req for req, c in zip(requirements, choice) if c is None]
             for groups in _partitions(extra_reqs):
                 bodies += self._bodies_for(groups, narrowed, kinds, layout, path, depth)
-                if len(bodies) > MAX_WITNESS_CHOICES:
-                    raise SchemaError("too many ways to meet the members a negated patternProperties "
-                                      "or propertyNames asks for", path)
+                if len(bodies) >= MAX_WITNESS_CHOICES:
+                    return bodies[:MAX_WITNESS_CHOICES]     # the others left out: sound
         return bodies
 
     def _narrowed_members(self, requirements, choice, members, declared, depth) -> list | None:

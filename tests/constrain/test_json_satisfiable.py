@@ -1,7 +1,9 @@
 """Schemas of the maskbench sample once refused as unsatisfiable, though a value meets each:
-a oneOf of enums of arrays (only values in exactly one branch), and `not` around
-patternProperties / propertyNames (members the object must contain, json_witnesses). Each
-compiles, accepts its witness, and accepts no drawn instance that jsonschema rejects."""
+a oneOf of enums of arrays (only values in exactly one branch), `not` around
+patternProperties / propertyNames (members the object must contain, json_witnesses), and
+`not` of an object constant (a missing key, another key, or a value unequal). Each compiles,
+accepts its witness, and accepts no drawn instance that jsonschema rejects; the constants'
+negations are exact on drawn values."""
 import itertools
 import json
 import random
@@ -29,6 +31,18 @@ def _draw_oneofpr4(rng):
     return {k: rng.choice(values) for k in rng.sample(["a", "b", "ab", "x", "ba"], rng.randint(0, 3))}
 
 
+def _chain(n: int, leaf=None):
+    """{"a": {"a": ... leaf}} with n keys "a"."""
+    value = {} if leaf is None else leaf
+    for _ in range(n):
+        value = {"a": value}
+    return value
+
+
+def _draw_mod301(rng):
+    return _chain(rng.randint(0, 90), rng.choice([None, None, {"b": 1}]))
+
+
 CASES = {
     # [1, 2] is only in y's enum; [1] is in all three, [2, 4] in x and z, [4, 6] fails `then`
     "key9": ([1, 2], [[1], [2, 4], [4, 6], [5], [1, 2, 3], []], _draw_key9),
@@ -38,6 +52,10 @@ CASES = {
     # a key matching "a" whose value has c holding "99"; no key matching "b" (the other branch)
     "oneofpr4": ({"a": {"c": "99"}}, [{"a": {"c": "1"}}, {"a": {}}, {}, {"x": 1},
                                        {"a": {"c": "99"}, "b": {"c": "99"}}], _draw_oneofpr4),
+    # chains of n nested "a" keys with n odd, n = 1 (mod 3) and n = 4 (mod 5), but for the
+    # excluded witness: 19, 49, 79... (the named witness, 29 deep, meets none of the three)
+    "mod301": (_chain(19), [_chain(29), _chain(18), _chain(20), _chain(1), {}],
+               _draw_mod301),
 }
 
 
@@ -60,3 +78,37 @@ def test_satisfiable_schema_compiles_exactly_enough(name):
     drawn = [draw(rng) for _ in range(150)]
     wrongly_accepted = [v for v in drawn if accepted(v) and not validator.is_valid(v)]
     assert not wrongly_accepted
+
+
+UNEQUAL = [
+    {"type": "array", "items": {"type": "integer", "maximum": 3}, "not": {"const": [1, 2]}},
+    {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+     "not": {"const": {"a": 1}}},
+    {"type": "object", "additionalProperties": {"type": "integer", "maximum": 2},
+     "not": {"enum": [{"a": 1, "b": 2}, 3]}},
+    {"type": "array", "items": {"type": "array", "items": {"type": "integer", "maximum": 2}, "maxItems": 2},
+     "maxItems": 2, "not": {"const": [[1], []]}},
+    {"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"type": "integer"}},
+               {"items": {"maximum": 2}}], "maxItems": 3},
+]
+
+
+def _draw_value(rng, depth=0):
+    roll = rng.random()
+    if depth < 2 and roll < 0.3:
+        return [_draw_value(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if depth < 2 and roll < 0.5:
+        return {k: _draw_value(rng, depth + 1) for k in sorted(rng.sample("abc", rng.randint(0, 3)))}
+    return rng.choice([0, 1, 2, 3, -1, 1.5, "x", None, True])
+
+
+@pytest.mark.parametrize("index", range(len(UNEQUAL)))
+def test_values_unequal_to_a_constant_and_items_across_allof(index):
+    """Exact: every drawn value is accepted iff jsonschema finds it valid."""
+    schema = UNEQUAL[index]
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(index)
+    for _ in range(300):
+        value = _draw_value(rng)
+        assert walk(compiled, compact(value))[0] == validator.is_valid(value), value
