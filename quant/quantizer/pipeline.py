@@ -28,7 +28,7 @@ from tamis.quant.quantizer import awq as awq_search
 from tamis.quant.quantizer import calibration, writer
 from tamis.quant.quantizer.fp8 import Fp8Weight, gptq_fp8, rtn_fp8
 from tamis.quant.quantizer.descent import descend_codes
-from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize
+from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize, one_thread
 from tamis.quant.quantizer.grid import QuantizedWeight, rtn_quantize
 from tamis.quant.quantizer.refit import refit_scales
 from tamis.quant.quantizer.rotate import (SUPPORTED_MODEL_TYPES, rotate_residual,
@@ -347,14 +347,15 @@ def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
                          options: QuantizeOptions, result: QuantizeResult) -> None:
     linears = _linears(layer)
     stages = _stages(linears)
+    # The linears of a stage read one input, so share one Hessian (collected once, on the
+    # stage's first linear), and GPTQ treats output rows independently: one solve over
+    # their stacked rows gives each the result of its own solve, in one pass over K
+    # instead of one per linear.
     if not options.true_sequential:  # one replay of the layer before any is quantized
-        hessians = _hessians(layer, inputs, kwargs, list(linears))
+        hessians = _hessians(layer, inputs, kwargs, [stage[0] for stage in stages])
     for stage in stages:
         if options.true_sequential:  # this stage's inputs through the quantized stages
-            hessians = _hessians(layer, inputs, kwargs, stage)
-        # The linears of a stage read one input, so share one Hessian, and GPTQ treats
-        # output rows independently: one solve over their stacked rows gives each the
-        # result of its own solve, in one pass over K instead of one per linear.
+            hessians = _hessians(layer, inputs, kwargs, stage[:1])
         weights = [linears[name].weight.data for name in stage]
         stacked = _gptq_linear(torch.cat(weights), hessians[stage[0]], options)
         for name, quantized in zip(stage, _split_rows(stacked, [w.shape[0] for w in weights])):
@@ -388,14 +389,22 @@ _STAGES = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_
 
 
 def _stages(linears: dict[str, nn.Linear]) -> list[list[str]]:
-    """True-sequential stages; a layer with other linears is one stage."""
+    """True-sequential stages; in a layer with other linears, each linear is its own."""
     known = [name for stage in _STAGES for name in stage]
     if sorted(known) != sorted(linears):
-        return [list(linears)]
+        return [[name] for name in linears]
     return [list(stage) for stage in _STAGES]
 
 
 def _gptq_linear(weight: torch.Tensor, hessian: torch.Tensor, options: QuantizeOptions):
+    # Grid searches, solves and refits are many small ops: one thread runs them faster
+    # than two that wait on each other (``one_thread``).
+    with one_thread():
+        return _gptq_linear_rounds(weight, hessian, options)
+
+
+def _gptq_linear_rounds(weight: torch.Tensor, hessian: torch.Tensor,
+                        options: QuantizeOptions):
     if options.method == "fp8":  # no groups: act-order changes nothing in the format
         return gptq_fp8(weight, hessian, act_order=True, damp=options.damp)
     # Static groups visit in act order whatever the format: their g_idx stays contiguous.

@@ -271,3 +271,36 @@ def test_inverse_cholesky_upper_is_gptqs_factor(k):
     eye = torch.eye(k, dtype=torch.float64)
     residual = (factor.t() @ factor @ h - eye).abs().max()
     assert residual <= 4 * (reference.t() @ reference @ h - eye).abs().max() + 1e-12
+
+
+def test_solves_run_on_one_thread_and_restore_the_count():
+    """GPTQ's column loop runs on one thread (its small ops only wait on a second), and the
+    caller's thread count comes back, also when the solve raises."""
+    from tamis.quant.quantizer import gptq
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    seen = []
+
+    def round_column(position, column, pending):
+        seen.append(torch.get_num_threads())
+        if position == 3:
+            raise RuntimeError("stop")
+        return column.round()
+
+    h = _correlated_hessian(16)
+    try:
+        with pytest.raises(RuntimeError, match="stop"):
+            gptq.gptq_solve(torch.randn(4, 16), h, torch.arange(16), round_column)
+        assert seen == [1, 1, 1, 1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(outer)
+
+
+def test_layers_of_unknown_linears_solve_each_linear_alone():
+    """Only the Llama-style q/k/v, o, gate/up, down layout shares Hessians and stacks rows;
+    other linears (a fused qkv_proj of another input width...) get one stage each."""
+    from tamis.quant.quantizer.pipeline import _stages
+    linears = {"self_attn.qkv_proj": None, "self_attn.o_proj": None,
+               "mlp.gate_up_proj": None, "mlp.down_proj": None}
+    assert _stages(linears) == [[name] for name in linears]
