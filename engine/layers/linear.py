@@ -129,9 +129,19 @@ class ReplicatedLinear(LinearBase):
         super().__init__(input_size, [output_size], bias, quant_config, prefix, params_dtype)
 
 
+# The attributes that tell a rank which part of a parameter it keeps (quant_method.py).
+_SPLIT_LAYOUTS = ("input_dim", "output_dim", "is_per_shard_scalar", "holds_shape", "group_index")
+
+
 def _wrap_loaders(layer: LinearBase, slicer) -> None:
-    """Puts ``slicer(inner, param, loaded, shard_id)`` in front of every parameter's loader."""
-    for param in layer.parameters(recurse=False):
+    """Puts ``slicer(inner, param, loaded, shard_id)`` in front of every parameter's loader.
+    A parameter with a loader of its own and no layout attribute cannot be split (block-wise
+    FP8 scales): refused, naming the layer."""
+    for name, param in layer.named_parameters(recurse=False):
+        if not any(hasattr(param, attr) for attr in _SPLIT_LAYOUTS):
+            raise ValueError(f"{layer.prefix}: {type(layer.quant_method).__name__} stores "
+                             f"{name} in a layout tensor parallelism cannot split; run this "
+                             f"checkpoint with --tensor-parallel-size 1")
         param.weight_loader = functools.partial(slicer, param.weight_loader)
         param.reads_checkpoint_slices = True
 
