@@ -80,7 +80,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--max-logprobs", type=int, default=_default("max_logprobs"))
     g.add_argument("--served-model-name", default=None)
     g.add_argument("--kv-cache-dtype", default="auto", choices=cfg.KV_CACHE_DTYPES)
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split every layer over this many processes (one GPU each on CUDA, "
+                        "gloo on the CPU); see docs/parallelism.md")
     g.add_argument("--scheduling-policy", default="fcfs", choices=cfg.SCHEDULING_POLICIES)
     g.add_argument("--skip-tokenizer-init", action="store_true")
     g.add_argument("--trust-remote-code", action="store_true")
