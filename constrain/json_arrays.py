@@ -40,6 +40,8 @@ class ArraySchemas:
         domain = unique_domain(schema) if schema.get("uniqueItems") is True else None
         if domain:   # every ordering of distinct values, spelled out
             return self._distinct_values(domain, schema, path, lo, hi)
+        if "_contains_all" in schema:
+            return self._contains_every(schema, path, depth, lo, hi)
         if "contains" in schema:
             return self._contains_array(schema, path, depth, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]

@@ -13,14 +13,19 @@ may be refused. ``minItems``/``maxItems`` beyond what the count implies are the 
 with the plain list; where the elements hold grammar rules (recursive or free-form values),
 which an intersection cannot, both counts are states of one list (``_CountingList``: at most
 ``MAX_COUNTING_STATES``). ``prefixItems`` (tuple items) beside ``contains`` is refused: a
-``SchemaError`` naming ``contains``."""
+``SchemaError`` naming ``contains``. Two ``contains`` of one allOf (``_contains_all``, each
+wanting one match) ask for an element meeting each (``_contains_every``)."""
 from __future__ import annotations
+
+import itertools
 
 from . import regex_ast as ra
 from .errors import SchemaError
 from .json_keywords import nonneg_int
+from .json_witnesses import partitions
 
 MAX_COUNTING_STATES = 4_096
+MAX_CONTAINS_ORDERS = 64
 
 
 class ContainsSchemas:
@@ -45,6 +50,36 @@ class ContainsSchemas:
         else:   # an intersection cannot hold grammar rules: count both in one automaton
             body = _CountingList(matching, missing, self._separator(), (least, most), (lo, hi),
                                  where).body()
+        return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
+
+    def _contains_every(self, schema: dict, path: str, depth: int, lo: int, hi: int | None) -> tuple:
+        """``_contains_all`` (two ``contains`` of one allOf, json_merge): an element meeting
+        each schema, one element possibly meeting several. Exact: every grouping of the
+        schemas into witness elements, in every order, other elements anywhere around them;
+        ``minItems``/``maxItems`` are the intersection with the plain list (refused where the
+        elements hold grammar rules)."""
+        where = f"{path}/contains"
+        if "prefixItems" in schema or isinstance(schema.get("items"), list):
+            raise SchemaError("'contains' is enforced only where every item has one schema "
+                              "(not beside prefixItems or tuple items)", where)
+        items, wanted = schema.get("items", True), list(schema["_contains_all"])
+        free = self.value(items, f"{path}/items", depth + 1)
+        sep = self._separator()
+        bodies = []
+        for groups in partitions(wanted):
+            witnesses = [self.value({"allOf": [items] + group}, where, depth + 1) for group in groups]
+            if any(w == ra.NOTHING for w in witnesses):
+                continue
+            for order in itertools.permutations(witnesses):
+                bodies.append(_around(list(order), free, sep))
+                if len(bodies) > MAX_CONTAINS_ORDERS:
+                    raise SchemaError("too many 'contains' in one allOf", where)
+        body = ra.alt(*bodies)
+        if lo > len(wanted) or hi is not None:
+            if ra.has_rules(ra.alt(body, free)):
+                raise SchemaError("minItems/maxItems beside several 'contains' of recursive or "
+                                  "free-form items is not supported", where)
+            body = ("and", body, self._list_of(free, lo, hi))
         return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
 
     def _counted(self, matching: tuple, missing: tuple, least: int, most: int | None) -> tuple:
@@ -107,6 +142,14 @@ class _CountingList:
             return ra.seq(ra.rep(ra.seq(self.sep, self.missing), 0, None), ra.alt(done, *more))
         more.append(ra.seq(lead, self.missing, self.state(length_next, count)))
         return ra.alt(done, *more)
+
+
+def _around(witnesses: list, free, sep) -> tuple:
+    """A list holding ``witnesses`` in this order, any number of ``free`` elements around."""
+    run = ra.rep(ra.seq(sep, free), 0, None)
+    later = [part for w in witnesses[1:] for part in (ra.seq(sep, w), run)]
+    first_is_witness = ra.seq(witnesses[0], run, *later)
+    return ra.alt(first_is_witness, ra.seq(free, run, ra.seq(sep, witnesses[0]), run, *later))
 
 
 def contains_counts(schema: dict, path: str) -> tuple[int, int | None]:

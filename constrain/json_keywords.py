@@ -21,7 +21,7 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "_some", "contains", "minContains",
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "_some", "_contains_all", "contains", "minContains",
     "maxContains", *CONDITIONAL_KEYWORDS,
 }
 UNSUPPORTED = {
@@ -39,7 +39,7 @@ TYPE_KEYWORDS = {
     "string": {"minLength", "maxLength", "pattern", "format", "_patterns"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems",
-              "contains", "minContains", "maxContains"},
+              "contains", "minContains", "maxContains", "_contains_all"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
                "propertyNames", "patternProperties", "_some"},
 }
@@ -84,7 +84,8 @@ def json_equal(x, y) -> bool:
 def as_json_schema(schema):
     """``schema`` with tamis's internal keywords (``_patterns``: more patterns that must all
     match; ``_negate``: a value of the leaves' type meeting none of them; ``_some``: members
-    the object must contain) spelled in JSON Schema, for a validator that would otherwise ignore them (and accept too much)."""
+    the object must contain; ``_contains_all``: schemas an element must meet, each) spelled
+    in JSON Schema, for a validator that would otherwise ignore them (and accept too much)."""
     if isinstance(schema, list):
         return [as_json_schema(part) for part in schema]
     if not isinstance(schema, dict):
@@ -97,6 +98,8 @@ def as_json_schema(schema):
             more.append(_negation_as_json_schema(value))
         elif key == "_some":
             more += [_member_as_json_schema(req) for req in value]
+        elif key == "_contains_all":
+            more += [{"contains": as_json_schema(sub)} for sub in value]
         elif key in ("enum", "const", "default", "examples", "required"):
             out[key] = value                      # values, not schemas
         elif key in SCHEMA_MAPS and isinstance(value, dict):

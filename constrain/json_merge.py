@@ -107,6 +107,7 @@ class SchemaMerging:
     def _merge(self, a: dict, b: dict, path: str):
         a, b = self._rewrite(a, path), self._rewrite(b, path)
         a, b = _items_at_every_position(a, b, path), _items_at_every_position(b, a, path)
+        a, b = _contains_as_list(a, b), _contains_as_list(b, a)
         out = dict(a)
         for key, value in b.items():
             if key in ANNOTATIONS or key not in out:
@@ -135,6 +136,19 @@ def _items_at_every_position(side: dict, other: dict, path: str) -> dict:
         raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
                           "branches (their meaning depends on the branch)", path)
     return dict(side, prefixItems=[side["items"]] * len(prefix))
+
+
+def _contains_as_list(side: dict, other: dict) -> dict:
+    """Two different ``contains`` (each wanting one match) become ``_contains_all``, a list
+    that merges by concatenation (json_contains: an element meeting each)."""
+    counted = ("minContains", "maxContains")
+    if "contains" not in side or "contains" not in other and "_contains_all" not in other \
+            or any(k in s for s in (side, other) for k in counted) \
+            or json_equal(side["contains"], other.get("contains")):
+        return side
+    out = {k: v for k, v in side.items() if k != "contains"}
+    out["_contains_all"] = list(side.get("_contains_all", [])) + [side["contains"]]
+    return out
 
 
 def _common_multiple(x, y):
@@ -198,7 +212,7 @@ def _merge_keyword(key, x, y, merged, path):
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
-    if key in ("_negate", "_patterns", "_some"):
+    if key in ("_negate", "_patterns", "_some", "_contains_all"):
         return list(x) + list(y)
     if key == "patternProperties":
         out = dict(x)

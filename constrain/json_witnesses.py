@@ -43,7 +43,7 @@ class Witnesses:
             if narrowed is None:
                 continue
             extra_reqs = [req for req, c in zip(requirements, choice) if c is None]
-            for groups in _partitions(extra_reqs):
+            for groups in partitions(extra_reqs):
                 bodies += self._bodies_for(groups, narrowed, kinds, layout, path, depth)
                 if len(bodies) >= MAX_WITNESS_CHOICES:
                     return bodies[:MAX_WITNESS_CHOICES]     # the others left out: sound
@@ -117,13 +117,13 @@ def _body(members: list, sep, extra, witnesses: list, extra_hi) -> tuple:
     return ("props", tuple(members), sep, tail_none, tail_some) if members else tail_none
 
 
-def _partitions(items: list):
+def partitions(items: list):
     """Every way to split ``items`` into non-empty groups ([[]] for none: no extra witness)."""
     if not items:
         yield []
         return
     first, rest = items[0], items[1:]
-    for groups in _partitions(rest):
+    for groups in partitions(rest):
         yield [[first]] + groups
         for i in range(len(groups)):
             yield groups[:i] + [[first] + groups[i]] + groups[i + 1:]

@@ -1,7 +1,8 @@
 """Schemas of the maskbench sample once refused as unsatisfiable, though a value meets each:
 a oneOf of enums of arrays (only values in exactly one branch), `not` around
 patternProperties / propertyNames (members the object must contain, json_witnesses), and
-`not` of an object constant (a missing key, another key, or a value unequal). Each compiles,
+`not` of an object constant (a missing key, another key, or a value unequal), and two
+`contains` in one allOf (an element meeting each). Each compiles,
 accepts its witness, and accepts no drawn instance that jsonschema rejects; the constants'
 negations are exact on drawn values."""
 import itertools
@@ -39,6 +40,12 @@ def _chain(n: int, leaf=None):
     return value
 
 
+def _draw_itc4(rng, depth=0):
+    if depth < 2 and rng.random() < 0.6:
+        return [_draw_itc4(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    return rng.choice([110, 121, 11, 5, "x", None, 220])
+
+
 def _draw_mod301(rng):
     return _chain(rng.randint(0, 90), rng.choice([None, None, {"b": 1}]))
 
@@ -52,6 +59,9 @@ CASES = {
     # a key matching "a" whose value has c holding "99"; no key matching "b" (the other branch)
     "oneofpr4": ({"a": {"c": "99"}}, [{"a": {"c": "1"}}, {"a": {}}, {}, {"x": 1},
                                        {"a": {"c": "99"}, "b": {"c": "99"}}], _draw_oneofpr4),
+    # an array holding an array with a multiple of 11 from 100 and a non-number; two
+    # `contains` meet in one allOf once the other oneOf branch is negated
+    "oneofanyofitc4": ([[110, "x"]], [[[110]], [[5]], [[110], [5]], []], _draw_itc4),
     # chains of n nested "a" keys with n odd, n = 1 (mod 3) and n = 4 (mod 5), but for the
     # excluded witness: 19, 49, 79... (the named witness, 29 deep, meets none of the three)
     "mod301": (_chain(19), [_chain(29), _chain(18), _chain(20), _chain(1), {}],
@@ -90,6 +100,10 @@ UNEQUAL = [
      "maxItems": 2, "not": {"const": [[1], []]}},
     {"allOf": [{"prefixItems": [{"type": "integer"}], "items": {"type": "integer"}},
                {"items": {"maximum": 2}}], "maxItems": 3},
+    {"allOf": [{"contains": {"type": "integer", "minimum": 2}}, {"contains": {"type": "integer", "maximum": 2}},
+               {"contains": {"type": "string"}}], "items": {"type": ["integer", "string"]}},
+    {"allOf": [{"contains": {"const": 1}}, {"contains": {"const": 2}}], "items": {"type": "integer", "maximum": 3},
+     "minItems": 3, "maxItems": 3},
 ]
 
 
