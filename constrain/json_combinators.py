@@ -3,8 +3,9 @@
 - **anyOf**: an alternation of the branches, each merged with the keywords beside it;
 - **oneOf**: branches proved disjoint on their schemas (types, const/enum values, a property
   both require with disjoint values, a required name the other forbids) are an alternation;
-  any other branch is intersected with the negation of each branch it may overlap
-  (``json_conditionals.negate``: sound, may refuse valid values);
+  an overlapping branch with finitely many values keeps those no overlapping branch accepts
+  (checked by the validator); any other branch is intersected with the negation of each
+  branch it may overlap (``json_conditionals.negate``: sound, may refuse valid values);
 - **not**: the exact difference of two languages where the negated schema's language holds
   every text of its values (``_every_text``); otherwise the schema intersected with the
   negation, written as canonical texts of one type (``CANONICAL``) minus the negated ones."""
@@ -38,8 +39,9 @@ CANONICAL_INTEGER = parse_regex(r"0|-?[1-9][0-9]*")
 
 class Combinators:
     """anyOf/oneOf/not for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
-    path, depth)``, ``_enum(schema, path)`` and ``json_merge``'s ``_merge``, ``_deref`` and
-    ``_peek``."""
+    path, depth)``, ``_enum(schema, path)``, ``_literal(value)``, ``_valid(value, schema,
+    formats)``, ``json_merge``'s ``_merge``, ``_deref`` and ``_peek``, and ``json_refs``'s
+    ``_ids`` and ``_ids_root``."""
 
     def _not(self, schema: dict, path: str, depth: int) -> tuple:
         """Regular schema and a negated schema whose language holds *every* text of its values
@@ -164,8 +166,11 @@ class Combinators:
         if not isinstance(schema, dict):
             return None
         values = self._values_of(schema, path)
-        if values is None or "nullable" in json.dumps(others, default=str):
+        text = json.dumps([schema] + others, default=str)
+        if values is None or "nullable" in text:
             return None                 # OpenAPI's nullable: null passes where the validator says no
+        if '"$ref"' in text and any(uri != self._ids_root() for uri in self._ids):
+            return None                 # the validator resolves $refs from the root's base only
         try:                            # formats asserted here, annotations there: the stricter
             return [v for v in values if self._valid(v, schema, formats=True)
                     and not any(self._valid(v, other) for other in others)]

@@ -51,6 +51,11 @@ class SchemaReferences:
             for sub in schema:
                 self._index(sub, base, is_schema)
 
+    def _ids_root(self) -> str:
+        """The document's own base URI as ``_ids`` keys it ("" without a root ``$id``)."""
+        root = self.root.get("$id", "") if isinstance(self.root, dict) else ""
+        return urldefrag(root)[0] if isinstance(root, str) else ""
+
     def _resolve(self, ref: str, schema, path: str):
         if not isinstance(ref, str):
             raise SchemaError("$ref must be a string", path)

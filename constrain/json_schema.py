@@ -22,7 +22,8 @@ Policies (each tested in tests/constrain/test_json_policies.py):
 - **numbers**: see ``json_numbers``; **strings** constrained by ``pattern`` or ``format``
   are written without escape sequences; **formats**: see ``json_formats``;
 - **oneOf**: branches proved disjoint on their schemas (types, const/enum, a property both
-  require with disjoint values, a required name the other forbids) are an alternation; any
+  require with disjoint values, a required name the other forbids) are an alternation; an
+  overlapping branch with finitely many values keeps those no overlapping branch accepts; any
   other branch is intersected with the negation of the branches it may overlap (sound);
 - **conditionals** (``if``/``then``/``else``, ``dependentRequired``, ``dependentSchemas``,
   ``dependencies``) and ``not`` around recursive or free-form schemas: rewritten into
