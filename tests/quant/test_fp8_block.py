@@ -123,11 +123,19 @@ def test_triton_kernel_on_gpu_at_llama_shapes(m):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x_q, x_scale = per_token_group_quant_fp8_ref(x, 128)
     codes, scales = per_token_group_quant_fp8(x, 128)          # the Triton quantizer
-    assert torch.equal(scales, x_scale)
-    assert torch.equal(codes.view(torch.uint8), x_q.view(torch.uint8))
+    # Compiled, Triton divides fp32 within 2 ulp of torch's exact division, so a code that
+    # sits on a rounding boundary may land on the neighbouring e4m3 value.
+    torch.testing.assert_close(scales, x_scale, rtol=3e-7, atol=0)
+    _assert_codes_within_one_step(codes.view(torch.uint8), x_q.view(torch.uint8))
     expected = w8a8_block_fp8_matmul_ref(x_q, x_scale, weight, scale_inv, BLOCK, torch.float32)
     out = block_fp8_linear(x, weight, scale_inv, BLOCK)
     torch.testing.assert_close(out.float(), expected, rtol=1.6e-2, atol=1e-2)
+
+
+def _assert_codes_within_one_step(codes: torch.Tensor, expected: torch.Tensor) -> None:
+    """Same e4m3 codes but for rare neighbours (same sign: adjacent bit patterns)."""
+    step = (codes.int() - expected.int()).abs()
+    assert int(step.max()) <= 1 and float((step > 0).float().mean()) < 1e-3
 
 
 # ------------------------------------------------------------------ layer and config

@@ -103,7 +103,11 @@ def test_triton_kernel_on_gpu_at_llama_shapes(m):
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     x_q, x_scale = per_token_quant_int8_ref(x)
     codes, scales = per_token_quant_int8(x)                    # the Triton quantizer
-    assert torch.equal(scales, x_scale) and torch.equal(codes, x_q)
+    # Compiled, Triton divides fp32 within 2 ulp of torch's exact division: a value on a
+    # rounding boundary may round to the neighbouring integer.
+    torch.testing.assert_close(scales, x_scale, rtol=3e-7, atol=0)
+    step = (codes.int() - x_q.int()).abs()
+    assert int(step.max()) <= 1 and float((step > 0).float().mean()) < 1e-3
     expected = int8_scaled_mm_ref(x_q, x_scale, weight, w_scale, torch.float32)
     torch.testing.assert_close(int8_linear(x, weight, w_scale).float(), expected,
                                rtol=1.6e-2, atol=1e-2)
