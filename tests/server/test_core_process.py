@@ -54,18 +54,36 @@ def _config() -> EngineConfig:
     return EngineConfig.from_kwargs(**ENGINE_ARGS)
 
 
+def _spawn(make_engine=None) -> ProcessCore:
+    """A core process with one torch thread (as ``live_server``'s): on a shared 2-core
+    runner, two threads of a process's main thread spin against each other (10x slower)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        return ProcessCore(make_engine or functools.partial(LLMEngine, _config()),
+                           start_timeout=300)
+
+
 @pytest.fixture(scope="module")
 def process_engine():
-    engine = AsyncEngine(ProcessCore.for_config(_config(), start_timeout=300))
+    engine = AsyncEngine(_spawn())
     yield engine
     engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def thread_engine():
+    """The in-process core, with the core process's one torch thread: the same sums in
+    the same order, so the same logprobs to the last bit."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     engine = AsyncEngine(ThreadCore(LLMEngine(_config())))
-    yield engine
-    engine.shutdown()
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+        torch.set_num_threads(threads)
 
 
 async def _collect(engine: AsyncEngine, prompt, params, request_id: str) -> list:
@@ -75,10 +93,12 @@ async def _collect(engine: AsyncEngine, prompt, params, request_id: str) -> list
 def _run_all(engine: AsyncEngine) -> list[list]:
     period_id = engine.tokenizer.convert_tokens_to_ids(".")
 
+    # One request at a time: a batch's composition changes float32 logits in the last
+    # bits, enough to flip a near tie, and concurrent arrivals batch by timing.
     async def main():
-        jobs = [_collect(engine, prompt, params, f"r{i}-{j}")
-                for i, prompt in enumerate(PROMPTS) for j, params in enumerate(_params(period_id))]
-        return await asyncio.gather(*jobs)
+        return [await _collect(engine, prompt, params, f"r{i}-{j}")
+                for i, prompt in enumerate(PROMPTS)
+                for j, params in enumerate(_params(period_id))]
     return asyncio.run(main())
 
 
@@ -158,7 +178,7 @@ def test_leaving_the_stream_frees_the_request_in_the_core(process_engine):
 
 
 def test_a_core_that_raises_fails_every_request_and_calls_on_dead():
-    core = ProcessCore(functools.partial(CrashingEngine, _config()), start_timeout=300)
+    core = _spawn(functools.partial(CrashingEngine, _config()))
     deaths = []
     engine = AsyncEngine(core, on_dead=deaths.append)
 
@@ -183,7 +203,7 @@ def test_a_core_that_raises_fails_every_request_and_calls_on_dead():
 
 
 def test_a_killed_core_fails_in_flight_requests_without_a_hang():
-    core = ProcessCore.for_config(_config(), start_timeout=300)
+    core = _spawn()
     engine = AsyncEngine(core)
 
     async def main():
@@ -210,7 +230,7 @@ def test_a_model_that_cannot_load_fails_the_constructor_with_the_cores_error(tmp
         LLMEngine(config)
     started = time.monotonic()
     with pytest.raises(type(in_process.value)) as remote:
-        ProcessCore.for_config(config, start_timeout=300)
+        _spawn(functools.partial(LLMEngine, config))
     assert str(remote.value) == str(in_process.value)
     assert time.monotonic() - started < 120
     assert not isinstance(remote.value, EngineCoreStartError)
