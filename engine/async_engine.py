@@ -83,10 +83,10 @@ class _Stream:
 class AsyncEngine:
     """Async front of an engine core; see the module docstring.
 
-    ``engine``: an ``LLMEngine`` (or anything with its step interface), run by a
-    ``ThreadCore`` in this process, or a started-here core (``ThreadCore``,
-    ``ProcessCore``). ``self.engine`` is the engine (``CoreInfo`` for a core in another
-    process: config, tokenizer, ``max_model_len``, ``eos_token_ids``).
+    ``engine``: an ``LLMEngine`` (or anything with its step interface), then run by a
+    ``ThreadCore`` in this process; or a core not started yet (``ThreadCore``,
+    ``ProcessCore``), which this starts. ``self.engine`` is the engine (``CoreInfo`` for a
+    core in another process: config, tokenizer, ``max_model_len``, ``eos_token_ids``).
 
     ``generate(prompt, params, request_id)`` is an async iterator of cumulative
     ``RequestOutput`` values ending with one whose ``finished`` is true. It raises
@@ -104,7 +104,7 @@ class AsyncEngine:
         self.max_waiting = max_waiting
         self.on_finished = on_finished  # (RequestOutput, RequestTimes) on the event loop
         self.on_aborted = on_aborted    # (request_id) on the event loop
-        self.on_dead = on_dead          # (message) on the core's relay thread, once
+        self.on_dead = on_dead          # (message) on the core's thread, once
         self._streams: dict[str, _Stream] = {}
         self._dead: str | None = None
         self._num_not_started = 0
