@@ -18,7 +18,11 @@ from .regex_parser import parse_regex
 # String content characters that need no escape: everything but '"', '\' and controls.
 SAFE_CHARS = ra.normalize_ranges(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)))
 SAFE_CHAR = ("chars", SAFE_CHARS)
-ESCAPE = parse_regex(r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})')
+# A \u escape names one code point: a surrogate only as a high-low pair (one character for
+# minLength/maxLength, as JSON Schema counts code points); a lone surrogate is refused, since
+# the text it decodes to is not valid Unicode (pydantic, for one, rejects it).
+ESCAPE = parse_regex(r'\\(["\\/bfnrt]|u([0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}'
+                     r'|[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}))')
 STRING_UNIT = ra.alt(SAFE_CHAR, ESCAPE)
 QUOTE = ra.char('"')
 ANY_STRING = ra.seq(QUOTE, ra.rep(STRING_UNIT, 0, None), QUOTE)

@@ -88,3 +88,14 @@ def test_all_of_multiple_of_steps_combine_to_their_least_common_multiple():
     decimal = compile_constraint(StructuredOutputsParams(json={
         "allOf": [{"multipleOf": 0.5}, {"multipleOf": 0.3}]}), smollm2()[1])
     assert walk(decimal, "1.5")[0] and walk(decimal, "3")[0] and not walk(decimal, "0.5")[0]
+
+
+def test_unicode_escapes_name_whole_code_points():
+    string = {"type": "string"}
+    assert _ok(r'"\u00e9\ud83d\ude00"', json=string)
+    assert not _ok(r'"\ud83d"', json=string)                 # a lone high surrogate
+    assert not _ok(r'"\ude00x"', json=string)                # a lone low surrogate
+    assert not _ok(r'"\ud83d\u0041"', json=string)           # high surrogate, then no low one
+    # a pair is one character, as JSON Schema counts them
+    assert not _ok(r'"\ud83d\ude00"', json={"type": "string", "minLength": 2})
+    assert _ok(r'"\ud83d\ude00"', json={"type": "string", "maxLength": 1})
