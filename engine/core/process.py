@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import gc
 import logging
 import multiprocessing
 import multiprocessing.connection as mpc
@@ -244,6 +245,7 @@ def run_core(make_engine: Callable[[], Any], commands, events, log_level: int) -
                         format="%(asctime)s %(levelname)s %(name)s[core]: %(message)s")
     try:
         engine = make_engine()
+        _freeze_startup_objects()
         events.send(("ready", CoreInfo.of(engine)))
     except BaseException as exc:  # noqa: BLE001 - handed to the server, which raises it
         # Not logged here: the server decides how to report it (one line for a bad model
@@ -268,6 +270,15 @@ def run_core(make_engine: Callable[[], Any], commands, events, log_level: int) -
         sys.exit(1)
     finally:
         loop.abort_all()
+
+
+def _freeze_startup_objects() -> None:
+    """Takes what start-up made (the model's modules, the tokenizer, the structured-output
+    tables) out of the cyclic garbage collector's reach: it lives as long as the process,
+    and every full collection would rescan it, a pause of up to a second in the middle of
+    a step. Garbage made later is collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def _serve(loop: CoreLoop, commands) -> None:
