@@ -8,11 +8,15 @@
     topk_ids      [M, k] int    each token's experts, in [0, E)
     out           [M, H]        sum_j topk_weights[m, j] * expert_{topk_ids[m, j]}(x[m])
 
-The reference runs each chosen expert's rows through plain torch matmuls. The Triton
+The reference runs each chosen expert's rows through plain torch matmuls (quantized
+experts dequantized one at a time; INT8 experts W8A8, their activations quantized per
+token as the kernel does). The Triton
 path sorts the (token, expert) pairs by expert in blocks (``tamis.kernels.moe_align``)
 and runs two grouped GEMMs, each block of rows against its expert's weight: x by w13
 (rows gathered from x by ``pair // k``), SiLU-and-mul, then by w2 with the routing
 weight applied to the float32 accumulator; the k rows of each token are summed last.
+Block FP8 experts run their own grouped GEMM (``tamis.kernels.fused_moe_fp8_block``:
+scales inside the K loop), integer W4A16 ones theirs (``tamis.kernels.fused_moe_wna16``).
 """
 from __future__ import annotations
 
@@ -25,8 +29,8 @@ import torch.nn.functional as F
 from tamis.kernels._triton import kernel, use_triton
 from tamis.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from tamis.kernels.moe_align import ExpertBlocks, align_by_expert
-from tamis.kernels.moe_weights import (ExpertWeights, Fp8Experts, WNA16Experts, dense_expert,
-                                       expert_shape)
+from tamis.kernels.moe_weights import (ExpertWeights, Fp8BlockExperts, Fp8Experts, Int8Experts,
+                                       WNA16Experts, dense_expert, expert_shape)
 
 try:
     import triton
@@ -53,10 +57,21 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
                          f"{tuple(topk_weights.shape)} must both be [M={x.shape[0]}, top_k]")
 
 
+def _expert_linear(a: torch.Tensor, w: ExpertWeights, expert: int) -> torch.Tensor:
+    """a [T, K] @ expert ``expert``'s weight.T in a's dtype: W8A8 for INT8 experts (per-token
+    int8 activations, exact integer dot), else the dequantized weight in a's dtype."""
+    if isinstance(w, Int8Experts):
+        from tamis.kernels.int8 import int8_scaled_mm_ref, per_token_quant_int8_ref
+        codes, scale = per_token_quant_int8_ref(a)
+        return int8_scaled_mm_ref(codes, scale, w.weight[expert], w.scale[expert], a.dtype)
+    return F.linear(a, dense_expert(w, expert, a.dtype))
+
+
 def fused_experts_ref(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                       topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     """Expert by expert (in expert order), weighted outputs summed in float32; quantized
-    experts are dequantized one at a time into x's dtype (FP8: W8A16)."""
+    experts are dequantized one at a time into x's dtype (FP8: W8A16), INT8 experts run
+    W8A8."""
     _check(x, w13, w2, topk_weights, topk_ids)
     top_k = topk_ids.shape[1]
     flat_ids, flat_weights = topk_ids.reshape(-1), topk_weights.reshape(-1).float()
@@ -64,8 +79,8 @@ def fused_experts_ref(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
     for expert in flat_ids.unique().tolist():
         pairs = (flat_ids == expert).nonzero().squeeze(1)
         tokens = pairs // top_k
-        hidden = silu_and_mul_ref(F.linear(x[tokens], dense_expert(w13, expert, x.dtype)))
-        expert_out = F.linear(hidden, dense_expert(w2, expert, x.dtype))
+        hidden = silu_and_mul_ref(_expert_linear(x[tokens], w13, expert))
+        expert_out = _expert_linear(hidden, w2, expert)
         out.index_add_(0, tokens, expert_out.float() * flat_weights[pairs, None])
     return out.to(x.dtype)
 
@@ -100,9 +115,11 @@ if tl is not None:
                          stride_am, stride_we, stride_wn, stride_wk, stride_cm, stride_se,
                          A_ROWS_PER_PAIR: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                          HAS_W_SCALE: tl.constexpr, HAS_A_SCALE: tl.constexpr,
+                         INT8: tl.constexpr,
                          DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
         # FP8 weights: HAS_W_SCALE (per channel); W8A8 adds HAS_A_SCALE (per row of a).
+        # INT8 (W8A8): int8 codes, an exact int32 accumulator, both scales after the loop.
         # Program -> (M block, N block), GROUP_M M blocks side by side per N column.
         pid = tl.program_id(0)
         blocks_n = tl.cdiv(N, BLOCK_N)
@@ -123,14 +140,18 @@ if tl is not None:
         a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
         w_ptrs = (w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
                   + offs_k[:, None] * stride_wk)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if INT8 else tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_left = offs_k < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_left[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_left[:, None] & (offs_n[None, :] < N), other=0.0)
-            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+            if INT8:
+                acc = tl.dot(a, w, acc, out_dtype=tl.int32)
+            else:
+                acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             w_ptrs += BLOCK_K * stride_wk
+        acc = acc.to(tl.float32)
         if HAS_W_SCALE:
             acc = acc * tl.load(w_scale_ptr + expert * stride_se + offs_n, mask=offs_n < N,
                                 other=0.0)[None, :]
@@ -147,13 +168,19 @@ def _grouped_gemm(a: torch.Tensor, w: ExpertWeights, out: torch.Tensor, blocks: 
                   a_rows_per_pair: int, weights: torch.Tensor | None, tiles: MoeTiles,
                   a_scale: torch.Tensor | None = None) -> None:
     """out[pair] = a[pair // a_rows_per_pair] @ w[expert(pair)].T (times weights[pair]);
-    ``a_scale`` float32 [rows of a]: a is FP8 codes of a * a_scale (W8A8)."""
+    ``a_scale`` float32 [rows of a] (block FP8: [rows of a, K groups]): a is FP8 or int8
+    codes of a * a_scale (W8A8)."""
     if isinstance(w, WNA16Experts):
         from tamis.kernels.fused_moe_wna16 import grouped_gemm_wna16
         grouped_gemm_wna16(a, w, out, blocks, a_rows_per_pair, weights, tiles)
         return
-    w_scale = w.scale if isinstance(w, Fp8Experts) else None
-    w = w.weight if isinstance(w, Fp8Experts) else w
+    if isinstance(w, Fp8BlockExperts):
+        from tamis.kernels.fused_moe_fp8_block import grouped_gemm_fp8_block
+        grouped_gemm_fp8_block(a, w, out, blocks, a_rows_per_pair, weights, tiles, a_scale)
+        return
+    scaled = isinstance(w, (Fp8Experts, Int8Experts))
+    w_scale = w.scale if scaled else None
+    w = w.weight if scaled else w
     n, k = w.shape[1], w.shape[2]
     num_blocks_m = blocks.sorted_ids.numel() // tiles.block_m
     grid = (num_blocks_m * triton.cdiv(n, tiles.block_n),)
@@ -166,15 +193,24 @@ def _grouped_gemm(a: torch.Tensor, w: ExpertWeights, out: torch.Tensor, blocks: 
         w_scale.stride(0) if w_scale is not None else 0,
         A_ROWS_PER_PAIR=a_rows_per_pair, MUL_WEIGHT=weights is not None,
         HAS_W_SCALE=w_scale is not None, HAS_A_SCALE=a_scale is not None,
+        INT8=a.dtype == torch.int8,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
-def fp8_activations(x: torch.Tensor, w: ExpertWeights,
-                    w8a8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(GEMM input, its per-row scale): x itself unless ``w8a8`` and the experts are FP8,
-    then FP8 codes of x, per token or by the static input scale."""
+def quantized_activations(x: torch.Tensor, w: ExpertWeights,
+                          w8a8: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(GEMM input, its scale): int8 codes of x per token (scale [M]) for INT8 experts;
+    with ``w8a8``, FP8 codes of x per token or by the static input scale (scale [M]) for
+    FP8 experts, per token and K group (scale [M, K groups]) for block FP8 ones; else x."""
+    if isinstance(w, Int8Experts):
+        from tamis.kernels.int8 import per_token_quant_int8
+        codes, scale = per_token_quant_int8(x)
+        return codes, scale.reshape(-1)
+    if w8a8 and isinstance(w, Fp8BlockExperts):
+        from tamis.kernels.fp8_block import per_token_group_quant_fp8
+        return per_token_group_quant_fp8(x, w.block[1])
     if not (w8a8 and isinstance(w, Fp8Experts)):
         return x, None
     from tamis.kernels.fp8 import per_token_quant_fp8, quantize_fp8
@@ -186,7 +222,7 @@ def fp8_activations(x: torch.Tensor, w: ExpertWeights,
 
 
 def use_w8a8(x: torch.Tensor) -> bool:
-    """FP8 experts multiply as FP8 on GPUs with FP8 tensor cores."""
+    """FP8 experts (per channel or block-wise) multiply as FP8 on GPUs with FP8 tensor cores."""
     return x.is_cuda and _fp8_tensor_cores(x.device.index or 0)
 
 
@@ -202,7 +238,7 @@ def fused_experts_triton(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
                          tiles: MoeTiles | None = None,
                          w8a8: bool | None = None) -> torch.Tensor:
     """The sorted grouped-GEMM path; ``tiles`` defaults to ``default_tiles`` for M;
-    ``w8a8`` (FP8 experts only) defaults to ``use_w8a8(x)``."""
+    ``w8a8`` (FP8 experts only; INT8 ones are always W8A8) defaults to ``use_w8a8(x)``."""
     _check(x, w13, w2, topk_weights, topk_ids)
     num_tokens, top_k = topk_ids.shape
     if num_tokens == 0:
@@ -216,12 +252,12 @@ def fused_experts_triton(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
     blocks = align_by_expert(topk_ids, experts, tiles.block_m)
     pairs = num_tokens * top_k
     gate_up = torch.empty(pairs, two_i, dtype=x.dtype, device=x.device)
-    a, a_scale = fp8_activations(x, w13, w8a8)
+    a, a_scale = quantized_activations(x, w13, w8a8)
     _grouped_gemm(a, w13, gate_up, blocks, top_k, None, tiles, a_scale)
     hidden = silu_and_mul_triton(gate_up)
     weighted = torch.empty(pairs, hidden_size, dtype=x.dtype, device=x.device)
     flat_weights = topk_weights.reshape(-1).float().contiguous()
-    a, a_scale = fp8_activations(hidden, w2, w8a8)
+    a, a_scale = quantized_activations(hidden, w2, w8a8)
     _grouped_gemm(a, w2, weighted, blocks, 1, flat_weights, tiles, a_scale)
     return weighted.view(num_tokens, top_k, -1).sum(dim=1)
 
