@@ -241,8 +241,7 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
     bar.close()
     dtype = writer.checkpoint_dtype(model_path)
     state = writer.checkpoint_state(
-        model, result.weights, options.method, options.format, options.sym,
-        act_order=options.desc_act and not options.static_groups, dtype=dtype)
+        model, result.weights, options.method, options.format, options.sym, dtype)
     quant_config = writer.quantization_config(
         options.method, options.bits, options.group_size, options.desc_act, options.sym,
         static_groups=bool(options.static_groups), true_sequential=options.true_sequential,

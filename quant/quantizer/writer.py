@@ -8,8 +8,7 @@ gptq (native)  <name>.qweight [K/P, N], .qzeros [G, N/P] holding zero - 1 (v1),
 compressed-tensors pack-quantized (awq, gptq):
                <name>.weight_packed int32 [N, K/P] (codes, sequential along K),
                .weight_scale float32 [N, G], .weight_shape int64 [2] = (N, K),
-               .weight_zero_point int32 [N/P, G] (asymmetric), .weight_g_idx int32 [K]
-               (act order "group")
+               .weight_zero_point int32 [N/P, G] (asymmetric)
 compressed-tensors float-quantized (fp8):
                <name>.weight float8_e4m3fn [N, K], .weight_scale float32 [N, 1]
 ```
@@ -17,8 +16,9 @@ compressed-tensors float-quantized (fp8):
 compressed-tensors' signed code plus 2**(bits-1); a symmetric grid's zero point is that
 offset, so it is not stored. Scales of pack-quantized are written in float32: the
 quantizer's float16-exact values, whose products with the codes compressed-tensors then
-forms exactly (in float16 they would round). Every other tensor is written as it came,
-``config.json`` gets ``quantization_config``, and the tokenizer files are copied.
+forms exactly (in float16 they would round). Every other tensor is written in 16 bits
+(``checkpoint_dtype``), ``config.json`` gets ``quantization_config``, and the tokenizer
+files are copied.
 """
 from __future__ import annotations
 
@@ -62,8 +62,7 @@ def ct_fp8_tensors(name: str, quantized: Fp8Weight) -> dict[str, torch.Tensor]:
             f"{name}.weight_scale": quantized.scale.float().reshape(-1, 1).contiguous()}
 
 
-def ct_pack_tensors(name: str, qw: QuantizedWeight, sym: bool,
-                    act_order: bool) -> dict[str, torch.Tensor]:
+def ct_pack_tensors(name: str, qw: QuantizedWeight, sym: bool) -> dict[str, torch.Tensor]:
     n, k = qw.codes.shape
     tensors = {f"{name}.weight_packed": pack_int32(qw.codes, qw.bits, dim=1),
                f"{name}.weight_scale": qw.scales.float().contiguous(),
@@ -75,8 +74,6 @@ def ct_pack_tensors(name: str, qw: QuantizedWeight, sym: bool,
     else:
         tensors[f"{name}.weight_zero_point"] = pack_int32(qw.zeros.to(torch.int32), qw.bits,
                                                           dim=0)
-    if act_order:
-        tensors[f"{name}.weight_g_idx"] = qw.g_idx.to(torch.int32).contiguous()
     return tensors
 
 
@@ -87,8 +84,7 @@ def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
     true-sequential, static groups) record how the checkpoint was made (loaders ignore
     them: ``g_idx`` carries the groups)."""
     if fmt == "compressed-tensors":
-        return compressed_tensors_config(method, bits, group_size, desc_act, sym,
-                                         static_groups)
+        return compressed_tensors_config(method, bits, group_size, sym, static_groups)
     if method == "awq":
         return {"quant_method": "awq", "bits": bits, "group_size": group_size,
                 "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
@@ -101,15 +97,15 @@ def quantization_config(method: str, bits: int, group_size: int, desc_act: bool,
     raise ValueError(f"{method} is written in the compressed-tensors format only")
 
 
-def compressed_tensors_config(method: str, bits: int, group_size: int, desc_act: bool,
-                              sym: bool, static_groups: bool) -> dict[str, Any]:
+def compressed_tensors_config(method: str, bits: int, group_size: int, sym: bool,
+                              static_groups: bool) -> dict[str, Any]:
     """compressed-tensors' ``quantization_config`` (the fields llm-compressor writes)
     for every Linear but lm_head: FP8 per-channel weights with dynamic per-token FP8
     activations (``float-quantized``, llm-compressor's FP8_DYNAMIC), or int weights
-    with float activations (``pack-quantized``, W4A16 / W8A16). ``actorder``: "group"
-    for GPTQ's dynamic act-order groups (``weight_g_idx`` stored), "weight" for act-order
-    visiting with groups contiguous in K (static groups), else null (compressed-tensors
-    0.19 refuses "group", so ``QuantizeOptions`` does not ask for it)."""
+    with float activations (``pack-quantized``, W4A16 / W8A16). ``actorder`` "weight"
+    records act-order visiting with groups contiguous in K (static groups), else null;
+    dynamic act-order groups ("group", with ``weight_g_idx``) are not written:
+    compressed-tensors 0.19 refuses them (``QuantizeOptions`` says so)."""
     if method == "fp8":
         fmt = "float-quantized"
         weights = _ct_args("float", 8, "channel", None, True, None)
@@ -117,8 +113,7 @@ def compressed_tensors_config(method: str, bits: int, group_size: int, desc_act:
                        "observer": None}
     else:
         fmt = "pack-quantized"
-        actorder = "group" if desc_act and not static_groups else (
-            "weight" if static_groups else None)
+        actorder = "weight" if static_groups else None
         weights = _ct_args("int", bits, "channel" if group_size == -1 else "group",
                            None if group_size == -1 else group_size, sym, actorder)
         activations = None
@@ -138,13 +133,13 @@ def _ct_args(kind: str, bits: int, strategy: str, group_size: int | None, sym: b
 
 
 def checkpoint_state(model: nn.Module, weights: dict[str, QuantizedWeight | Fp8Weight],
-                     method: str, fmt: str, sym: bool, act_order: bool,
+                     method: str, fmt: str, sym: bool,
                      dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors to write: each quantized linear of ``weights`` in ``fmt``'s layout, the
     model's other floating tensors (embeddings, head, norms) in ``dtype``
     (``checkpoint_dtype``): the quantizer works in float32, and a rotated model's untied
-    embedding and head would otherwise double the file. The model takes those rounded values too, so as the
-    quantizer's reference it stays what the checkpoint holds."""
+    embedding and head would otherwise double the file. The model takes those rounded
+    values too, so as the quantizer's reference it stays what the checkpoint holds."""
     quantized_weights = {f"{name}.weight" for name in weights}
     state = {}
     with torch.no_grad():
@@ -157,16 +152,16 @@ def checkpoint_state(model: nn.Module, weights: dict[str, QuantizedWeight | Fp8W
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     for name, quantized in weights.items():
-        state.update(_linear_tensors(name, quantized, method, fmt, sym, act_order))
+        state.update(_linear_tensors(name, quantized, method, fmt, sym))
     return state
 
 
-def _linear_tensors(name: str, quantized, method: str, fmt: str, sym: bool,
-                    act_order: bool) -> dict[str, torch.Tensor]:
+def _linear_tensors(name: str, quantized, method: str, fmt: str,
+                    sym: bool) -> dict[str, torch.Tensor]:
     if method == "fp8":
         return ct_fp8_tensors(name, quantized)
     if fmt == "compressed-tensors":
-        return ct_pack_tensors(name, quantized, sym, act_order)
+        return ct_pack_tensors(name, quantized, sym)
     if method == "awq":
         return awq_tensors(name, quantized)
     return gptq_tensors(name, quantized)
