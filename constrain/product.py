@@ -67,6 +67,7 @@ class _ProductBuilder:
             self.settle = self.right.settle
         self.ids: dict[tuple[int, int], int] = {}
         self.queue: list[tuple[int, int]] = []
+        self.left_runs: dict[int, list] = {}   # left state -> its runs of counted symbols
         self.hops: dict = {}           # (target, remaining byte ranges) -> intermediate state
         self.paths: dict = {}          # pseudo-characters -> their UTF-8 byte-range paths
 
@@ -83,16 +84,30 @@ class _ProductBuilder:
             in_right = pair[1] != DEAD and right.is_accepting(pair[1])
             if left.is_accepting(pair[0]) and in_right != self.diff:
                 nfa.eps[here].append(end)
-            row_l = left.row(pair[0])[:alphabet]
-            row_r = (right.row(pair[1]) if pair[1] != DEAD else _DEAD_ROW)[:alphabet]
-            for lo, hi, target in _runs(row_l, row_r, self.diff):
-                if self.settle is not None:
-                    target = self.settle(target)
+            for lo, hi, target in self._pair_runs(pair, alphabet):
                 if self.classes is None:
                     nfa.edges[here].append((lo, hi, self._state(target)))
                 else:
                     self._char_edges(here, range(lo, hi + 1), self._state(target))
         return end
+
+    def _pair_runs(self, pair: tuple[int, int], alphabet: int) -> list:
+        """(lo, hi, target pair) of each run of symbols leaving ``pair``. Against a length
+        counter every counted symbol moves the count alike: the runs are those of the left
+        state (kept per left state), each moving to the next count."""
+        left, right = self.left, self.right
+        if self.settle is None:
+            row_r = (right.row(pair[1]) if pair[1] != DEAD else _DEAD_ROW)[:alphabet]
+            return list(_runs(left.row(pair[0])[:alphabet], row_r, self.diff))
+        nxt = right.next(pair[1])
+        if nxt == DEAD:
+            return []
+        runs = self.left_runs.get(pair[0])
+        if runs is None:
+            runs = self.left_runs[pair[0]] = [
+                (lo, hi, target[0]) for lo, hi, target in
+                _runs(left.row(pair[0])[:alphabet], right.counted, False)]
+        return [(lo, hi, self.settle((target, nxt))) for lo, hi, target in runs]
 
     def _state(self, pair: tuple[int, int]) -> int:
         found = self.ids.get(pair)
@@ -142,18 +157,15 @@ class _LengthCounter:
         self.allowed = np.zeros(alphabet, dtype=bool)
         for a, b in allowed:
             self.allowed[a:b + 1] = True
+        self.counted = np.where(self.allowed, 0, DEAD).astype(np.int32)   # one row for every n
         self.longest = _longest_suffixes(left, alphabet, self.allowed)
-        self.rows: dict[int, np.ndarray] = {}
 
     def is_accepting(self, n: int) -> bool:
         return n == self.free or self.lo <= n <= self.hi
 
-    def row(self, n: int) -> np.ndarray:
-        found = self.rows.get(n)
-        if found is None:
-            nxt = self.free if n == self.free else n + 1 if n < self.hi else DEAD
-            found = self.rows[n] = np.where(self.allowed, nxt, DEAD).astype(np.int32)
-        return found
+    def next(self, n: int) -> int:
+        """The count after one more counted symbol (DEAD past hi)."""
+        return self.free if n == self.free else n + 1 if n < self.hi else DEAD
 
     def settle(self, pair: tuple[int, int]) -> tuple[int, int]:
         state, n = pair
