@@ -16,16 +16,20 @@ compressed-tensors pack-quantized           ``CompressedTensorsWNA16MoEMethod``
 FP8 per-tensor / per-channel (vLLM ``fp8``  ``Fp8MoEMethod``      (``quant/moe_fp8.py``)
 and compressed-tensors float-quantized)
 online FP8 (``quantization="fp8"``)         ``OnlineFp8MoEMethod``
+block-wise FP8 (``weight_block_size``)      ``Fp8BlockMoEMethod`` (``quant/moe_fp8_block.py``)
+compressed-tensors INT8 W8A8                ``Int8MoEMethod``     (``quant/moe_int8.py``)
+(``int-quantized``)
 ==========================================  ==========================================
 
-Anything else (block-wise FP8, INT8 W8A8) is refused at load, naming the layer.
+Anything else is refused at load, naming the layer.
 """
 from __future__ import annotations
 
 from tamis.engine.layers.quant_method import FusedMoEMethodBase, QuantizationConfig
 
-SUPPORTED = ("AWQ, GPTQ, compressed-tensors W4A16/W8A16 (pack-quantized) and FP8 with "
-             "per-tensor or per-channel scales (serialized or online)")
+SUPPORTED = ("AWQ, GPTQ, compressed-tensors W4A16/W8A16 (pack-quantized), FP8 with "
+             "per-tensor or per-channel scales (serialized or online), block-wise FP8 and "
+             "INT8 W8A8 (int-quantized)")
 
 
 def get_moe_method(quant_config: QuantizationConfig, prefix: str) -> FusedMoEMethodBase:
@@ -36,8 +40,12 @@ def get_moe_method(quant_config: QuantizationConfig, prefix: str) -> FusedMoEMet
     from tamis.quant.awq import AWQLinearMethod
     from tamis.quant.compressed_tensors import CTWNA16LinearMethod
     from tamis.quant.fp8 import Fp8LinearMethod, OnlineFp8LinearMethod
+    from tamis.quant.fp8_block import Fp8BlockLinearMethod
     from tamis.quant.gptq import GPTQLinearMethod
+    from tamis.quant.int8 import Int8W8A8LinearMethod
     from tamis.quant.moe_fp8 import Fp8MoEMethod, OnlineFp8MoEMethod
+    from tamis.quant.moe_fp8_block import Fp8BlockMoEMethod
+    from tamis.quant.moe_int8 import Int8MoEMethod
     from tamis.quant.moe_wna16 import (AWQMoEMethod, CompressedTensorsWNA16MoEMethod,
                                        GPTQMoEMethod)
 
@@ -55,6 +63,10 @@ def get_moe_method(quant_config: QuantizationConfig, prefix: str) -> FusedMoEMet
         return OnlineFp8MoEMethod()
     if type(linear) is Fp8LinearMethod:
         return Fp8MoEMethod(static=linear.static)
+    if type(linear) is Fp8BlockLinearMethod:
+        return Fp8BlockMoEMethod(linear.block)
+    if type(linear) is Int8W8A8LinearMethod:
+        return Int8MoEMethod()
     raise ValueError(f"{prefix}: {quant_config.get_name()} experts quantized as "
                      f"{type(linear).__name__} have no mixture-of-experts kernel in tamis; "
                      f"tamis runs {SUPPORTED} experts")

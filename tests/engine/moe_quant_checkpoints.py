@@ -18,14 +18,23 @@ fp8-static         vLLM fp8, per-tensor: weight e4m3 [N, K], weight_scale and in
                    scalars (input scales differ between layers and experts)
 ct-fp8             compressed-tensors float-quantized: per-channel weight_scale [N, 1],
                    dynamic per-token activations
+fp8-block          vLLM / DeepSeek block-wise fp8: weight e4m3 [N, K], weight_scale_inv
+                   [ceil(N/128), ceil(K/128)] per projection (the tiny shapes end in
+                   partial blocks), dynamic activations; attention is left unquantized
+                   (``ignored_layers``: its fused q/k/v shards are not whole blocks)
+ct-int8            compressed-tensors int-quantized (W8A8): int8 weight [N, K], per-channel
+                   weight_scale [N, 1], dynamic per-token int8 activations
 =================  ===============================================================
 
 Packing uses ``tests/quant/formats.py``'s plain loops, not tamis's packers. Group size 32.
+The dequantized twin of ``ct-int8`` holds the dequantized weights; its activations must
+be fake-quantized per token by the caller (``fake_quant_per_token``) to give the W8A8 math.
 """
 from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -37,6 +46,8 @@ from formats import pack_along_cols, pack_along_rows, pack_awq  # noqa: E402
 
 GROUP = 32
 FP8_MAX = 448.0
+FP8_BLOCK = 128
+INT8_MAX = 127.0
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
              "w1", "w2", "w3")
 # Projections that read the same input share an act-order (GPTQ needs one per input).
@@ -62,7 +73,18 @@ CONFIGS = {
                    "type": "float", "num_bits": 8, "strategy": "channel"},
                    "input_activations": {"type": "float", "num_bits": 8, "strategy": "token",
                                          "dynamic": True}}}},
+    "fp8-block": {"quant_method": "fp8", "activation_scheme": "dynamic",
+                  "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+                  "ignored_layers": ["re:.*self_attn.*"]},
+    "ct-int8": {"quant_method": "compressed-tensors", "format": "int-quantized",
+                "quantization_status": "compressed", "ignore": CT_IGNORE,
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                    "type": "int", "num_bits": 8, "strategy": "channel", "symmetric": True},
+                    "input_activations": {"type": "int", "num_bits": 8, "strategy": "token",
+                                          "dynamic": True, "symmetric": True}}}},
 }
+# Linears a format leaves in the model dtype (its config ignores them).
+UNQUANTIZED = {"fp8-block": re.compile(r".*\.self_attn\..*")}
 FORMATS = tuple(CONFIGS)
 
 
@@ -94,6 +116,28 @@ def _act_order_groups(name: str, k: int) -> torch.Tensor:
     return torch.tensor(groups)
 
 
+def quantize_fp8_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 codes [N, K], scale_inv [ceil(N/128), ceil(K/128)]): each 128x128 block
+    (partial at the edges) scaled by its own amax / 448."""
+    n, k = weight.shape
+    scale_inv = torch.empty(-(-n // FP8_BLOCK), -(-k // FP8_BLOCK))
+    codes = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+    for i in range(scale_inv.shape[0]):
+        for j in range(scale_inv.shape[1]):
+            rows = slice(i * FP8_BLOCK, (i + 1) * FP8_BLOCK)
+            cols = slice(j * FP8_BLOCK, (j + 1) * FP8_BLOCK)
+            scale_inv[i, j] = weight[rows, cols].abs().max() / FP8_MAX
+            codes[rows, cols] = (weight[rows, cols] / scale_inv[i, j]).clamp(
+                -FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes, scale_inv
+
+
+def fake_quant_per_token(x: torch.Tensor) -> torch.Tensor:
+    """Each row rounded to the int8 grid of amax(row) / 127 (W8A8's activations)."""
+    scale = (x.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=1e-10 / INT8_MAX)
+    return torch.round(x / scale).clamp(-128, INT8_MAX) * scale
+
+
 def quantize(name: str, weight: torch.Tensor, fmt: str):
     """(tensors by suffix, dequantized weight [N, K]) for one linear's ``weight`` [N, K]."""
     n, k = weight.shape
@@ -112,6 +156,15 @@ def quantize(name: str, weight: torch.Tensor, fmt: str):
         return {"weight_packed": pack_along_cols(codes.t().contiguous(), 4),
                 "weight_scale": scales.t().contiguous().half(),
                 "weight_shape": torch.tensor([n, k])}, dense.t()
+    if fmt == "fp8-block":
+        codes, scale_inv = quantize_fp8_blocks(weight)
+        dense = codes.float() * scale_inv.repeat_interleave(FP8_BLOCK, 0)[:n].repeat_interleave(
+            FP8_BLOCK, 1)[:, :k]
+        return {"weight": codes, "weight_scale_inv": scale_inv}, dense
+    if fmt == "ct-int8":
+        scale = weight.abs().amax(dim=1, keepdim=True) / INT8_MAX
+        codes = torch.round(weight / scale).clamp(-128, INT8_MAX)
+        return {"weight": codes.to(torch.int8), "weight_scale": scale}, codes * scale
     per_channel = fmt == "ct-fp8"
     amax = weight.abs().amax(dim=1, keepdim=True) if per_channel else weight.abs().max()
     scale = (amax / FP8_MAX).float()
@@ -140,7 +193,8 @@ def write_quantized_moe(source, out, fmt: str) -> tuple[Path, Path]:
     source, out = Path(source), Path(out)
     quantized, dequantized = {}, {}
     for name, tensor in load_file(str(source / "model.safetensors")).items():
-        if not is_quantized_linear(name):
+        skipped = fmt in UNQUANTIZED and UNQUANTIZED[fmt].fullmatch(name)
+        if not is_quantized_linear(name) or skipped:
             quantized[name] = dequantized[name] = tensor
             continue
         tensors, dense = quantize(name, tensor, fmt)

@@ -1,6 +1,8 @@
-"""Quantized mixture-of-experts checkpoints (AWQ, GPTQ, compressed-tensors W4A16 and FP8,
-serialized FP8, online FP8) load into tamis with their experts kept quantized and give
-the logits transformers gives on the dequantized weights (fp32). The checkpoints are
+"""Quantized mixture-of-experts checkpoints (AWQ, GPTQ, compressed-tensors W4A16, FP8 and
+INT8 W8A8, serialized FP8 per tensor and in 128x128 blocks, online FP8) load into tamis
+with their experts kept quantized and give the logits transformers gives on the
+dequantized weights (fp32; for INT8 W8A8 with every quantized linear's input
+fake-quantized per token, the W8A8 math). The checkpoints are
 built by ``moe_quant_checkpoints`` in the libraries' layouts from tiny Mixtral and
 Qwen3-MoE models (Qwen3-MoE's first layer is a dense MLP, quantized too)."""
 from __future__ import annotations
@@ -11,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moe_quant_checkpoints import FORMATS, write_online_fp8_reference, write_quantized_moe
+from moe_quant_checkpoints import (FORMATS, fake_quant_per_token, write_online_fp8_reference,
+                                   write_quantized_moe)
 from paged_harness import PagedBatcher
 from tamis.engine.attention.metadata import forward_context
 from tamis.engine.loader import kv_cache_spec, load_model
@@ -19,7 +22,8 @@ from test_models import ATOL, engine_config, prompt_ids, reference_logits
 
 torch.set_num_threads(1)
 CASES = [("mixtral", fmt) for fmt in FORMATS] + [
-    ("qwen3_moe", fmt) for fmt in ("awq", "gptq-act-order", "ct-w4a16", "fp8-static")]
+    ("qwen3_moe", fmt) for fmt in ("awq", "gptq-act-order", "ct-w4a16", "fp8-static",
+                                   "fp8-block", "ct-int8")]
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +48,47 @@ def _experts(model):
     return [m for name, m in model.named_modules() if name.endswith(".experts")]
 
 
+def w8a8_reference_logits(path, ids: list[int]) -> torch.Tensor:
+    """transformers' logits on the dequantized weights with the input of every quantized
+    linear (attention, dense MLP, each expert; not the routers or lm_head) fake-quantized
+    per token: the INT8 W8A8 math in fp32."""
+    from unittest import mock
+
+    from transformers import AutoModelForCausalLM
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                               experts_implementation="eager").eval()
+    storage = {name: p.untyped_storage().data_ptr() for name, p in ref.named_parameters()}
+    plain = {ptr for name, ptr in storage.items()
+             if name == "lm_head.weight" or name.endswith(".gate.weight")}
+    experts = {ptr for name, ptr in storage.items() if ".experts." in name}
+    fake_quantized = set()
+    linear = torch.nn.functional.linear
+
+    def w8a8_linear(x, weight, bias=None):
+        if weight.untyped_storage().data_ptr() not in plain:
+            fake_quantized.add(weight.untyped_storage().data_ptr())
+            x = fake_quant_per_token(x)
+        return linear(x, weight, bias)
+
+    with mock.patch.object(torch.nn.functional, "linear", w8a8_linear), torch.no_grad():
+        logits = ref(torch.tensor([ids])).logits[0].float()
+    assert experts <= fake_quantized, "transformers ran its experts without F.linear"
+    return logits
+
+
+def expected_logits(reference, fmt: str, ids: list[int]) -> torch.Tensor:
+    if fmt == "ct-int8":
+        return w8a8_reference_logits(reference, ids)
+    (expected,) = reference_logits(reference, ids)
+    return expected
+
+
 @pytest.mark.parametrize("arch,fmt", CASES)
 def test_quantized_experts_match_transformers_on_the_dequantized_weights(quantized, arch, fmt):
     folder, reference = quantized(arch, fmt)
     model, hf_config = load_model(engine_config(folder), "cpu")
     ids = prompt_ids(folder, 40)
-    (expected,) = reference_logits(reference, ids)
+    expected = expected_logits(reference, fmt, ids)
     torch.testing.assert_close(_logits(model, hf_config, ids), expected, atol=ATOL, rtol=0)
 
 
@@ -86,6 +125,30 @@ def test_fp8_experts_stay_fp8_and_static_scales_collapse_to_their_maximum(quanti
     assert experts.w2_input_scale.item() == max(t.item() for t in w2)
 
 
+def test_block_fp8_experts_keep_a_partial_block_per_projection(tiny_checkpoint, tmp_path):
+    """I = 160: gate and up each end in a partial block of 32 rows, and H = 64 is one
+    partial block along K; the scale rows stay per projection, as the checkpoint's are."""
+    source = tiny_checkpoint("mixtral", intermediate_size=160)
+    folder, reference = write_quantized_moe(source, tmp_path, "fp8-block")
+    model, hf_config = load_model(engine_config(folder), "cpu")
+    experts = _experts(model)[0]
+    assert experts.w13_weight.dtype == experts.w2_weight.dtype == torch.float8_e4m3fn
+    assert experts.w13_weight_scale_inv.shape == (4, 4, 1)   # [E, 2 * ceil(160/128), 1]
+    assert experts.w2_weight_scale_inv.shape == (4, 1, 2)    # [E, 1, ceil(160/128)]
+    ids = prompt_ids(folder, 30)
+    (expected,) = reference_logits(reference, ids)
+    torch.testing.assert_close(_logits(model, hf_config, ids), expected, atol=ATOL, rtol=0)
+
+
+def test_int8_experts_stay_int8(quantized):
+    model, _ = load_model(engine_config(quantized("mixtral", "ct-int8")[0]), "cpu")
+    for experts in _experts(model):
+        assert experts.w13_weight.dtype == experts.w2_weight.dtype == torch.int8
+        assert experts.w13_weight.shape == (4, 64, 64) and experts.w2_weight.shape == (4, 64, 32)
+        assert experts.w13_weight_scale.shape == (4, 64)
+        assert experts.w2_weight_scale.shape == (4, 64)
+
+
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_online_fp8_quantizes_every_expert_per_channel(tiny_checkpoint, tmp_path, arch):
     source = tiny_checkpoint(arch)
@@ -96,10 +159,10 @@ def test_online_fp8_quantizes_every_expert_per_channel(tiny_checkpoint, tmp_path
     torch.testing.assert_close(_logits(model, hf_config, ids), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "fp8-static"])
+@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "fp8-static", "fp8-block", "ct-int8"])
 def test_triton_experts_in_the_quantized_model(quantized, monkeypatch, fmt):
     """The path CUDA takes (int tiles dequantized in the grouped GEMM; FP8 as W8A16 here,
-    the CPU having no FP8 tensor cores), interpreted on CPU tensors."""
+    the CPU having no FP8 tensor cores; INT8 as W8A8), interpreted on CPU tensors."""
     from tamis.kernels import fused_moe
 
     calls = []
@@ -112,7 +175,7 @@ def test_triton_experts_in_the_quantized_model(quantized, monkeypatch, fmt):
     model, hf_config = load_model(engine_config(folder), "cpu")
     monkeypatch.setattr(fused_moe, "fused_experts", triton_path)
     ids = prompt_ids(folder, 20)
-    (expected,) = reference_logits(reference, ids)
+    expected = expected_logits(reference, fmt, ids)
     torch.testing.assert_close(_logits(model, hf_config, ids), expected, atol=ATOL, rtol=0)
     assert calls == [20, 20]
 
@@ -153,23 +216,40 @@ def test_dummy_quantized_moe_loads_and_runs(tmp_path, tiny_checkpoint, fmt):
     assert hidden.shape == (6, 64) and torch.isfinite(hidden).all()
 
 
-@pytest.mark.parametrize("quantization_config,match", [
-    ({"quant_method": "fp8", "weight_block_size": [128, 128],
-      "ignored_layers": ["re:.*self_attn.*"]},     # the tiny attention is not 128-blocked
-     r"experts: fp8 experts quantized as Fp8BlockLinearMethod have no mixture-of-experts"),
-    ({"quant_method": "compressed-tensors", "format": "int-quantized",
-      "config_groups": {"g": {"targets": ["Linear"],
-                              "weights": {"type": "int", "num_bits": 8, "strategy": "channel",
-                                          "symmetric": True},
-                              "input_activations": {"type": "int", "num_bits": 8,
-                                                    "strategy": "token", "dynamic": True,
-                                                    "symmetric": True}}}},
-     r"experts: compressed-tensors experts quantized as Int8W8A8LinearMethod"),
-])
-def test_expert_formats_without_a_kernel_are_refused_by_name(tmp_path, tiny_checkpoint,
-                                                            quantization_config, match):
-    with pytest.raises(ValueError, match=match):
-        _load_with(tmp_path, tiny_checkpoint, quantization_config)
+def test_an_expert_format_without_a_kernel_is_refused_by_name():
+    """A linear method with no expert counterpart (a format added for dense layers only)."""
+    from tamis.engine.layers.quant_method import LinearMethodBase
+    from tamis.quant.moe import get_moe_method
+
+    class DenseOnlyMethod(LinearMethodBase):
+        def create_weights(self, layer, input_size, output_partition_sizes, params_dtype):
+            raise AssertionError("experts never create dense weights")
+
+        def apply(self, layer, x, bias=None):
+            raise AssertionError("experts never run a dense apply")
+
+    config = SimpleNamespace(get_linear_method=lambda prefix: DenseOnlyMethod(),
+                             get_name=lambda: "dense-only")
+    with pytest.raises(ValueError, match=r"model.layers.3.mlp.experts: dense-only experts "
+                                         r"quantized as DenseOnlyMethod have no mixture-of-"
+                                         r"experts kernel"):
+        get_moe_method(config, "model.layers.3.mlp.experts")
+
+
+def test_block_scales_of_the_wrong_shape_are_refused_by_name(quantized, tmp_path):
+    """An expert's weight_scale_inv must be its own projection's [ceil(N/128), ceil(K/128)]."""
+    from safetensors.torch import load_file, save_file
+    folder, _ = quantized("mixtral", "fp8-block")
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = "model.layers.1.block_sparse_moe.experts.2.w3.weight_scale_inv"
+    tensors[name] = torch.ones(2, 1)
+    for file in folder.iterdir():
+        if file.name != "model.safetensors":
+            (tmp_path / file.name).write_bytes(file.read_bytes())
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"model.layers.1.block_sparse_moe.experts: checkpoint "
+                                         r"tensor has shape \(2, 1\)"):
+        load_model(engine_config(tmp_path), "cpu")
 
 
 def test_gate_and_up_with_different_act_orders_are_refused(quantized, tmp_path):
@@ -203,16 +283,17 @@ def test_a_missing_quantized_expert_tensor_is_named(quantized, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "ct-w4a16", "fp8-static", "ct-fp8"])
+@pytest.mark.parametrize("fmt", ["awq", "gptq-act-order", "ct-w4a16", "fp8-static", "ct-fp8",
+                                 "fp8-block", "ct-int8"])
 def test_cuda_quantized_experts_pick_transformers_tokens(quantized, fmt):
     """bf16 on CUDA: the compiled kernels (int tiles dequantized in the grouped GEMMs; FP8
-    as W8A8 on GPUs with FP8 tensor cores) agree with transformers' argmax on the
-    dequantized weights."""
+    and block FP8 as W8A8 on GPUs with FP8 tensor cores; INT8 as W8A8) agree with
+    transformers' argmax on the dequantized weights (INT8: W8A8 math)."""
     folder, reference = quantized("mixtral", fmt)
     model, hf_config = load_model(engine_config(folder, dtype="bfloat16"), "cuda")
     batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
                            dtype=model.dtype, device="cuda")
     ids = prompt_ids(folder, 40)
-    (expected,) = reference_logits(reference, ids)
+    expected = expected_logits(reference, fmt, ids)
     got = batcher.run(model, [("a", ids)])["a"].float().cpu()
     assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.9
