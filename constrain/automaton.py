@@ -182,16 +182,7 @@ def _paste(nfa: NFA, fragment, start: int) -> int:
 def _build_node(nfa: NFA, node, start: int) -> int:
     kind = node[0]
     if kind == "chars":
-        end = nfa.new_state()
-        nfa.may_dead_end |= not any(utf8_sequences(lo, hi) for lo, hi in node[1])
-        for lo, hi in node[1]:
-            for byte_ranges in utf8_sequences(lo, hi):
-                state = start
-                for i, (blo, bhi) in enumerate(byte_ranges):
-                    nxt = end if i == len(byte_ranges) - 1 else nfa.new_state()
-                    nfa.edges[state].append((blo, bhi, nxt))
-                    state = nxt
-        return end
+        return _build_chars(nfa, node[1], start)
     if kind == "seq":
         state = start
         for child in node[1]:
@@ -215,6 +206,29 @@ def _build_node(nfa: NFA, node, start: int) -> int:
     if kind == "multiple":
         return _build_multiple(nfa, node[1], node[2], start)
     raise ConstraintError(f"rule reference {node[1]!r} cannot be compiled into a regular automaton")
+
+
+def _build_chars(nfa: NFA, ranges, start: int) -> int:
+    """One character of ``ranges`` as UTF-8: the byte sequences share their states by the
+    bytes left to read (the multi-byte characters of a JSON string end in the same few
+    continuation runs: 9 states, 20 with a chain per sequence)."""
+    end = nfa.new_state()
+    nfa.may_dead_end |= not any(utf8_sequences(lo, hi) for lo, hi in ranges)
+    before: dict[tuple, int] = {}        # byte ranges left to read -> the state reading them
+
+    def reading(rest: tuple) -> int:
+        if not rest:
+            return end
+        state = before.get(rest)
+        if state is None:
+            state = before[rest] = nfa.new_state()
+            nfa.edges[state].append((rest[0][0], rest[0][1], reading(rest[1:])))
+        return state
+    for lo, hi in ranges:
+        for byte_ranges in utf8_sequences(lo, hi):
+            first_lo, first_hi = byte_ranges[0]
+            nfa.edges[start].append((first_lo, first_hi, reading(byte_ranges[1:])))
+    return end
 
 
 def _build_rep(nfa: NFA, child, lo: int, hi: int | None, start: int) -> int:
