@@ -1,6 +1,7 @@
-"""Fused MoE over quantized experts: integer (W4A16 / W8A16, group-wise, act-order) and FP8
-(W8A16 and W8A8) tiles dequantized inside the Triton grouped GEMMs, against the reference
-that dequantizes one expert at a time, which is checked against the format's definition."""
+"""Fused MoE over quantized experts: integer (W4A16 / W8A16, group-wise, act-order), FP8
+per channel and in blocks (W8A16 and W8A8) and INT8 W8A8 inside the Triton grouped GEMMs,
+against the reference that dequantizes one expert at a time (INT8: W8A8 on the exact
+integer dot), which is checked against the format's definition."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ import torch
 
 from tamis.engine.layers.fused_moe import select_experts
 from tamis.kernels.fused_moe import MoeTiles, fused_experts_ref, fused_experts_triton
-from tamis.kernels.moe_weights import Fp8Experts, WNA16Experts
+from tamis.kernels.fp8_block import dequantize_block_fp8, per_token_group_quant_fp8_ref
+from tamis.kernels.moe_weights import Fp8BlockExperts, Fp8Experts, Int8Experts, WNA16Experts
 from tamis.quant.packing import pack_int32
 
 HIDDEN, INTERMEDIATE = 64, 48     # I is not a multiple of the test tiles' N: edge masks run
@@ -134,6 +136,143 @@ def test_fp8_w8a8_triton_matches_the_fp8_rounded_reference(static):
     assert (got - plain).norm() / plain.norm() < 0.1
 
 
+# ------------------------------------------------------------------ block FP8, INT8
+
+def _fp8_block_experts(experts: int, shards: int, shard_rows: int, k: int,
+                       block: tuple[int, int]):
+    """Each projection (shard) quantized in its own blocks, partial at its edges, as a
+    checkpoint stores them; returns (Fp8BlockExperts, dense [E, N, K])."""
+    bn, bk = block
+    codes, scales = [], []
+    for _ in range(experts):
+        expert_codes, expert_scales = [], []
+        for _ in range(shards):
+            dense = torch.randn(shard_rows, k) / k ** 0.5
+            blocks = torch.nn.functional.pad(dense, (0, -k % bk, 0, -shard_rows % bn))
+            amax = blocks.unflatten(0, (-1, bn)).unflatten(2, (-1, bk)).abs().amax(dim=(1, 3))
+            scale = amax / 448.0
+            full = scale.repeat_interleave(bn, 0)[:shard_rows].repeat_interleave(bk, 1)[:, :k]
+            expert_codes.append((dense / full).to(torch.float8_e4m3fn))
+            expert_scales.append(scale)
+        codes.append(torch.cat(expert_codes))
+        scales.append(torch.cat(expert_scales))
+    weights = Fp8BlockExperts(torch.stack(codes), torch.stack(scales), shard_rows, block)
+    dense = torch.stack([torch.cat([dequantize_block_fp8(c, s, block, torch.float32) for c, s in
+                                    zip(c.split(shard_rows), s.split(-(-shard_rows // bn)))])
+                         for c, s in zip(codes, scales)])
+    return weights, dense
+
+
+BLOCK_HIDDEN = 80     # 2.5 blocks of 32 along K: a partial K group at the end
+
+
+def _fp8_block_pair(experts: int, block: tuple[int, int]):
+    w13, d13 = _fp8_block_experts(experts, 2, INTERMEDIATE, BLOCK_HIDDEN, block)
+    w2, d2 = _fp8_block_experts(experts, 1, BLOCK_HIDDEN, INTERMEDIATE, block)
+    return (w13, w2), (d13, d2)
+
+
+def _int8_experts(experts: int, n: int, k: int):
+    codes = torch.randint(-128, 128, (experts, n, k), dtype=torch.int8)
+    return Int8Experts(codes, (torch.rand(experts, n) + 0.5) / (127 * k ** 0.5))
+
+
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+def test_fp8_block_reference_dequantizes_each_projection_by_its_blocks(block):
+    """I = 48 is 1.5 blocks of 32: gate and up each end in a partial block of their own."""
+    (w13, w2), (d13, d2) = _fp8_block_pair(3, block)
+    assert w13.scale_inv.shape == (3, 2 * -(-INTERMEDIATE // block[0]), -(-BLOCK_HIDDEN // block[1]))
+    for expert in range(3):
+        torch.testing.assert_close(w13.dense(expert), d13[expert], atol=0, rtol=0)
+        torch.testing.assert_close(w2.dense(expert), d2[expert], atol=0, rtol=0)
+    x = torch.randn(7, BLOCK_HIDDEN)
+    weights, ids = _routing(7, 3, 2)
+    torch.testing.assert_close(fused_experts_ref(x, w13, w2, weights, ids),
+                               fused_experts_ref(x, d13, d2, weights, ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("block,tiles", [
+    ((32, 32), TILES),                                               # two K tiles per group
+    ((32, 32), MoeTiles(block_m=16, block_n=64, block_k=64)),        # block_k cut to 32
+    ((128, 128), MoeTiles(block_m=16, block_n=32, block_k=128)),     # one partial group
+])
+def test_fp8_block_w8a16_triton_matches_reference(dtype, block, tiles):
+    (w13, w2), _ = _fp8_block_pair(4, block)
+    x = torch.randn(11, BLOCK_HIDDEN).to(dtype)
+    weights, ids = _routing(11, 4, 2)
+    got = fused_experts_triton(x, w13, w2, weights, ids, tiles, w8a8=False)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), **tol)
+
+
+def _block_w8a8_reference(x, w13, w2, weights, ids):
+    """The experts with every GEMM input rounded to FP8 per token and K group (the dense
+    path's quantizer), on the dequantized weights."""
+    def fake_quant(a, w):
+        codes, scale = per_token_group_quant_fp8_ref(a, w.block[1])
+        return codes.float() * scale.repeat_interleave(w.block[1], dim=1)[:, :a.shape[1]]
+
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, expert in zip(weights[t].tolist(), ids[t].tolist()):
+            gate, up = (fake_quant(x[t:t + 1], w13) @ w13.dense(expert).t()).chunk(2, dim=1)
+            hidden = torch.nn.functional.silu(gate) * up
+            out[t] += weight * (fake_quant(hidden, w2) @ w2.dense(expert).t())[0]
+    return out
+
+
+@pytest.mark.parametrize("block", [(32, 32), (128, 128)])
+def test_fp8_block_w8a8_triton_matches_the_group_rounded_reference(block):
+    (w13, w2), _ = _fp8_block_pair(4, block)
+    x = torch.randn(10, BLOCK_HIDDEN)
+    x[:, :32] *= 20       # one K group much larger than the rest: per-group scales matter
+    weights, ids = _routing(10, 4, 2)
+    got = fused_experts_triton(x, w13, w2, weights, ids, TILES, w8a8=True)
+    torch.testing.assert_close(got, _block_w8a8_reference(x, w13, w2, weights, ids),
+                               atol=1e-4, rtol=1e-4)
+    plain = fused_experts_ref(x, w13, w2, weights, ids)
+    assert (got - plain).norm() / plain.norm() < 0.1
+
+
+def test_int8_reference_is_the_w8a8_math():
+    """Per-token int8 activations against the dequantized weights (``fake_quant``)."""
+    w13, w2 = _int8_experts(3, 2 * INTERMEDIATE, HIDDEN), _int8_experts(3, HIDDEN, INTERMEDIATE)
+    x = torch.randn(7, HIDDEN)
+    weights, ids = _routing(7, 3, 2)
+
+    def fake_quant(a):
+        scale = a.abs().amax(dim=1, keepdim=True) / 127.0
+        return torch.round(a / scale).clamp(-128, 127) * scale
+
+    expected = torch.zeros_like(x)
+    for t in range(7):
+        for weight, expert in zip(weights[t].tolist(), ids[t].tolist()):
+            gate, up = (fake_quant(x[t:t + 1]) @ w13.dense(expert).t()).chunk(2, dim=1)
+            hidden = torch.nn.functional.silu(gate) * up
+            expected[t] += weight * (fake_quant(hidden) @ w2.dense(expert).t())[0]
+    got = fused_experts_ref(x, w13, w2, weights, ids)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    plain = fused_experts_ref(x, *(torch.stack([w.dense(e) for e in range(3)])
+                                   for w in (w13, w2)), weights, ids)
+    assert not torch.allclose(got, plain, atol=1e-5, rtol=1e-5)   # activations were rounded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("tokens,tiles", [(13, TILES), (3, MoeTiles(16, 64, 32))])
+def test_int8_triton_matches_reference(dtype, tokens, tiles):
+    """The int8 dot accumulates exactly in int32, so only the scaled result's rounding
+    (and fp16's hidden activations) can differ."""
+    w13, w2 = _int8_experts(4, 2 * INTERMEDIATE, HIDDEN), _int8_experts(4, HIDDEN, INTERMEDIATE)
+    x = torch.randn(tokens, HIDDEN).to(dtype)
+    weights, ids = _routing(tokens, 4, 2)
+    got = fused_experts_triton(x, w13, w2, weights, ids, tiles)
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), **tol)
+
+
 def test_mixed_forms_are_refused():
     (w13, _), (_, d2) = _int_pair(2, 4, 16, False)
     weights, ids = _routing(3, 2, 1)
@@ -162,3 +301,26 @@ def test_cuda_int4_and_fp8_match_reference_at_mixtral_width(tokens):
     got = fused_experts_triton(x, f13, f2, weights, ids)
     want = fused_experts_ref(x, f13, f2, weights, ids)
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [1, 64, 700])
+def test_cuda_fp8_block_and_int8_match_reference_at_mixtral_width(tokens):
+    """Compiled kernels, default tiles, bf16, E=8 top-2, H=1024, I=3584 (Mixtral / 4; I is
+    28 whole blocks): block FP8 as W8A8 on FP8 GPUs (W8A16 elsewhere), INT8 as W8A8."""
+    torch.manual_seed(0)
+    h, i, e = 1024, 3584, 8
+    x = torch.randn(tokens, h, device="cuda").bfloat16()
+    weights, ids = select_experts(torch.randn(tokens, e, device="cuda"), 2, True)
+    b13, _ = _fp8_block_experts(e, 2, i, h, (128, 128))
+    b2, _ = _fp8_block_experts(e, 1, h, i, (128, 128))
+    b13, b2 = (Fp8BlockExperts(w.weight.cuda(), w.scale_inv.cuda(), w.shard_rows, w.block)
+               for w in (b13, b2))
+    got = fused_experts_triton(x, b13, b2, weights, ids)
+    want = fused_experts_ref(x, b13, b2, weights, ids)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.05
+    i13, i2 = _int8_experts(e, 2 * i, h), _int8_experts(e, h, i)
+    i13, i2 = (Int8Experts(w.weight.cuda(), w.scale.cuda()) for w in (i13, i2))
+    got = fused_experts_triton(x, i13, i2, weights, ids)
+    want = fused_experts_ref(x, i13, i2, weights, ids)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.01
