@@ -4,13 +4,19 @@
 
     python bench/bench_moe.py [--tokens 1 64 2048] [--experts 8 --top-k 2
                                --hidden 4096 --intermediate 14336]
-                              [--weights bf16 int4 fp8]
+                              [--weights bf16 int4 fp8 fp8-block int8]
 
 ``--weights`` picks the expert weights (each timed separately, bf16 activations):
 ``bf16``; ``int4``, AWQ-style 4-bit codes with group-128 fp16 scales and zero points
 (tamis: ``WNA16Experts``; vLLM: its ``int4_w4a16`` Triton path, the same codes repacked
 into its uint8 layout); ``fp8``, e4m3 weights with per-channel scales (tamis: W8A8 on an
-FP8 GPU; vLLM: ``fp8_w8a8`` with per-token activations and per-channel weights).
+FP8 GPU; vLLM: ``fp8_w8a8`` with per-token activations and per-channel weights);
+``fp8-block``, e4m3 weights with a scale per 128x128 block as DeepSeek-V3 and
+Qwen3-FP8 ship them (tamis: ``Fp8BlockExperts``, W8A8 with activations scaled per token
+and group of 128 on an FP8 GPU; vLLM: ``fp8_w8a8`` with ``block_shape=[128, 128]``, the
+same codes and scales); ``int8``, int8 weights with per-channel scales (tamis:
+``Int8Experts``, W8A8 with per-token int8 activations; vLLM: ``int8_w8a8`` with
+per-token activations).
 
 Routing (softmax, top-k, renormalised) is computed once per batch size and is not timed:
 each row times the experts alone, from routed tokens to the summed output, eager
@@ -30,7 +36,7 @@ import torch
 
 from tamis.engine.layers.fused_moe import select_experts
 from tamis.kernels.fused_moe import default_tiles, fused_experts_ref, fused_experts_triton
-from tamis.kernels.moe_weights import Fp8Experts, WNA16Experts
+from tamis.kernels.moe_weights import Fp8BlockExperts, Fp8Experts, Int8Experts, WNA16Experts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_quant import graph_time  # noqa: E402
@@ -101,12 +107,33 @@ def fp8_weights(e: int, n: int, k: int) -> tuple[Fp8Experts, dict]:
     return Fp8Experts(codes, scale), dict(w=codes, scale=scale[..., None].contiguous())
 
 
+def fp8_block_weights(e: int, n: int, k: int, shard_rows: int) -> tuple[Fp8BlockExperts, dict]:
+    """e4m3 codes with one scale per 128x128 block (n and k whole blocks, so tamis's
+    per-shard block rows are vLLM's block rows of the stacked w13)."""
+    block = 128
+    dense = torch.randn(e, n // block, block, k // block, block, device="cuda") * k ** -0.5
+    scale_inv = dense.abs().amax(dim=(2, 4)) / 448.0                     # [E, N/128, K/128]
+    codes = (dense / scale_inv[:, :, None, :, None]).to(torch.float8_e4m3fn).reshape(e, n, k)
+    return (Fp8BlockExperts(codes, scale_inv, shard_rows, (block, block)),
+            dict(w=codes, scale=scale_inv))
+
+
+def int8_weights(e: int, n: int, k: int) -> tuple[Int8Experts, dict]:
+    codes = torch.randint(-128, 128, (e, n, k), dtype=torch.int8, device="cuda")
+    scale = (torch.rand(e, n, device="cuda") + 0.5) / (127 * k ** 0.5)
+    return Int8Experts(codes, scale), dict(w=codes, scale=scale[..., None].contiguous())
+
+
 def expert_bytes(w, expert: int = 0) -> int:
     """Bytes of one expert's weight (scales and zero points included)."""
     if isinstance(w, torch.Tensor):
         return w[expert].numel() * w.element_size()
-    tensors = ((w.qweight, w.scales, w.zeros) if isinstance(w, WNA16Experts)
-               else (w.weight, w.scale))
+    if isinstance(w, WNA16Experts):
+        tensors = (w.qweight, w.scales, w.zeros)
+    elif isinstance(w, Fp8BlockExperts):
+        tensors = (w.weight, w.scale_inv)
+    else:
+        tensors = (w.weight, w.scale)
     return sum(t[expert].numel() * t.element_size() for t in tensors)
 
 
@@ -128,16 +155,34 @@ def vllm_call(fused_experts, kind: str, w13_v, w2_v):
                 x, w13_v["w"], w2_v["w"], weights, ids, quant_config=quant)
         return lambda x, weights, ids: fused_experts(
             x, w13_v["w"], w2_v["w"], weights, ids, use_int4_w4a16=True, **flags)
-    flags = dict(w1_scale=w13_v["scale"], w2_scale=w2_v["scale"], per_act_token_quant=True)
-    if moe_config is not None and hasattr(moe_config, "fp8_w8a8_moe_quant_config"):
-        try:
-            quant = moe_config.fp8_w8a8_moe_quant_config(**flags, per_out_ch_quant=True)
-        except TypeError:   # versions without per_out_ch_quant infer it from the scales
-            quant = moe_config.fp8_w8a8_moe_quant_config(**flags)
+    scales = dict(w1_scale=w13_v["scale"], w2_scale=w2_v["scale"])
+    if kind == "fp8-block":
+        flags, builder, old_flag = dict(block_shape=[128, 128]), "fp8_w8a8", "use_fp8_w8a8"
+    elif kind == "int8":
+        flags, builder, old_flag = dict(per_act_token_quant=True), "int8_w8a8", "use_int8_w8a8"
+    else:
+        flags, builder, old_flag = dict(per_act_token_quant=True), "fp8_w8a8", "use_fp8_w8a8"
+    make_config = getattr(moe_config, f"{builder}_moe_quant_config", None)
+    if make_config is not None:
+        quant = _vllm_quant_config(make_config, kind, **scales, **flags)
         return lambda x, weights, ids: fused_experts(
             x, w13_v["w"], w2_v["w"], weights, ids, quant_config=quant)
     return lambda x, weights, ids: fused_experts(
-        x, w13_v["w"], w2_v["w"], weights, ids, use_fp8_w8a8=True, **flags)
+        x, w13_v["w"], w2_v["w"], weights, ids, **{old_flag: True}, **scales, **flags)
+
+
+def _vllm_quant_config(make_config, kind: str, **flags):
+    """vLLM's FusedMoEQuantConfig: int8's builder takes the (dynamic: None) activation
+    scales positionally required; per-channel FP8 says per_out_ch_quant where the
+    version has it (older ones infer it from the scales)."""
+    if kind == "int8":
+        return make_config(a1_scale=None, a2_scale=None, **flags)
+    if kind == "fp8":
+        try:
+            return make_config(**flags, per_out_ch_quant=True)
+        except TypeError:
+            pass
+    return make_config(**flags)
 
 
 def make_weights(kind: str, e: int, h: int, i: int, vllm):
@@ -145,7 +190,10 @@ def make_weights(kind: str, e: int, h: int, i: int, vllm):
     if kind == "bf16":
         w13, w2 = bf16_weights(e, 2 * i, h), bf16_weights(e, h, i)
         return w13, w2, vllm and vllm_call(vllm, kind, w13, w2)
-    make = int4_weights if kind == "int4" else fp8_weights
+    if kind == "fp8-block":
+        (w13, w13_v), (w2, w2_v) = fp8_block_weights(e, 2 * i, h, i), fp8_block_weights(e, h, i, h)
+        return w13, w2, vllm and vllm_call(vllm, kind, w13_v, w2_v)
+    make = {"int4": int4_weights, "fp8": fp8_weights, "int8": int8_weights}[kind]
     (w13, w13_v), (w2, w2_v) = make(e, 2 * i, h), make(e, h, i)
     return w13, w2, vllm and vllm_call(vllm, kind, w13_v, w2_v)
 
@@ -183,7 +231,7 @@ def _rounded(ms: float | None) -> float | None:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'weights':>7} {'tokens':>6} {'kernel':>9} {'ms':>8} {'graph ms':>9} "
+    print(f"\n{'weights':>9} {'tokens':>6} {'kernel':>9} {'ms':>8} {'graph ms':>9} "
           f"{'floor ms':>9} {'rel err':>8}  vLLM time / this (graph times where captured)")
     vllm_ms = {(r["weights"], r["tokens"]): r["graph_ms"] or r["ms"]
                for r in rows if r["kernel"] == "vllm"}
@@ -191,7 +239,7 @@ def print_table(rows: list[dict]) -> None:
         mine, key = r["graph_ms"] or r["ms"], (r["weights"], r["tokens"])
         ratio = f"{vllm_ms[key] / mine:.2f}x" if key in vllm_ms else "-"
         graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:.4f}"
-        print(f"{r['weights']:>7} {r['tokens']:>6} {r['kernel']:>9} {r['ms']:>8.4f} {graph:>9} "
+        print(f"{r['weights']:>9} {r['tokens']:>6} {r['kernel']:>9} {r['ms']:>8.4f} {graph:>9} "
               f"{r['floor_ms']:>9.4f} {r['rel_err']:>8.5f}  {ratio}")
 
 
@@ -202,7 +250,8 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--intermediate", type=int, default=14336)
-    parser.add_argument("--weights", nargs="+", default=["bf16"], choices=["bf16", "int4", "fp8"])
+    parser.add_argument("--weights", nargs="+", default=["bf16"],
+                        choices=["bf16", "int4", "fp8", "fp8-block", "int8"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_moe.py needs a CUDA GPU")

@@ -181,7 +181,8 @@ def _int8_experts(experts: int, n: int, k: int):
 def test_fp8_block_reference_dequantizes_each_projection_by_its_blocks(block):
     """I = 48 is 1.5 blocks of 32: gate and up each end in a partial block of their own."""
     (w13, w2), (d13, d2) = _fp8_block_pair(3, block)
-    assert w13.scale_inv.shape == (3, 2 * -(-INTERMEDIATE // block[0]), -(-BLOCK_HIDDEN // block[1]))
+    blocks_n, blocks_k = -(-INTERMEDIATE // block[0]), -(-BLOCK_HIDDEN // block[1])
+    assert w13.scale_inv.shape == (3, 2 * blocks_n, blocks_k)
     for expert in range(3):
         torch.testing.assert_close(w13.dense(expert), d13[expert], atol=0, rtol=0)
         torch.testing.assert_close(w2.dense(expert), d2[expert], atol=0, rtol=0)
