@@ -172,9 +172,9 @@ def vllm_call(fused_experts, kind: str, w13_v, w2_v):
 
 
 def _vllm_quant_config(make_config, kind: str, **flags):
-    """vLLM's FusedMoEQuantConfig: int8's builder takes the (dynamic: None) activation
-    scales positionally required; per-channel FP8 says per_out_ch_quant where the
-    version has it (older ones infer it from the scales)."""
+    """vLLM's FusedMoEQuantConfig: int8's builder requires the activation scales (None:
+    dynamic); per-channel FP8 says per_out_ch_quant where the version has it (older
+    ones infer it from the scales)."""
     if kind == "int8":
         return make_config(a1_scale=None, a2_scale=None, **flags)
     if kind == "fp8":
