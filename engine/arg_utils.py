@@ -83,6 +83,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split every layer over this many processes (one GPU each on CUDA, "
                         "gloo on the CPU); see docs/parallelism.md")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="split the decoder layers into this many consecutive stages, one "
+                        "process group each (combines with --tensor-parallel-size)")
     g.add_argument("--scheduling-policy", default="fcfs", choices=cfg.SCHEDULING_POLICIES)
     g.add_argument("--skip-tokenizer-init", action="store_true")
     g.add_argument("--trust-remote-code", action="store_true")

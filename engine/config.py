@@ -101,6 +101,7 @@ class EngineConfig:
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     scheduling_policy: str = "fcfs"
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
@@ -135,7 +136,8 @@ class EngineConfig:
             raise ValueError("--device cuda was asked for but no CUDA device is available")
 
     def _check_numbers(self) -> None:
-        _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size")
+        _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size",
+                  "pipeline_parallel_size")
         if not self.structured_outputs_time_limit_s > 0:
             raise ValueError(f"{flag('structured_outputs_time_limit_s')} must be > 0, "
                              f"got {self.structured_outputs_time_limit_s}")
@@ -155,12 +157,18 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
                              f">= --max-num-seqs ({self.max_num_seqs})")
-        if self.tensor_parallel_size > 1 and self.device != "cpu" and _cuda_available() and \
-                self.tensor_parallel_size > _cuda_device_count():
-            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size} needs as many "
-                             f"GPUs; {_cuda_device_count()} are visible")
+        if self.world_size > 1 and self.device != "cpu" and _cuda_available() and \
+                self.world_size > _cuda_device_count():
+            raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size} x "
+                             f"--pipeline-parallel-size {self.pipeline_parallel_size} needs "
+                             f"{self.world_size} GPUs; {_cuda_device_count()} are visible")
         if not isinstance(self.seed, int):
             raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+
+    @property
+    def world_size(self) -> int:
+        """Processes (GPUs on CUDA) the engine runs on: tensor x pipeline parallel sizes."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
     # --- resolution once the device and the checkpoint are known -----------------------
 

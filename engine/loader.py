@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from tamis.engine.attention.backends import get_attention_backend
-from tamis.engine.distributed.parallel_state import current_tp_group
+from tamis.engine.distributed.parallel_state import current_pp_group, current_tp_group
 from tamis.engine.models.base import head_dim_of
 from tamis.engine.models.registry import get_model_class
 
@@ -41,27 +41,34 @@ DUMMY_STD = 0.02
 class KVCacheSpec:
     """Shape of the paged KV cache: layer i uses a tensor
     ``[2, num_blocks, block_size, num_kv_heads, head_dim]``; ``sliding_windows[i]`` is
-    layer i's window (None = full attention)."""
+    layer i's window (None = full attention). ``cached_layers``: the layers whose cache
+    this rank holds (all of them, but for a pipeline stage)."""
     num_layers: int
     num_kv_heads: int
     head_dim: int
     sliding_windows: tuple[int | None, ...]
+    cached_layers: range | None = None
+
+    @property
+    def layers(self) -> range:
+        return self.cached_layers if self.cached_layers is not None else range(self.num_layers)
 
     def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes one block takes across all layers (keys and values)."""
+        """Bytes one block takes across the cached layers (keys and values)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * len(self.layers) * block_size * self.num_kv_heads * self.head_dim * itemsize
 
 
-def kv_cache_spec(hf_config, tensor_parallel_size: int = 1) -> KVCacheSpec:
+def kv_cache_spec(hf_config, tensor_parallel_size: int = 1,
+                  cached_layers: range | None = None) -> KVCacheSpec:
     """The cache layout the model built from ``hf_config`` uses (its architecture decides
     which layers slide); under tensor parallelism, one rank's (its share of the key/value
-    heads, at least one)."""
+    heads, at least one); for a pipeline stage, of its ``cached_layers``."""
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
     num_kv_heads = max(1, num_kv_heads // tensor_parallel_size)
     windows = get_model_class(hf_config).sliding_windows(hf_config)
     return KVCacheSpec(hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config),
-                       tuple(windows))
+                       tuple(windows), cached_layers)
 
 
 # ---------------------------------------------------------------- model paths
@@ -158,10 +165,11 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     model_dir = model_path(config)
     hf_config = AutoConfig.from_pretrained(model_dir)
     model_cls = get_model_class(hf_config)
-    if current_tp_group().is_parallel and model_cls.expert_weight_names:
+    if (current_tp_group().is_parallel or current_pp_group().num_stages > 1) \
+            and model_cls.expert_weight_names:
         raise ValueError(f"{model_cls.__name__} (mixture of experts) does not support "
-                         f"--tensor-parallel-size > 1: its experts are not sharded; "
-                         f"run it with --tensor-parallel-size 1")
+                         f"--tensor-parallel-size or --pipeline-parallel-size > 1 yet; "
+                         f"run it in one process")
     dtype = _compute_dtype(config, device, hf_config)
     quant_config = _quant_config(model_dir, hf_config, getattr(config, "quantization", None))
     backend = get_attention_backend(getattr(config, "attention_backend", "auto") or "auto", device)

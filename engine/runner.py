@@ -195,11 +195,22 @@ class ModelRunner:
 
     def compute_logits(self, hidden: torch.Tensor, inputs: ModelInputs) -> RunnerOutput:
         """Logits only for the rows that need them: one lm_head call over all of them."""
+        logits = self.model.compute_logits(hidden[self.logit_rows(inputs)]).float()
+        return self.split_logits(logits, inputs)
+
+    @staticmethod
+    def logit_rows(inputs: ModelInputs) -> torch.Tensor:
+        """The rows of the hidden states whose logits the step needs: the sampling rows,
+        then each request's prompt-logprob rows."""
         pieces = [inputs.logits_indices]
+        device = inputs.logits_indices.device
         for _, first, count in inputs.prompt_rows:
-            pieces.append(torch.arange(first, first + count, device=hidden.device))
-        rows = torch.cat(pieces) if len(pieces) > 1 else pieces[0]
-        logits = self.model.compute_logits(hidden[rows]).float()
+            pieces.append(torch.arange(first, first + count, device=device))
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    @staticmethod
+    def split_logits(logits: torch.Tensor, inputs: ModelInputs) -> RunnerOutput:
+        """The logits of ``logit_rows`` as sampling rows and per-request prompt rows."""
         num_sample = inputs.logits_indices.numel()
         prompt_logits, offset = {}, num_sample
         for index, _, count in inputs.prompt_rows:
@@ -217,11 +228,11 @@ class ModelRunner:
 
 def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:
     """``GPUModelRunner`` (CUDA graphs) on CUDA when available, else the plain runner;
-    with ``tensor_parallel_size > 1`` rank 0's runner of a tensor-parallel engine
-    (eager, on CUDA too: ``tamis.engine.distributed.runner``)."""
-    if config.tensor_parallel_size > 1:
-        from tamis.engine.distributed.runner import TensorParallelRunner
-        return TensorParallelRunner(config, device)
+    with ``tensor_parallel_size`` or ``pipeline_parallel_size`` above 1, rank 0's runner of a
+    multi-process engine (eager, on CUDA too: ``tamis.engine.distributed.runner``)."""
+    if config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1:
+        from tamis.engine.distributed.runner import DriverRunner
+        return DriverRunner(config, device)
     if device.type == "cuda":
         try:
             from tamis.engine.gpu_runner import GPUModelRunner

@@ -1,62 +1,130 @@
-"""The model runners of a tensor-parallel engine.
+"""The model runners of a multi-process engine (tensor and pipeline parallelism).
 
-``ShardRunner`` is one rank's ``ModelRunner``: its model is built under the rank's group
-(so every parallel layer holds its slice and runs its collectives), its KV cache holds
-the rank's key/value heads, and its block count is the smallest any rank can afford, so
-that the one block table rank 0's scheduler writes is valid on every rank.
+``ShardRunner`` is one rank's ``ModelRunner``: its model is built under the rank's groups
+(so every parallel layer holds its slice and runs its collectives, and a pipeline stage
+holds its layers only), its KV cache holds the rank's key/value heads of its layers, and
+its block count is the smallest any rank can afford, so that the one block table rank
+0's scheduler writes is valid on every rank.
 
-``TensorParallelRunner`` is rank 0's: the engine's runner. It starts the other ranks
-(``WorkerPool``), and for each step sends them the scheduled chunks before running the
-same forward pass itself; every rank then holds the gathered logits, and rank 0 alone
-samples (``ModelRunner.sample``), applying structured-output masks there.
+``DriverRunner`` is rank 0's: the engine's runner. It starts the other ranks
+(``WorkerPool``) and for each step sends them the scheduled chunks before running the
+same step itself. Rank 0 alone samples (``ModelRunner.sample``), applying
+structured-output masks there, on logits it computed (one stage) or received from the
+last stage's first rank::
+
+    stage 0 (rank 0 ...)  --hidden, residual-->  stage 1  -- ... -->  last stage
+          ^                                                             |
+          +--------------------------- logits [rows, V] ----------------+
 """
 from __future__ import annotations
 
+import logging
 import weakref
 
 import torch
 
+from tamis.engine.attention.metadata import forward_context
 from tamis.engine.config import EngineConfig
-from tamis.engine.distributed.parallel_state import TPGroup, tensor_parallel
+from tamis.engine.distributed.parallel_state import (SINGLE_STAGE, PPGroup, TPGroup,
+                                                     model_parallel)
 from tamis.engine.distributed.workers import StepMessage, WorkerPool
 from tamis.engine.runner import InflightTokens, ModelInputs, ModelRunner, RunnerOutput
 from tamis.engine.scheduler import SchedulerOutput
 
+logger = logging.getLogger(__name__)
+
 
 class ShardRunner(ModelRunner):
-    """Rank ``group.rank``'s runner (ranks 1..N-1 use it as is, through ``run_step``)."""
+    """A rank's runner (ranks other than 0 use it as is, through ``run_step``)."""
 
-    def __init__(self, config: EngineConfig, device: torch.device, group: TPGroup) -> None:
+    def __init__(self, config: EngineConfig, device: torch.device, tp: TPGroup,
+                 pp: PPGroup = SINGLE_STAGE) -> None:
         from tamis.engine.loader import kv_cache_spec
 
-        self.tp = group
-        with tensor_parallel(group):
+        self.tp, self.pp = tp, pp
+        with model_parallel(tp, pp):
             super().__init__(config, device)
-        self.kv_spec = kv_cache_spec(self.hf_config, group.size)
+        num_layers = self.hf_config.num_hidden_layers
+        self.kv_spec = kv_cache_spec(self.hf_config, tp.size, pp.layer_range(num_layers))
+
+    # --- KV cache ---------------------------------------------------------------------------
 
     def determine_num_blocks(self, max_model_len: int, max_num_seqs: int,
                              max_num_batched_tokens: int) -> int:
         own = super().determine_num_blocks(max_model_len, max_num_seqs, max_num_batched_tokens)
-        return self.tp.min_over_ranks(own)
+        return self.pp.world.min_over_ranks(own)
+
+    def initialize_kv_cache(self, max_model_len: int, max_num_seqs: int,
+                            max_num_batched_tokens: int) -> int:
+        """The KV tensors of this rank's layers (None for another stage's layers)."""
+        num_blocks = self.determine_num_blocks(max_model_len, max_num_seqs, max_num_batched_tokens)
+        spec = self.kv_spec
+        shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                          if layer in spec.layers else None for layer in range(spec.num_layers)]
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB on this rank)", num_blocks,
+                    self.block_size, num_blocks * self.block_bytes / 2**20)
+        return num_blocks
+
+    # --- one step ---------------------------------------------------------------------------
 
     @torch.inference_mode()
     def run_step(self, step: StepMessage) -> None:
-        """A non-zero rank's share of one step; the logits it gathers are dropped."""
+        """A rank's share of one step (ranks other than 0); logits are sent or dropped."""
         inputs = self.prepare_inputs(step, None)
-        if step.has_inflight:
-            self.tp.broadcast(inputs.input_ids)
+        if step.has_inflight and self.pp.is_first:
+            self.tp.broadcast(inputs.input_ids)   # rank 0's in-flight ids
         self.compute_logits(self.forward(inputs), inputs)
 
+    def forward(self, inputs: ModelInputs) -> torch.Tensor | None:
+        """Final hidden states on the last stage; None on the others, which send theirs on."""
+        pp = self.pp
+        if pp.num_stages == 1:
+            return super().forward(inputs)
+        with forward_context(inputs.attn_metadata, self.kv_caches):
+            received = None if pp.is_first else self._receive(inputs.input_ids.numel())
+            out = self.model(inputs.input_ids, inputs.positions, received)
+        if pp.is_last:
+            return out
+        for tensor in out:
+            pp.send(tensor, pp.global_rank(pp.stage + 1))
+        return None
 
-class TensorParallelRunner(ShardRunner):
-    """Rank 0's runner: the engine's, driving ranks 1..N-1."""
+    def _receive(self, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        source = self.pp.global_rank(self.pp.stage - 1)
+        shape = (num_tokens, self.hf_config.hidden_size)
+        return tuple(self.pp.recv(torch.empty(shape, dtype=self.dtype, device=self.device),
+                                  source) for _ in range(2))
+
+    def compute_logits(self, hidden: torch.Tensor | None,
+                       inputs: ModelInputs) -> RunnerOutput | None:
+        """One stage: every rank's logits. Several: the last stage's first rank sends
+        them to rank 0, which returns them; the other ranks return None."""
+        pp = self.pp
+        if pp.num_stages == 1:
+            return super().compute_logits(hidden, inputs)
+        rows = self.logit_rows(inputs)
+        last_stage_head = pp.global_rank(pp.num_stages - 1) - self.tp.rank
+        if pp.is_last:
+            logits = self.model.compute_logits(hidden[rows]).float()
+            if self.tp.rank == 0:
+                pp.send(logits, 0)
+            return None
+        if pp.world.rank != 0:
+            return None
+        logits = torch.empty(rows.numel(), self.vocab_size, device=self.device)
+        return self.split_logits(pp.recv(logits, last_stage_head), inputs)
+
+
+class DriverRunner(ShardRunner):
+    """Rank 0's runner: the engine's, driving the other ranks."""
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
         self.workers = WorkerPool.start(config, device)
         self._finalizer = weakref.finalize(self, self.workers.close)
         try:
             with self.workers.watch():
-                super().__init__(config, device, self.workers.group)
+                super().__init__(config, device, self.workers.tp, self.workers.pp)
             self.workers.wait_ready()
         except BaseException:
             self.workers.close()

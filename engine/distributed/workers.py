@@ -1,4 +1,4 @@
-"""The processes of tensor-parallel ranks 1..N-1 and what rank 0 tells them.
+"""The processes of ranks 1..N-1 of a multi-process engine and what rank 0 tells them.
 
 Rank 0 is the engine's own process: it hosts the scheduler, the KV block manager,
 structured outputs and sampling, and drives the other ranks::
@@ -15,7 +15,7 @@ Commands travel over one pipe per worker (``multiprocessing`` connections: small
 tuples); tensors travel only through torch.distributed. A worker whose pipe closes (rank 0
 is gone) exits. A rank that dies fails every peer's next collective at once ("connection
 closed by peer"); one that hangs fails it after ``collective_timeout_s()``. Rank 0 then
-raises ``TensorParallelError`` naming the rank and how it ended.
+raises ``RankFailedError`` naming the rank and how it ended.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from typing import Any, Iterator
 
 import torch
 
-from tamis.engine.distributed.parallel_state import TPGroup, connect_store, make_tp_group
+from tamis.engine.distributed.parallel_state import (SINGLE, SINGLE_STAGE, connect_store,
+                                                     make_groups)
 
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.05
@@ -46,8 +47,8 @@ def collective_timeout_s() -> float:
     return float(os.environ.get("TAMIS_DISTRIBUTED_TIMEOUT_S", "600"))
 
 
-class TensorParallelError(RuntimeError):
-    """A tensor-parallel rank failed or exited; the engine cannot go on."""
+class RankFailedError(RuntimeError):
+    """A rank of a multi-process engine failed or exited; the engine cannot go on."""
 
 
 @dataclass
@@ -87,7 +88,7 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 def worker_main(config, rank: int, port: int, device_type: str, conn) -> None:
     """Entry point of rank ``rank``'s process (spawned by ``WorkerPool.start``)."""
     try:
-        size = config.tensor_parallel_size
+        size = config.world_size
         device = rank_device(torch.device(device_type), rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -95,9 +96,10 @@ def worker_main(config, rank: int, port: int, device_type: str, conn) -> None:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
         conn.send(("joining",))
         store = connect_store(LOOPBACK, port, size, False, STARTUP_TIMEOUT_S)
-        group = make_tp_group(store, rank, size, device, collective_timeout_s())
+        tp, pp = make_groups(store, rank, config.tensor_parallel_size,
+                             config.pipeline_parallel_size, device, collective_timeout_s())
         from tamis.engine.distributed.runner import ShardRunner
-        runner = ShardRunner(config, device, group)
+        runner = ShardRunner(config, device, tp, pp)
         conn.send(("ready",))
         _serve(runner, conn)
     except BaseException:   # report, then exit non-zero: rank 0 names this rank's error
@@ -145,14 +147,15 @@ def _children_allowed() -> Iterator[None]:
 class WorkerPool:
     """Ranks 1..N-1 of one engine, one process each; the caller is rank 0."""
 
-    def __init__(self, processes: list, conns: list, group: TPGroup, store) -> None:
-        self.processes, self.conns, self.group, self._store = processes, conns, group, store
+    def __init__(self, processes: list, conns: list, store) -> None:
+        self.processes, self.conns, self._store = processes, conns, store
+        self.tp, self.pp = SINGLE, SINGLE_STAGE   # rank 0's groups, once joined
         self._closed = False
 
     @classmethod
     def start(cls, config, device: torch.device) -> "WorkerPool":
-        """Spawns the ranks and joins the groups with them (rank 0's groups in ``.group``)."""
-        size = config.tensor_parallel_size
+        """Spawns the ranks and joins the groups with them (rank 0's in ``.tp``, ``.pp``)."""
+        size = config.world_size
         store = connect_store(LOOPBACK, 0, size, True, STARTUP_TIMEOUT_S)
         context = multiprocessing.get_context("spawn")
         processes, conns = [], []
@@ -166,17 +169,19 @@ class WorkerPool:
                 theirs.close()
                 processes.append(process)
                 conns.append(ours)
-        pool = cls(processes, conns, TPGroup(), store)
+        pool = cls(processes, conns, store)
         try:
             pool._expect("joining", STARTUP_TIMEOUT_S)
-            pool.group = make_tp_group(store, 0, size, device, collective_timeout_s())
+            pool.tp, pool.pp = make_groups(store, 0, config.tensor_parallel_size,
+                                           config.pipeline_parallel_size, device,
+                                           collective_timeout_s())
         except BaseException:
             pool.close()
             raise
         return pool
 
     def wait_ready(self) -> None:
-        """Returns once every rank loaded its shard; TensorParallelError if one failed."""
+        """Returns once every rank loaded its shard; RankFailedError if one failed."""
         self._expect("ready", STARTUP_TIMEOUT_S)
 
     def _expect(self, reply: str, timeout_s: float) -> None:
@@ -186,7 +191,7 @@ class WorkerPool:
                 if not process.is_alive():
                     raise self.failure()
                 if time.monotonic() > deadline:
-                    raise TensorParallelError(f"tensor-parallel rank {rank} sent no {reply!r} "
+                    raise RankFailedError(f"rank {rank} sent no {reply!r} "
                                               f"within {timeout_s:.0f} s")
             message = conn.recv()
             if message[0] != reply:
@@ -194,7 +199,7 @@ class WorkerPool:
         return None
 
     def send(self, command: tuple) -> None:
-        """Sends ``command`` to every rank; TensorParallelError if one is gone."""
+        """Sends ``command`` to every rank; RankFailedError if one is gone."""
         try:
             for conn in self.conns:
                 conn.send(command)
@@ -203,15 +208,15 @@ class WorkerPool:
 
     @contextlib.contextmanager
     def watch(self) -> Iterator[None]:
-        """Turns a failed collective into a TensorParallelError naming the rank that failed."""
+        """Turns a failed collective into a RankFailedError naming the rank that failed."""
         try:
             yield
         except RuntimeError as exc:
-            if isinstance(exc, TensorParallelError):
+            if isinstance(exc, RankFailedError):
                 raise
             raise self.failure(exc) from exc
 
-    def failure(self, cause: BaseException | None = None) -> TensorParallelError:
+    def failure(self, cause: BaseException | None = None) -> RankFailedError:
         """What went wrong, read from the ranks' error reports and exit codes; the pool
         is closed (the surviving ranks are stopped)."""
         time.sleep(0.2)   # let a dying rank's exit code and report land
@@ -226,7 +231,7 @@ class WorkerPool:
         self.close(timeout_s=1.0)   # a hung rank would not answer a longer wait either
         if not reasons:
             reasons.append(f"a collective failed: {cause}")
-        return TensorParallelError("tensor-parallel engine stopped: " + "; ".join(reasons))
+        return RankFailedError("engine stopped: " + "; ".join(reasons))
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops every rank (asks, then terminates those still running). Idempotent."""
@@ -267,5 +272,5 @@ def _describe_exit(code: int) -> str:
     return f"signal {-code}"
 
 
-__all__ = ["WorkerPool", "StepMessage", "TensorParallelError", "worker_main",
+__all__ = ["WorkerPool", "StepMessage", "RankFailedError", "worker_main",
            "collective_timeout_s"]

@@ -14,6 +14,7 @@ from torch import nn
 from tamis.engine.attention.backends import AttentionBackend
 from tamis.engine.attention.kv_scales import KVScaleCollector
 from tamis.engine.attention.torch_backend import TorchAttentionBackend
+from tamis.engine.distributed.parallel_state import current_pp_group
 from tamis.engine.distributed.sharding import materialize
 from tamis.engine.layers.activation import get_act_and_mul
 from tamis.engine.layers.attention import Attention
@@ -126,7 +127,12 @@ class LlamaModel(nn.Module):
                  norm_cls: type[RMSNorm] = RMSNorm, embed_scale: float | None = None,
                  rope_layer_types: list[str | None] | None = None, **attention_options):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, embed_scale)
+        # A pipeline stage builds its own layers only (the first the embedding, the last the
+        # final norm); the others are placeholders that keep the checkpoint's numbering.
+        self.pp = pp = current_pp_group()
+        stage_layers = pp.layer_range(config.num_hidden_layers)
+        self.embed_tokens = (VocabEmbedding(config.vocab_size, config.hidden_size, embed_scale)
+                             if pp.is_first else None)
         kinds = rope_layer_types or [None] * config.num_hidden_layers
         # One cos/sin cache per rope type, shared by that type's layers.
         self.rope_caches = {kind: CosSinCache() for kind in dict.fromkeys(kinds)}
@@ -134,24 +140,38 @@ class LlamaModel(nn.Module):
             layer_cls(config, i, quant_config, f"{prefix}.layers.{i}", backend,
                       sliding_windows[i], make_mlp, mlp_name,
                       rope_cache=self.rope_caches[kinds[i]], rope_layer_type=kinds[i],
-                      **attention_options)
+                      **attention_options) if i in stage_layers else OtherStageLayer()
             for i in range(config.num_hidden_layers))
-        self.norm = norm_cls(config.hidden_size, config.rms_norm_eps)
+        self.stage_layers = tuple(self.layers[i] for i in stage_layers)   # not registered twice
+        self.norm = norm_cls(config.hidden_size, config.rms_norm_eps) if pp.is_last else None
 
     def clear_rope_caches(self) -> None:
         for cache in self.rope_caches.values():
             cache.clear()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Final hidden states ``[T, H]``; a pipeline stage other than the first starts from
+        the previous stage's ``intermediate`` (hidden, residual), and one other than the
+        last returns its own."""
         self.clear_rope_caches()
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        if intermediate is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate
+        for layer in self.stage_layers:
             hidden, residual = layer(positions, hidden, residual)
         # Drop the step's cos/sin tables: kept until the next forward, a table sized by the
         # last step's tokens showed as allocated-memory growth between idle points.
         self.clear_rope_caches()
+        if not self.pp.is_last:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+
+class OtherStageLayer(nn.Module):
+    """Stands for a decoder layer that another pipeline stage holds."""
 
 
 class LlamaForCausalLM(CausalLMBase):
@@ -171,22 +191,37 @@ class LlamaForCausalLM(CausalLMBase):
         self.model = LlamaModel(config, quant_config, backend, self.sliding_windows(config),
                                 make_mlp=self.make_mlp, mlp_name=self.mlp_name,
                                 **self.model_options(config), **self.attention_options(config))
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        pp = self.model.pp
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        # A last pipeline stage without the embedding reads the tied matrix into its own head.
+        self.head_reads_embedding = tied and pp.is_last and not pp.is_first
+        self.tie_word_embeddings = tied and pp.is_first
         tie_to = self.model.embed_tokens if self.tie_word_embeddings else None
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to)
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, tie_to) if pp.is_last else None
+        self.other_stage_prefixes = other_stage_prefixes(pp, config.num_hidden_layers)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                intermediate: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """As ``LlamaModel.forward``: hidden states, or a pipeline stage's (hidden, residual)."""
+        return self.model(input_ids, positions, intermediate)
 
     def load_weights(self, weights) -> set[str]:
         """The base loader; FP8 KV-cache scales go to the attention layers (kv_scales.py)."""
         collector = KVScaleCollector()
-        loaded = super().load_weights(collector.filter(self._read_unsliced(weights)))
+        loaded = super().load_weights(collector.filter(self._stage_weights(weights)))
         collector.apply(self)
         return loaded | collector.names
 
-    def _read_unsliced(self, weights):
-        """Reads whole the lazy checkpoint tensors (tensor parallelism) of parameters
-        that take no slice; the others read only their rank's slice."""
+    def _stage_weights(self, weights):
+        """The checkpoint tensors of this pipeline stage (others' layers skipped), read
+        whole unless their parameter takes a tensor-parallel slice (then the loader reads
+        only the rank's slice of the lazy tensor)."""
         params = dict(self.named_parameters(remove_duplicate=False))
         for name, tensor in weights:
+            if self.head_reads_embedding and name == "model.embed_tokens.weight":
+                name = "lm_head.weight"
+            elif name.startswith(self.other_stage_prefixes):
+                continue
             param = params.get(self._target(name)[0])
             if not getattr(param, "reads_checkpoint_slices", False):
                 tensor = materialize(tensor)
@@ -208,6 +243,17 @@ class LlamaForCausalLM(CausalLMBase):
         """Per layer window or None. Llama has none, whatever stray keys its config holds
         (transformers' Llama ignores ``sliding_window`` too)."""
         return [None] * config.num_hidden_layers
+
+
+def other_stage_prefixes(pp, num_layers: int) -> tuple[str, ...]:
+    """Checkpoint name prefixes of the modules other pipeline stages hold."""
+    own = pp.layer_range(num_layers)
+    prefixes = [f"model.layers.{i}." for i in range(num_layers) if i not in own]
+    if not pp.is_first:
+        prefixes.append("model.embed_tokens.")
+    if not pp.is_last:
+        prefixes += ["model.norm.", "lm_head."]
+    return tuple(prefixes)
 
 
 class MistralForCausalLM(LlamaForCausalLM):
