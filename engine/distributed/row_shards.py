@@ -81,7 +81,8 @@ class RowShardLoader:
         rows = own.nonzero().flatten()
         if rows.numel() != self.local_k:
             raise ValueError(
-                f"{self.layer.prefix}: act-order groups {first_group}..{first_group + num_groups - 1} "
+                f"{self.layer.prefix}: act-order groups {first_group}.."
+                f"{first_group + num_groups - 1} "
                 f"hold {rows.numel()} input rows, not {self.local_k}: groups of unequal sizes "
                 f"cannot be split over tensor parallel size {self.tp.size}")
         device = next(self.layer.parameters()).device

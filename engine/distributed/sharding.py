@@ -34,7 +34,8 @@ class Span:
 
 
 def split_evenly(total: int, rank: int, size: int, what: str) -> Span:
-    """Rank ``rank``'s equal share of ``total``; ValueError naming ``what`` if N does not divide it."""
+    """Rank ``rank``'s equal share of ``total``; ValueError naming ``what`` if the size
+    does not divide it."""
     if total % size:
         raise ValueError(f"{what} ({total}) is not divisible by the tensor parallel size "
                          f"{size}: choose a --tensor-parallel-size that divides it")

@@ -25,7 +25,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
 

@@ -222,7 +222,8 @@ class _ColumnParallel(LinearBase):
             return
         span = self.shard_spans[0 if shard_id is None else self.shard_index(shard_id)]
         if getattr(param, "holds_shape", False):
-            loaded = shape_tensor(loaded, (span.full, self.input_size), (span.size, self.input_size))
+            loaded = shape_tensor(loaded, (span.full, self.input_size),
+                                  (span.size, self.input_size))
         elif dim is not None and not getattr(param, "is_per_shard_scalar", False):
             if getattr(param, "packed_dim", None) == dim:
                 span = span.scaled_down(param.packed_factor)

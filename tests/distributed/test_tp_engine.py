@@ -38,8 +38,9 @@ def test_one_kv_head_is_replicated_on_both_ranks(engines, checkpoint):
 
     attention = engines[2].runner.model.model.layers[0].self_attn
     assert (attention.num_heads, attention.num_kv_heads) == (2, 1)
-    k_proj = load_file(str(checkpoint / "model.safetensors"))["model.layers.0.self_attn.k_proj.weight"]
-    q, k, _ = attention.qkv_proj.weight.split([32, 16, 16])
+    state = load_file(str(checkpoint / "model.safetensors"))
+    _, k, _ = attention.qkv_proj.weight.split([32, 16, 16])
+    k_proj = state["model.layers.0.self_attn.k_proj.weight"]
     assert torch.equal(k, k_proj)   # the whole (only) head
     assert engines[2].runner.kv_spec.num_kv_heads == 1
 
@@ -62,24 +63,26 @@ def test_json_schema_output_equals_tp1(engines):
 
 
 def test_prefix_cache_hit_gives_the_same_tokens(engines):
-    first = run(engines[2], [PROMPT], greedy(6, logprobs=None))[0]
-    second = run(engines[2], [PROMPT], greedy(6, logprobs=None))[0]
+    params = greedy(6, logprobs=None)
+    first = run(engines[2], [PROMPT], params)[0]
+    second = run(engines[2], [PROMPT], params)[0]
     assert second.num_cached_tokens >= 32   # the two full blocks
     assert second.outputs[0].token_ids == first.outputs[0].token_ids
-    assert first.outputs[0].token_ids == run(engines[1], [PROMPT], greedy(6, logprobs=None))[0].outputs[0].token_ids
+    assert first.outputs[0].token_ids == run(engines[1], [PROMPT], params)[0].outputs[0].token_ids
 
 
 def test_pipelined_steps_broadcast_in_flight_ids(engines):
     """With async scheduling a step's input ids come from the previous step's sampled ids
     on rank 0's device; the other rank receives them by broadcast."""
     prompts = [PROMPT, list(range(3000, 3009))]
-    want = [out.outputs[0].token_ids for out in run(engines[1], prompts, greedy(8, logprobs=None))]
+    params = greedy(8, logprobs=None)
+    want = [out.outputs[0].token_ids for out in run(engines[1], prompts, params)]
     workers, sent = engines[2].runner.workers, []
     send = workers.send
     workers.send = lambda command: (sent.append(command), send(command))
     engines[2].async_scheduling = True
     try:
-        got = [out.outputs[0].token_ids for out in run(engines[2], prompts, greedy(8, logprobs=None))]
+        got = [out.outputs[0].token_ids for out in run(engines[2], prompts, params)]
     finally:
         engines[2].async_scheduling = False
         del workers.send

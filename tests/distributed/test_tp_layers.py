@@ -88,7 +88,10 @@ def test_row_shards_sum_to_the_whole_layer(quantized):
     k, n = 128, 16
     config = GPTQConfig(bits=4, group_size=32, desc_act=True) if quantized else None
     tensors = _gptq_act_order(k, n, 32) if quantized else {("weight", None): torch.randn(n, k)}
-    make = lambda: RowLinear(k, n, quant_config=config, prefix="model.layers.0.mlp.down_proj")  # noqa: E731
+
+    def make():
+        return RowLinear(k, n, quant_config=config, prefix="model.layers.0.mlp.down_proj")
+
     whole = make()
     _load(whole, tensors)
     x = torch.randn(3, k)

@@ -30,9 +30,10 @@ def test_serve_with_two_ranks_answers_like_one(tiny_checkpoint, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_loaded(base, "k", proc, log_path, timeout=180)
-        reply = httpx.post(base + "/v1/completions", timeout=60, headers={"Authorization": "Bearer k"},
-                           json={"model": str(model), "prompt": PROMPT, "max_tokens": 8,
-                                 "temperature": 0, "ignore_eos": True})
+        body = {"model": str(model), "prompt": PROMPT, "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True}
+        reply = httpx.post(base + "/v1/completions", json=body, timeout=60,
+                           headers={"Authorization": "Bearer k"})
         assert reply.status_code == 200, reply.text
         assert reply.json()["choices"][0]["text"] == want
     finally:
