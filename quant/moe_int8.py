@@ -31,10 +31,8 @@ def _int8_scale_init(tensor: torch.Tensor, generator: torch.Generator) -> None:
 class Int8MoEMethod(FusedMoEMethodBase):
     def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype) -> None:
-        shapes = {"w13": (2 * intermediate_size, hidden_size),
-                  "w2": (hidden_size, intermediate_size)}
-        for stack, (n, k) in shapes.items():
-            shard_dim = 0 if stack == "w13" else None
+        for stack, ((n, k), shard_dim) in self.stacked_shapes(hidden_size,
+                                                              intermediate_size).items():
             layer.add_expert_param(f"{stack}_weight", torch.empty(
                 num_experts, n, k, dtype=torch.int8), shard_dim)
             layer.add_expert_param(f"{stack}_weight_scale", torch.full(

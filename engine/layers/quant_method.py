@@ -79,6 +79,13 @@ class FusedMoEMethodBase(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Called once after every parameter is loaded (repack, check)."""
 
+    @staticmethod
+    def stacked_shapes(hidden_size: int, intermediate_size: int) -> dict[str, tuple]:
+        """Per expert, stack -> ((out_features, in_features), shard dim): w13 holds gate
+        then up (their rows shard), w2 is down (loaded whole)."""
+        return {"w13": ((2 * intermediate_size, hidden_size), 0),
+                "w2": ((hidden_size, intermediate_size), None)}
+
 
 class QuantizationConfig(ABC):
     """A checkpoint's quantization, parsed from ``quantization_config`` (quant/ implements)."""
