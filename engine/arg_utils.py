@@ -86,6 +86,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="split the decoder layers into this many consecutive stages, one "
                         "process group each (combines with --tensor-parallel-size)")
+    g.add_argument("--nnodes", type=int, default=_default("nnodes"),
+                   help="hosts the ranks run on (each runs world size / nnodes of them)")
+    g.add_argument("--node-rank", type=int, default=_default("node_rank"),
+                   help="this host's index; 0 runs the engine, others run python -m "
+                        "tamis.engine.distributed.node")
+    g.add_argument("--master-addr", default=_default("master_addr"),
+                   help="address of node 0, where the ranks rendezvous")
+    g.add_argument("--master-port", type=int, default=_default("master_port"),
+                   help="port of the rendezvous store on node 0")
     g.add_argument("--scheduling-policy", default="fcfs", choices=cfg.SCHEDULING_POLICIES)
     g.add_argument("--skip-tokenizer-init", action="store_true")
     g.add_argument("--trust-remote-code", action="store_true")

@@ -102,6 +102,13 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Several hosts: this one is node ``node_rank`` of ``nnodes``, each running
+    # world_size / nnodes ranks; node 0 runs rank 0 (the engine) and the rendezvous store
+    # at master_addr:master_port (docs/parallelism.md).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
     scheduling_policy: str = "fcfs"
     skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
@@ -137,7 +144,8 @@ class EngineConfig:
 
     def _check_numbers(self) -> None:
         _positive(self, "block_size", "max_num_seqs", "tensor_parallel_size",
-                  "pipeline_parallel_size")
+                  "pipeline_parallel_size", "nnodes", "master_port")
+        self._check_nodes()
         if not self.structured_outputs_time_limit_s > 0:
             raise ValueError(f"{flag('structured_outputs_time_limit_s')} must be > 0, "
                              f"got {self.structured_outputs_time_limit_s}")
@@ -157,13 +165,23 @@ class EngineConfig:
         if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"--max-num-batched-tokens ({self.max_num_batched_tokens}) must be "
                              f">= --max-num-seqs ({self.max_num_seqs})")
-        if self.world_size > 1 and self.device != "cpu" and _cuda_available() and \
-                self.world_size > _cuda_device_count():
+        per_node = self.world_size // self.nnodes
+        if per_node > 1 and self.device != "cpu" and _cuda_available() and \
+                per_node > _cuda_device_count():
             raise ValueError(f"--tensor-parallel-size {self.tensor_parallel_size} x "
-                             f"--pipeline-parallel-size {self.pipeline_parallel_size} needs "
-                             f"{self.world_size} GPUs; {_cuda_device_count()} are visible")
+                             f"--pipeline-parallel-size {self.pipeline_parallel_size} over "
+                             f"{self.nnodes} node(s) needs {per_node} GPUs per node; "
+                             f"{_cuda_device_count()} are visible")
         if not isinstance(self.seed, int):
             raise ValueError(f"--seed must be an integer, got {self.seed!r}")
+
+    def _check_nodes(self) -> None:
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, --nnodes {self.nnodes}), "
+                             f"got {self.node_rank}")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"--nnodes {self.nnodes} must divide the {self.world_size} ranks "
+                             f"(--tensor-parallel-size x --pipeline-parallel-size)")
 
     @property
     def world_size(self) -> int:

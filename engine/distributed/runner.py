@@ -120,6 +120,10 @@ class DriverRunner(ShardRunner):
     """Rank 0's runner: the engine's, driving the other ranks."""
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        if config.node_rank != 0:
+            raise ValueError(f"--node-rank {config.node_rank} runs other ranks than the "
+                             f"engine's: start that host with python -m "
+                             f"tamis.engine.distributed.node and the same flags")
         self.workers = WorkerPool.start(config, device)
         self._finalizer = weakref.finalize(self, self.workers.close)
         try:

@@ -11,9 +11,9 @@ structured outputs and sampling, and drives the other ranks::
     sample on the gathered logits             (logits dropped)
     close: send(("shutdown",))  ----------->  exit
 
-Commands travel over one pipe per worker (``multiprocessing`` connections: small pickled
-tuples); tensors travel only through torch.distributed. A worker whose pipe closes (rank 0
-is gone) exits. A rank that dies fails every peer's next collective at once ("connection
+Commands travel over one pipe per worker, or across hosts through the rendezvous store
+(``channels.py``); tensors travel only through torch.distributed. A worker whose channel
+closes (rank 0 is gone) exits. A rank that dies fails every peer's next collective at once ("connection
 closed by peer"); one that hangs fails it after ``collective_timeout_s()``. Rank 0 then
 raises ``RankFailedError`` naming the rank and how it ended.
 """
@@ -29,6 +29,7 @@ from typing import Iterator
 
 import torch
 
+from tamis.engine.distributed.channels import PipeEnd, PipeLinks, StoreEnd, StoreLinks
 from tamis.engine.distributed.parallel_state import (SINGLE, SINGLE_STAGE, connect_store,
                                                      make_groups)
 
@@ -78,43 +79,53 @@ class StepMessage:
                     for item in batch.scheduled], has_inflight)
 
 
-def rank_device(device: torch.device, rank: int) -> torch.device:
-    """Rank ``rank``'s device: GPU ``rank`` on CUDA, the CPU otherwise."""
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def rank_device(device: torch.device, local_rank: int) -> torch.device:
+    """The device of the host's ``local_rank``-th rank: that GPU on CUDA, else the CPU."""
+    return torch.device("cuda", local_rank) if device.type == "cuda" else device
+
+
+def ranks_per_node(config) -> int:
+    return config.world_size // config.nnodes
 
 
 # ----------------------------------------------------------------------- worker side
 
-def worker_main(config, rank: int, port: int, device_type: str, conn) -> None:
-    """Entry point of rank ``rank``'s process (spawned by ``WorkerPool.start``)."""
+def worker_main(config, rank: int, store_address: tuple[str, int], device_type: str,
+                conn=None) -> None:
+    """Entry point of rank ``rank``'s process: on rank 0's host ``conn`` is its pipe,
+    on another host (``conn`` None) it talks through the store at ``store_address``."""
+    end = PipeEnd(conn) if conn is not None else None
     try:
         size = config.world_size
-        device = rank_device(torch.device(device_type), rank)
+        device = rank_device(torch.device(device_type), rank % ranks_per_node(config))
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:   # the ranks share the host's cores
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-        conn.send(("joining",))
-        store = connect_store(LOOPBACK, port, size, False, STARTUP_TIMEOUT_S)
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node(config)))
+        store = connect_store(*store_address, size, False, STARTUP_TIMEOUT_S)
+        end = end or StoreEnd(store, rank)
+        end.report(("joining",))
         tp, pp = make_groups(store, rank, config.tensor_parallel_size,
                              config.pipeline_parallel_size, device, collective_timeout_s())
         from tamis.engine.distributed.runner import ShardRunner
         runner = ShardRunner(config, device, tp, pp)
-        conn.send(("ready",))
-        _serve(runner, conn)
+        end.report(("ready",))
+        _serve(runner, end)
     except BaseException:   # report, then exit non-zero: rank 0 names this rank's error
-        with contextlib.suppress(OSError):
-            conn.send(("error", traceback.format_exc()))
+        if end is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                end.report(("error", traceback.format_exc()))
+        traceback.print_exc()
         os._exit(1)
     # Skip interpreter teardown: destroying a process group whose peers are gone aborts
     # the process from C++ ("terminate called without an active exception").
     os._exit(0)
 
 
-def _serve(runner, conn) -> None:
+def _serve(runner, end) -> None:
     while True:
         try:
-            kind, *args = conn.recv()
+            kind, *args = end.receive()
         except EOFError:   # rank 0 is gone
             return
         if kind == "shutdown":
@@ -127,6 +138,25 @@ def _serve(runner, conn) -> None:
             raise ValueError(f"unknown command {kind!r} from rank 0")
 
 
+def spawn_ranks(config, ranks: range, store_address: tuple[str, int], device_type: str,
+                with_pipes: bool) -> tuple[dict, dict]:
+    """Starts ``ranks`` on this host: ({rank: process}, {rank: rank 0's pipe end})."""
+    context = multiprocessing.get_context("spawn")
+    processes, conns = {}, {}
+    with _children_allowed():
+        for rank in ranks:
+            ours, theirs = context.Pipe() if with_pipes else (None, None)
+            process = context.Process(target=worker_main, name=f"tamis-rank{rank}",
+                                      args=(config, rank, store_address, device_type, theirs),
+                                      daemon=True)
+            process.start()
+            if theirs is not None:
+                theirs.close()
+                conns[rank] = ours
+            processes[rank] = process
+    return processes, conns
+
+
 # ----------------------------------------------------------------------- rank 0's side
 
 @contextlib.contextmanager
@@ -134,7 +164,7 @@ def _children_allowed() -> Iterator[None]:
     """Lets a daemonic process (``tamis serve``'s engine core) start its rank processes.
 
     multiprocessing refuses children of daemonic processes only so that they are not
-    orphaned; ranks cannot be: each exits when its pipe to rank 0 closes."""
+    orphaned; ranks cannot be: each exits when its pipe or store to rank 0 closes."""
     config = multiprocessing.current_process()._config
     daemonic = config.get("daemon", False)
     config["daemon"] = False
@@ -145,31 +175,29 @@ def _children_allowed() -> Iterator[None]:
 
 
 class WorkerPool:
-    """Ranks 1..N-1 of one engine, one process each; the caller is rank 0."""
+    """Ranks 1..N-1 of one engine (the caller is rank 0): processes of its host, and
+    with ``--nnodes`` > 1 the ranks other hosts start (``tamis.engine.distributed.node``)."""
 
-    def __init__(self, processes: list, conns: list, store) -> None:
-        self.processes, self.conns, self._store = processes, conns, store
+    def __init__(self, processes: dict, links, ranks: range) -> None:
+        self.processes, self.links, self.ranks = processes, links, ranks
         self.tp, self.pp = SINGLE, SINGLE_STAGE   # rank 0's groups, once joined
+        self._store = None
         self._closed = False
 
     @classmethod
     def start(cls, config, device: torch.device) -> "WorkerPool":
-        """Spawns the ranks and joins the groups with them (rank 0's in ``.tp``, ``.pp``)."""
-        size = config.world_size
-        store = connect_store(LOOPBACK, 0, size, True, STARTUP_TIMEOUT_S)
-        context = multiprocessing.get_context("spawn")
-        processes, conns = [], []
-        with _children_allowed():
-            for rank in range(1, size):
-                ours, theirs = context.Pipe()
-                process = context.Process(target=worker_main, name=f"tamis-tp-rank{rank}",
-                                          args=(config, rank, store.port, device.type, theirs),
-                                          daemon=True)
-                process.start()
-                theirs.close()
-                processes.append(process)
-                conns.append(ours)
-        pool = cls(processes, conns, store)
+        """Spawns this host's ranks and joins the groups with every rank (rank 0's groups
+        in ``.tp``, ``.pp``)."""
+        size, local = config.world_size, ranks_per_node(config)
+        host, port = (LOOPBACK, 0) if config.nnodes == 1 else (config.master_addr,
+                                                             config.master_port)
+        store = connect_store(host, port, size, True, STARTUP_TIMEOUT_S)
+        single_host = config.nnodes == 1
+        processes, conns = spawn_ranks(config, range(1, local), (host, store.port),
+                                       device.type, with_pipes=single_host)
+        links = PipeLinks(conns) if single_host else StoreLinks(store, range(1, size))
+        pool = cls(processes, links, range(1, size))
+        pool._store = store
         try:
             pool._expect("joining", STARTUP_TIMEOUT_S)
             pool.tp, pool.pp = make_groups(store, 0, config.tensor_parallel_size,
@@ -186,24 +214,23 @@ class WorkerPool:
 
     def _expect(self, reply: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
-            while not conn.poll(_POLL_S):
-                if not process.is_alive():
+        for rank in self.ranks:
+            while (message := self.links.poll_report(rank)) is None:
+                process = self.processes.get(rank)
+                if process is not None and not process.is_alive():
                     raise self.failure()
                 if time.monotonic() > deadline:
-                    raise RankFailedError(f"rank {rank} sent no {reply!r} "
-                                              f"within {timeout_s:.0f} s")
-            message = conn.recv()
+                    raise RankFailedError(f"rank {rank} sent no {reply!r} within "
+                                          f"{timeout_s:.0f} s")
+                time.sleep(_POLL_S)
             if message[0] != reply:
-                raise self.failure()   # an error report: failure() reads it
-        return None
+                raise self.failure(reports={rank: message[1]})
 
     def send(self, command: tuple) -> None:
         """Sends ``command`` to every rank; RankFailedError if one is gone."""
         try:
-            for conn in self.conns:
-                conn.send(command)
-        except OSError as exc:
+            self.links.broadcast(command)
+        except (OSError, RuntimeError) as exc:
             raise self.failure(exc) from exc
 
     @contextlib.contextmanager
@@ -216,16 +243,18 @@ class WorkerPool:
                 raise
             raise self.failure(exc) from exc
 
-    def failure(self, cause: BaseException | None = None) -> RankFailedError:
+    def failure(self, cause: BaseException | None = None,
+                reports: dict[int, str] | None = None) -> RankFailedError:
         """What went wrong, read from the ranks' error reports and exit codes; the pool
         is closed (the surviving ranks are stopped)."""
         time.sleep(0.2)   # let a dying rank's exit code and report land
         reasons = []
-        for rank, (process, conn) in enumerate(zip(self.processes, self.conns), start=1):
-            report = _error_report(conn)
+        for rank in self.ranks:
+            report = (reports or {}).get(rank) or self.links.error_report(rank)
+            process = self.processes.get(rank)
             if report:
                 reasons.append(f"rank {rank} failed:\n{report}")
-            elif process.exitcode is not None:
+            elif process is not None and process.exitcode is not None:
                 reasons.append(f"rank {rank} (pid {process.pid}) exited with "
                                f"{_describe_exit(process.exitcode)}")
         self.close(timeout_s=1.0)   # a hung rank would not answer a longer wait either
@@ -234,15 +263,15 @@ class WorkerPool:
         return RankFailedError("engine stopped: " + "; ".join(reasons))
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stops every rank (asks, then terminates those still running). Idempotent."""
+        """Stops every rank (asks, then terminates those of this host still running).
+        Idempotent."""
         if self._closed:
             return
         self._closed = True
-        for conn in self.conns:
-            with contextlib.suppress(OSError):
-                conn.send(("shutdown",))
+        with contextlib.suppress(OSError, RuntimeError):
+            self.links.broadcast(("shutdown",))
         deadline = time.monotonic() + timeout_s
-        for process in self.processes:
+        for process in self.processes.values():
             process.join(max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.terminate()
@@ -250,17 +279,7 @@ class WorkerPool:
             if process.is_alive():   # stopped (SIGSTOP) or ignoring SIGTERM
                 process.kill()
                 process.join(timeout_s)
-        for conn in self.conns:
-            conn.close()
-
-
-def _error_report(conn) -> str | None:
-    with contextlib.suppress(OSError, EOFError):
-        while conn.poll(0):
-            message = conn.recv()
-            if message[0] == "error":
-                return message[1]
-    return None
+        self.links.close()
 
 
 def _describe_exit(code: int) -> str:

@@ -39,7 +39,7 @@ def engine(tiny_checkpoint, monkeypatch):
 
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_a_rank_that_dies_or_hangs_ends_the_engine(engine, how):
-    worker = engine.runner.workers.processes[0]
+    worker = engine.runner.workers.processes[1]
     os.kill(worker.pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
     error, elapsed = _step_until_error(engine)
     assert elapsed < (2 if how == "killed" else COLLECTIVE_TIMEOUT_S + 10)
