@@ -23,7 +23,7 @@ def test_serve_with_two_ranks_answers_like_one(tiny_checkpoint, tmp_path):
     port, log_path = free_port(), tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "tamis.cli", "serve", "--model", str(model), "--port", str(port),
            "--api-key", "k", "--tensor-parallel-size", "2", "--max-model-len", "256",
-           "--kv-cache-memory", "32MiB", "--dtype", "float32"]
+           "--kv-cache-memory", "32MiB", "--dtype", "float32", "--device", "cpu"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -22,7 +22,8 @@ def test_a_rank_on_a_second_node_joins_the_engine(tiny_checkpoint, tmp_path):
     cmd = [sys.executable, "-m", "tamis.engine.distributed.node", "--model", str(model),
            "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1",
            "--master-addr", "127.0.0.1", "--master-port", str(port), "--dtype", "float32",
-           "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--max-num-seqs", "8"]
+           "--kv-cache-memory", "32MiB", "--max-model-len", "256", "--max-num-seqs", "8",
+           "--device", "cpu"]
     log_path = tmp_path / "node1.log"
     with open(log_path, "w") as log:
         node1 = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

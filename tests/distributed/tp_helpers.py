@@ -14,8 +14,10 @@ HF_ATOL = 1e-4   # tamis against transformers, as tests/engine/test_models.py
 
 
 def make_engine(model, tensor_parallel_size: int, **engine_args) -> LLMEngine:
+    """An engine on the CPU (gloo between ranks) unless ``device`` says otherwise."""
     args = dict(model=str(model), dtype="float32", kv_cache_memory_bytes="32MiB",
-                max_model_len=256, max_num_seqs=8, tensor_parallel_size=tensor_parallel_size)
+                max_model_len=256, max_num_seqs=8, tensor_parallel_size=tensor_parallel_size,
+                device="cpu")
     return LLMEngine(**{**args, **engine_args})
 
 
