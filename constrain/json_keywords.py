@@ -126,6 +126,7 @@ def _negation_as_json_schema(leaves: list) -> dict | bool:
     types = {leaf["type"] for leaf in leaves}
     if len(types) != 1:
         return False
-    met = [{"type": "number", "not": {"type": "integer"}} if leaf.get("not_integer")
-           else as_json_schema(leaf) for leaf in leaves]
+    # a "not_integer" leaf stands for the integers (its complement: the other numbers)
+    met = [{"type": "integer"} if leaf.get("not_integer") else as_json_schema(leaf)
+           for leaf in leaves]
     return {"type": types.pop(), "not": {"anyOf": met}}

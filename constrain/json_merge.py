@@ -127,15 +127,20 @@ MAX_UNROLLINGS = 8
 
 
 def _items_at_every_position(side: dict, other: dict, path: str) -> dict:
-    """``side`` whose ``items`` (without prefixItems) holds at every position, spelled with
-    as many ``prefixItems`` as ``other`` has, so that both merge position by position."""
+    """``side`` with at least as many ``prefixItems`` as ``other``: the positions it adds are
+    its ``items`` (true without), which governs every position past its own prefix, so that
+    both merge position by position."""
     prefix = other.get("prefixItems")
-    if prefix is None or "items" not in side or "prefixItems" in side:
+    if prefix is None or "items" not in side and "prefixItems" not in side:
         return side
-    if not isinstance(prefix, list) or not isinstance(side["items"], (dict, bool)):
+    own = side.get("prefixItems", [])
+    items = side.get("items", True)
+    if not isinstance(prefix, list) or not isinstance(own, list) or not isinstance(items, (dict, bool)):
         raise SchemaError("cannot combine 'prefixItems' and 'items' from different allOf "
                           "branches (their meaning depends on the branch)", path)
-    return dict(side, prefixItems=[side["items"]] * len(prefix))
+    if len(own) >= len(prefix):
+        return side
+    return dict(side, prefixItems=list(own) + [items] * (len(prefix) - len(own)))
 
 
 def _contains_as_list(side: dict, other: dict) -> dict:

@@ -90,7 +90,7 @@ def test_satisfiable_schema_compiles_exactly_enough(name):
     assert not wrongly_accepted
 
 
-UNEQUAL = [
+EXACT = [
     {"type": "array", "items": {"type": "integer", "maximum": 3}, "not": {"const": [1, 2]}},
     {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
      "not": {"const": {"a": 1}}},
@@ -104,6 +104,12 @@ UNEQUAL = [
                {"contains": {"type": "string"}}], "items": {"type": ["integer", "string"]}},
     {"allOf": [{"contains": {"const": 1}}, {"contains": {"const": 2}}], "items": {"type": "integer", "maximum": 3},
      "minItems": 3, "maxItems": 3},
+    # one element may meet both contains: minItems 2 still needs a second one
+    {"type": "array", "allOf": [{"contains": {"type": "integer"}}, {"contains": {"minimum": 2}}],
+     "items": {"type": ["integer", "string"]}, "minItems": 2},
+    # the items' const checked against the negated contains: 1 is an integer <= 1
+    {"type": "array", "items": {"const": 1, "not": {"const": "x"}},
+     "not": {"contains": {"type": "integer", "maximum": 1}}},
 ]
 
 
@@ -116,10 +122,19 @@ def _draw_value(rng, depth=0):
     return rng.choice([0, 1, 2, 3, -1, 1.5, "x", None, True])
 
 
-@pytest.mark.parametrize("index", range(len(UNEQUAL)))
-def test_values_unequal_to_a_constant_and_items_across_allof(index):
+def test_negated_integer_type_is_checked_as_the_integers():
+    """A value checked against a negated ``integer`` (``_negate`` with ``not_integer``) must
+    fail when it is an integer: [1] meets ``contains`` here, so ``not contains`` refuses it."""
+    schema = EXACT[-1]
+    compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+    assert not walk(compiled, "[1]")[0]
+    assert walk(compiled, "[]")[0]
+
+
+@pytest.mark.parametrize("index", range(len(EXACT)))
+def test_constants_contains_and_items_across_allof_exactly(index):
     """Exact: every drawn value is accepted iff jsonschema finds it valid."""
-    schema = UNEQUAL[index]
+    schema = EXACT[index]
     compiled = compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
     validator = jsonschema.Draft202012Validator(schema)
     rng = random.Random(index)
