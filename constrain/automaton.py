@@ -106,7 +106,7 @@ _FRAGMENTS_MAX = 4096
 def _build(nfa: NFA, node, start: int) -> int:
     fragment = _FRAGMENTS.get(id(node))
     if fragment is not None and fragment[0] is node:
-        return _paste(nfa, fragment, start)
+        return _paste(nfa, _pasted_again(fragment), start)
     if node[0] in ("chars", "rule") or _size(node) < _FRAGMENT_MIN_SIZE:
         return _build_node(nfa, node, start)
     if id(node) not in _SEEN_ONCE:
@@ -116,8 +116,10 @@ def _build(nfa: NFA, node, start: int) -> int:
             _SEEN_ONCE.clear()
         return _build_node(nfa, node, start)
     fragment = _record(node)
+    _PASTES[id(node)] = 0
     if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
         _FRAGMENTS.clear()
+        _PASTES.clear()
     _FRAGMENTS[id(node)] = fragment
     return _paste(nfa, fragment, start)
 
@@ -137,6 +139,53 @@ def _size(node) -> int:
     size = 1 + sum(_size(child) for child in ra.children(node)) * ra.repeat_factor(node)
     _SIZES[id(node)] = (node, size)
     return size
+
+
+# A fragment pasted this often (a string's character under maxLength) is replaced by its
+# minimal DFA when it has at most MAX_MINIMIZED_NFA states: rarely pasted ones are not worth it.
+MINIMIZE_AFTER_PASTES = 8
+MAX_MINIMIZED_NFA = 512
+_PASTES: dict = {}
+
+
+def _pasted_again(fragment) -> tuple:
+    """``fragment``, minimized on its ``MINIMIZE_AFTER_PASTES``-th paste."""
+    node = fragment[0]
+    count = _PASTES.get(id(node), 0) + 1
+    _PASTES[id(node)] = count
+    if count != MINIMIZE_AFTER_PASTES or len(fragment[1]) > MAX_MINIMIZED_NFA:
+        return fragment
+    key = node if ra.is_small(node) else None     # small nodes recur in every compile (whitespace)
+    minimal = _MINIMAL.get(key, _UNKNOWN) if key is not None else _UNKNOWN
+    if minimal is _UNKNOWN:
+        minimal = _minimal(fragment)
+        if key is not None:
+            if len(_MINIMAL) >= _FRAGMENTS_MAX:
+                _MINIMAL.clear()
+            _MINIMAL[key] = minimal
+    if minimal is None:
+        return fragment
+    fragment = (node,) + minimal
+    _FRAGMENTS[id(node)] = fragment
+    return fragment
+
+
+_MINIMAL: dict = {}      # small node (by value) -> its minimized fragment, None if no smaller
+_UNKNOWN = object()
+
+
+def _minimal(fragment) -> tuple | None:
+    """(edges, eps, end, may_dead_end, enters_start) of ``fragment``'s minimal DFA, or None
+    when that is no smaller."""
+    from .minimize import minimal_fragment        # it builds a LazyDFA of the fragment
+    local = NFA()
+    local.edges, local.eps = list(fragment[1]), list(fragment[2])
+    minimal = minimal_fragment(local, 0, fragment[3])
+    if minimal is None or len(minimal[0].edges) >= len(local.edges):
+        return None
+    small, end = minimal
+    small.seal()
+    return (small.edges, small.eps, end, False, False)
 
 
 def _record(node) -> tuple:
@@ -366,6 +415,11 @@ class LazyDFA:
         dfa._setup(nfa, nfa_accept)
         dfa.start = DEAD
         return dfa
+
+    def start_at(self, nfa_state: int) -> int:
+        """The state reached from ``nfa_state`` without input (added if new)."""
+        with self._lock:
+            return self._state_of(self._closure((nfa_state,)))
 
     def state_of_set(self, nfa_set: frozenset) -> int:
         """The state whose NFA state set is ``nfa_set`` (``self.sets[state]``), added if new."""

@@ -67,7 +67,7 @@ def alt(*nodes) -> tuple:
         for part in parts:
             if id(part) in seen or part == NOTHING:
                 continue
-            if _is_small(part):
+            if is_small(part):
                 if part in small:
                     continue
                 small.add(part)
@@ -85,7 +85,7 @@ def alt(*nodes) -> tuple:
 _HASHED_NODES = 64
 
 
-def _is_small(node) -> bool:
+def is_small(node) -> bool:
     """True when ``node``'s tree has at most ``_HASHED_NODES`` nodes (walked with that budget)."""
     stack, budget = [node], _HASHED_NODES
     while stack:
