@@ -7,12 +7,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # so tests can `import tiny_models`
+
+# Without a GPU every Triton kernel runs interpreted. Set before any test module is
+# collected: a module that imports a plain ``@triton.jit`` kernel (an engine or quant test
+# importing kernels/) fixes that kernel's mode at import, and tests/ is collected in
+# alphabetical order, before tests/kernels/conftest.py would set it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tiny_models import make_tiny_checkpoint  # noqa: E402
 
