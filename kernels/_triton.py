@@ -9,7 +9,8 @@ kernel for CUDA tensors, the interpreted one for CPU tensors (CPU tests).
 Triton's own library functions (``tl.zeros``, ``tl.sum``, ...) are jitted too, also in
 the mode of Triton's import. When Triton was imported for the GPU, an interpreted launch
 routes their calls through the interpreter for its duration (``_library_interpreted``).
-Kernel bodies must be self-contained (no calls to other jitted helpers of ours).
+Helpers a kernel calls are plain ``@triton.jit`` functions: inlined when the kernel
+compiles, interpreted with it otherwise (``kernels/moe_tiles.py``).
 
 ROUNDING. Kernels that promise transformers' bf16/fp16 results bit for bit (RMSNorm,
 rotary, SiLU-and-mul: each product and sum rounded to the tensor dtype, as eager torch

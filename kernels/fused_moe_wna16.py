@@ -20,6 +20,7 @@ import torch
 
 from tamis.kernels._triton import kernel
 from tamis.kernels.moe_align import ExpertBlocks
+from tamis.kernels.moe_tiles import moe_block_rows, moe_tile
 from tamis.kernels.moe_weights import WNA16Experts
 
 try:
@@ -40,23 +41,14 @@ if tl is not None:
                           A_ROWS_PER_PAIR: tl.constexpr, MUL_WEIGHT: tl.constexpr,
                           DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        blocks_n = tl.cdiv(N, BLOCK_N)
-        group_size = GROUP_M * blocks_n
-        first_m = (pid // group_size) * GROUP_M
-        rows_in_group = tl.minimum(num_blocks_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % group_size) % rows_in_group
-        pid_n = (pid % group_size) // rows_in_group
+        pid_m, pid_n = moe_tile(tl.program_id(0), N, num_blocks_m, BLOCK_N, GROUP_M)
         if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
             return
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(sorted_ids_ptr + offs_m)
-        valid = pair < num_pairs
-        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        pair, valid, expert, a_rows = moe_block_rows(sorted_ids_ptr, expert_ids_ptr, pid_m,
+                                                     num_pairs, A_ROWS_PER_PAIR, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
-        a_rows = (pair // A_ROWS_PER_PAIR).to(tl.int64)
         per_word: tl.constexpr = 32 // BITS
         mask: tl.constexpr = (1 << BITS) - 1
         qweight_base = qweight_ptr + expert * stride_qe + offs_n[None, :]
