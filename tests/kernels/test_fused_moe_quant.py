@@ -231,8 +231,11 @@ def test_fp8_block_w8a8_triton_matches_the_group_rounded_reference(block):
     x[:, :32] *= 20       # one K group much larger than the rest: per-group scales matter
     weights, ids = _routing(10, 4, 2)
     got = fused_experts_triton(x, w13, w2, weights, ids, TILES, w8a8=True)
-    torch.testing.assert_close(got, _block_w8a8_reference(x, w13, w2, weights, ids),
-                               atol=1e-4, rtol=1e-4)
+    expected = _block_w8a8_reference(x, w13, w2, weights, ids)
+    # An activation on an e4m3 rounding boundary may round the other way in the kernel (its
+    # SiLU is not torch's to the last bit): a step of 1/16 on one element, 3e-4 of the norm
+    # in the worst of 200 seeds; a wrong block scale costs percents.
+    assert (got - expected).norm() / expected.norm() < 2e-3
     plain = fused_experts_ref(x, w13, w2, weights, ids)
     assert (got - plain).norm() / plain.norm() < 0.1
 
