@@ -33,3 +33,5 @@ if tl is not None:
         pair = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
         expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
         return pair, pair < num_pairs, expert, (pair // A_ROWS_PER_PAIR).to(tl.int64)
+else:
+    moe_tile = moe_block_rows = None   # the kernels that call them are not defined either
