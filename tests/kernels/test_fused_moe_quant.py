@@ -131,9 +131,10 @@ def test_fp8_w8a8_triton_matches_the_fp8_rounded_reference(static):
     got = fused_experts_triton(x, w13, w2, weights, ids, TILES, w8a8=True)
     torch.testing.assert_close(got, _w8a8_reference(x, w13, w2, weights, ids),
                                atol=1e-4, rtol=1e-4)
-    # and W8A8 stays close to the unrounded activations
+    # and W8A8 stays close to the unrounded activations: ~5% of the norm; a static input
+    # scale also clips the rows it underestimates (up to 14% in 100 random seeds)
     plain = fused_experts_ref(x, w13, w2, weights, ids)
-    assert (got - plain).norm() / plain.norm() < 0.1
+    assert (got - plain).norm() / plain.norm() < (0.25 if static else 0.1)
 
 
 # ------------------------------------------------------------------ block FP8, INT8
