@@ -236,46 +236,47 @@ def test_an_expert_format_without_a_kernel_is_refused_by_name():
         get_moe_method(config, "model.layers.3.mlp.experts")
 
 
-def test_block_scales_of_the_wrong_shape_are_refused_by_name(quantized, tmp_path):
-    """An expert's weight_scale_inv must be its own projection's [ceil(N/128), ceil(K/128)]."""
-    from safetensors.torch import load_file, save_file
-    folder, _ = quantized("mixtral", "fp8-block")
-    tensors = load_file(str(folder / "model.safetensors"))
-    name = "model.layers.1.block_sparse_moe.experts.2.w3.weight_scale_inv"
-    tensors[name] = torch.ones(2, 1)
+def _tensors(folder) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(folder / "model.safetensors"))
+
+
+def _save_copy(folder, tensors: dict, target) -> None:
+    """``folder``'s checkpoint in ``target`` with ``tensors`` as its weights (a broken copy)."""
+    from safetensors.torch import save_file
     for file in folder.iterdir():
         if file.name != "model.safetensors":
-            (tmp_path / file.name).write_bytes(file.read_bytes())
-    save_file(tensors, str(tmp_path / "model.safetensors"))
+            (target / file.name).write_bytes(file.read_bytes())
+    save_file(tensors, str(target / "model.safetensors"))
+
+
+def test_block_scales_of_the_wrong_shape_are_refused_by_name(quantized, tmp_path):
+    """An expert's weight_scale_inv must be its own projection's [ceil(N/128), ceil(K/128)]."""
+    folder, _ = quantized("mixtral", "fp8-block")
+    tensors = _tensors(folder)
+    tensors["model.layers.1.block_sparse_moe.experts.2.w3.weight_scale_inv"] = torch.ones(2, 1)
+    _save_copy(folder, tensors, tmp_path)
     with pytest.raises(ValueError, match=r"model.layers.1.block_sparse_moe.experts: checkpoint "
                                          r"tensor has shape \(2, 1\)"):
         load_model(engine_config(tmp_path), "cpu")
 
 
 def test_gate_and_up_with_different_act_orders_are_refused(quantized, tmp_path):
-    from safetensors.torch import load_file, save_file
     folder, _ = quantized("mixtral", "gptq-act-order")
-    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = _tensors(folder)
     name = "model.layers.0.block_sparse_moe.experts.1.w3.g_idx"
     tensors[name] = tensors[name].flip(0).contiguous()
-    for file in folder.iterdir():
-        if file.name != "model.safetensors":
-            (tmp_path / file.name).write_bytes(file.read_bytes())
-    save_file(tensors, str(tmp_path / "model.safetensors"))
+    _save_copy(folder, tensors, tmp_path)
     with pytest.raises(ValueError, match=r"gate and up projections of expert \[1\] have different "
                                          "g_idx"):
         load_model(engine_config(tmp_path), "cpu")
 
 
 def test_a_missing_quantized_expert_tensor_is_named(quantized, tmp_path):
-    from safetensors.torch import load_file, save_file
     folder, _ = quantized("mixtral", "awq")
-    tensors = load_file(str(folder / "model.safetensors"))
+    tensors = _tensors(folder)
     del tensors["model.layers.1.block_sparse_moe.experts.2.w2.qzeros"]
-    for file in folder.iterdir():
-        if file.name != "model.safetensors":
-            (tmp_path / file.name).write_bytes(file.read_bytes())
-    save_file(tensors, str(tmp_path / "model.safetensors"))
+    _save_copy(folder, tensors, tmp_path)
     with pytest.raises(ValueError, match=r"missing tensor\(s\) "
                                          r"'model.layers.1.block_sparse_moe.experts.2.w2.qzeros'"):
         load_model(engine_config(tmp_path), "cpu")
