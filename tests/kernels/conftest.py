@@ -3,8 +3,8 @@
 On CPU the kernels run under the Triton interpreter (``tamis.kernels._triton.kernel``
 picks the interpreted variant for CPU tensors, whatever ``TRITON_INTERPRET`` was at
 import time), so shapes stay small. Tests marked ``gpu`` run at real shapes on CUDA,
-compiled (so ``TRITON_INTERPRET`` is set here only where there is no GPU), and are
-skipped, saying so, where there is none.
+compiled (tests/conftest.py sets ``TRITON_INTERPRET`` only where there is no GPU),
+and are skipped, saying so, where there is none.
 """
 from __future__ import annotations
 
@@ -12,9 +12,6 @@ import os
 
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_configure(config):

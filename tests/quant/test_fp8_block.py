@@ -11,7 +11,6 @@ the GPU kernel runs, checked against ``w8a8_block_fp8_matmul_ref``.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -27,8 +26,6 @@ from tamis.quant.fp8_block import Fp8BlockConfig
 from test_roundtrip import FUSED, PROMPT, _tamis_logits, _tamis_model
 
 torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
-if not torch.cuda.is_available():   # on a GPU the other tests need compiled kernels
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 BLOCK = (128, 128)
 CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
           "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}
