@@ -2,9 +2,15 @@
 
 Workload (W1 of bench/RESULTS.md): 256 requests, prompts of 128-1024 random token ids (fresh
 each run, the same for every engine), 256 output tokens each, EOS ignored, greedy,
-Llama-3.1-8B shape with dummy bf16 weights.
+dummy bf16 weights at the ``--shape`` (bench/shapes.py; default Llama-3.1-8B).
 
     python bench/bench_offline.py [--engines tamis,transformers] [--num-prompts 256]
+    python bench/bench_offline.py --engines tamis,vllm --shape qwen3-30b-a3b
+    python bench/bench_offline.py --engines tamis,vllm --shape mixtral-8x7b --quantization fp8
+
+``--quantization`` goes to tamis and vLLM alike (``fp8``: online FP8 of the bf16 weights);
+transformers has no such run and is refused with it. The recorded peer figures are the
+Llama-3.1-8B shape's and are shown for it only.
 
 Each engine runs in its own subprocess (clean GPU memory, its own warm-up) and writes
 JSON; the parent prints the table last. ``--engines tamis,vllm`` runs vLLM (installed beside
@@ -36,7 +42,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llama8b import add_w1_workload_args, make_prompts, write_llama8b_config  # noqa: E402
+from llama8b import add_w1_workload_args, make_prompts  # noqa: E402
+from shapes import (DEFAULT_SHAPE, add_shape_args, describe, prompt_vocab,  # noqa: E402
+                    write_shape_config)
 from subprocess_runs import run_each  # noqa: E402
 
 RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # measured once on an H200
@@ -106,17 +114,19 @@ def run_tamis(args, prompts) -> dict:
     from tamis.engine.llm import LLM
     from tamis.engine.sampling_params import SamplingParams
     import torch
-    model_dir = write_llama8b_config(tempfile.mkdtemp())
+    model_dir = write_shape_config(args.shape, tempfile.mkdtemp())
     t0 = time.perf_counter()
     llm = LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
-              skip_tokenizer_init=True, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.9,
+              quantization=args.quantization, skip_tokenizer_init=True,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+              gpu_memory_utilization=0.9,
               enforce_eager=args.enforce_eager, kv_cache_dtype=args.kv_cache_dtype,
               kv_cache_memory_bytes=args.kv_cache_memory)
     startup = time.perf_counter() - t0
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True,
                             detokenize=False)
-    warm = make_prompts(8, 16, 64, args.seed + 1)
+    vocab = prompt_vocab(args.shape)
+    warm = make_prompts(8, 16, 64, args.seed + 1, vocab)
     llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
     torch.cuda.synchronize()
     allocated_before = torch.cuda.memory_allocated()
@@ -126,16 +136,18 @@ def run_tamis(args, prompts) -> dict:
     profile = None
     if args.step_profile:   # a second pass on fresh prompts, instrumented
         profiler = StepProfiler(llm.llm_engine)
-        again = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed + 7)
+        again = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed + 7,
+                             vocab)
         t1 = time.perf_counter()
         llm.generate([{"prompt_token_ids": p} for p in again], params, use_tqdm=False)
         profile = dict(profiled_seconds=time.perf_counter() - t1, **profiler.summary())
         llm.llm_engine.step = type(llm.llm_engine).step.__get__(llm.llm_engine)
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.llm_engine.get_stats()
-    result = dict(engine="tamis", kv_cache=dict(dtype=args.kv_cache_dtype, cap=args.kv_cache_memory,
-                                                blocks=stats.num_total_blocks,
-                                                preemptions=stats.num_preemptions),
+    result = dict(engine="tamis", shape=args.shape, quantization=args.quantization,
+                  kv_cache=dict(dtype=args.kv_cache_dtype, cap=args.kv_cache_memory,
+                                blocks=stats.num_total_blocks,
+                                preemptions=stats.num_preemptions),
                   seconds=elapsed, output_tokens=generated,
                   output_tok_s=generated / elapsed, startup_s=startup,
                   total_tok_s=(generated + sum(map(len, prompts))) / elapsed, profile=profile)
@@ -149,7 +161,8 @@ def memory_check(llm, params, args, allocated_before: int) -> dict:
     import torch
     rounds = args.memory_rounds
     for r in range(rounds):
-        batch = make_prompts(args.num_prompts, 16, 256, args.seed + 100 + r)
+        batch = make_prompts(args.num_prompts, 16, 256, args.seed + 100 + r,
+                             prompt_vocab(args.shape))
         short = type(params)(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False)
         llm.generate([{"prompt_token_ids": p} for p in batch], short, use_tqdm=False)
     torch.cuda.synchronize()
@@ -163,7 +176,7 @@ def run_transformers(args, prompts) -> dict:
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-    model_dir = write_llama8b_config(tempfile.mkdtemp(), eos_token_id=None)
+    model_dir = write_shape_config(args.shape, tempfile.mkdtemp(), eos_token_id=None)
     config = AutoConfig.from_pretrained(model_dir)
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16,
@@ -190,7 +203,8 @@ def run_vllm(args, prompts) -> dict:
 def child(args) -> None:
     import logging
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed)
+    prompts = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed,
+                           prompt_vocab(args.shape))
     runner = {"tamis": run_tamis, "transformers": run_transformers, "vllm": run_vllm}[args.engine]
     try:
         result = runner(args, prompts)
@@ -209,7 +223,8 @@ def parent(args) -> None:
 def print_table(rows: list[dict], args) -> None:
     tamis = next((r for r in rows if r["engine"] == "tamis" and "error" not in r), None)
     print(f"\nW1 offline: {args.num_prompts} requests, prompts {args.min_prompt}-{args.max_prompt} "
-          f"random tokens, {args.output_len} output tokens, Llama-3.1-8B shape, dummy bf16")
+          f"random tokens, {args.output_len} output tokens, "
+          f"{describe(args.shape, args.quantization)}")
     print("| engine | output tok/s | seconds | tamis / this |\n|---|---|---|---|")
     for r in rows:
         if "error" in r:
@@ -218,7 +233,8 @@ def print_table(rows: list[dict], args) -> None:
         ratio = f"{tamis['output_tok_s'] / r['output_tok_s']:.2f}" if tamis else ""
         print(f"| {r['engine']} (measured) | {r['output_tok_s']:,.0f} | {r['seconds']:.1f} | {ratio} |")
     measured = {r["engine"].split()[0] for r in rows if "error" not in r}
-    for name, figure in RECORDED_PEERS.items():
+    recorded = RECORDED_PEERS if (args.shape, args.quantization) == (DEFAULT_SHAPE, None) else {}
+    for name, figure in recorded.items():
         if name in measured:
             continue
         ratio = f"{tamis['output_tok_s'] / figure:.2f}" if tamis else ""
@@ -244,6 +260,7 @@ def main() -> None:
     parser.add_argument("--engine", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     add_w1_workload_args(parser)
+    add_shape_args(parser)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--hf-num-prompts", type=int, default=0,
@@ -260,6 +277,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     args = parser.parse_args()
+    if args.quantization and "transformers" in (args.engine or args.engines).split(","):
+        parser.error("--quantization applies to tamis and vLLM; run transformers without it")
     if args.engine:
         child(args)
     else:
