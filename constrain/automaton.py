@@ -11,95 +11,39 @@ state can be completed: a live state is never a dead end.
 """
 from __future__ import annotations
 
-import gc
 import threading
-from contextlib import contextmanager
 
 import numpy as np
 
 from . import regex_ast as ra
 from . import deadline
 from .errors import ConstraintError
+from .nfa import MAX_NFA_STATES, NFA
 from .utf8 import utf8_sequences
 
 DEAD = -1
 UNCOMPUTED = -2
-MAX_NFA_STATES = 400_000
-
-
-class NFA:
-    """States are ints; ``edges[q]`` = list of (byte_lo, byte_hi, target); ``eps[q]`` = targets."""
-
-    def __init__(self):
-        self.edges: list[list[tuple[int, int, int]]] = []
-        self.eps: list[list[int]] = []
-        # set by constructs that can leave a state unable to reach the accept state (empty
-        # classes/alternations, products, residue automata): only then is ``_trim`` needed
-        self.may_dead_end = False
-
-    def reserve(self, count: int) -> None:
-        """Appends ``count`` fresh states at once."""
-        if len(self.edges) + count > MAX_NFA_STATES:
-            raise ConstraintError(
-                f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
-                "(reduce repetition counts such as maxLength/maxItems or {m,n})")
-        deadline.check()
-        self.edges.extend([[] for _ in range(count)])
-        self.eps.extend([[] for _ in range(count)])
-
-    def new_state(self) -> int:
-        if len(self.edges) >= MAX_NFA_STATES:
-            raise ConstraintError(
-                f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
-                "(reduce repetition counts such as maxLength/maxItems or {m,n})")
-        if len(self.edges) & 1023 == 0:
-            deadline.check()
-        self.edges.append([])
-        self.eps.append([])
-        return len(self.edges) - 1
-
-    def seal(self) -> None:
-        """Turns the per-state lists into tuples once the automaton is built. A large
-        constraint's NFA has hundreds of thousands of states, kept alive by its lazy DFA:
-        as lists, every one of them is rescanned by each full garbage collection (seconds
-        in a long-running engine); tuples of ints drop out of the collector's tracking."""
-        self.edges = [tuple(out) for out in self.edges]
-        self.eps = [tuple(out) for out in self.eps]
 
 
 def build_nfa(node) -> tuple[NFA, int, int]:
+    """(sealed NFA, start, accept) of ``node``, trimmed when a construct may dead-end."""
     # A tree past twice the limit is refused before building; below that, fragments
     # replaced by their minimal DFA may still fit (the states are counted as they come).
     if ra.tree_size(node) > 2 * MAX_NFA_STATES:
         raise ConstraintError(
             f"constraint too large: its automaton would exceed {MAX_NFA_STATES} states "
             "(reduce repetition counts such as maxLength/maxItems, or shared definitions)")
-    with _gc_paused():
-        nfa = NFA()
-        start = nfa.new_state()
-        accept = _build(nfa, node, start)
-        if nfa.may_dead_end:
-            _trim(nfa, accept)
-        nfa.seal()
+    nfa = NFA()
+    start = nfa.new_state()
+    accept = _build(nfa, node, start)
+    nfa.seal(accept)
     return nfa, start, accept
 
 
-@contextmanager
-def _gc_paused():
-    """Building an NFA allocates ~10 small lists per state, none of them cyclic garbage:
-    the cyclic collector would rescan the growing graph over and over (~40% of the time)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 # Fragments of shared sub-expressions, built once and then copied with an offset: the AST is
-# a DAG (one whitespace node, one string node... used in many places), and copying a list of
-# edges is far cheaper than rebuilding it node by node.
+# a DAG (one whitespace node, one string node... used in many places), and copying a
+# fragment's edge arrays is far cheaper than rebuilding it node by node. A fragment is
+# (node, its sealed NFA with state 0 its start, its end state).
 _FRAGMENTS: dict = {}
 _FRAGMENT_MIN_SIZE = 8
 _FRAGMENTS_MAX = 4096
@@ -155,7 +99,7 @@ def _pasted_again(fragment) -> tuple:
     node = fragment[0]
     count = _PASTES.get(id(node), 0) + 1
     _PASTES[id(node)] = count
-    if count != MINIMIZE_AFTER_PASTES or len(fragment[1]) > MAX_MINIMIZED_NFA:
+    if count != MINIMIZE_AFTER_PASTES or fragment[1].num_states > MAX_MINIMIZED_NFA:
         return fragment
     key = node if ra.is_small(node) else None     # small nodes recur in every compile (whitespace)
     minimal = _MINIMAL.get(key, _UNKNOWN) if key is not None else _UNKNOWN
@@ -172,62 +116,32 @@ def _pasted_again(fragment) -> tuple:
     return fragment
 
 
-_MINIMAL: dict = {}      # small node (by value) -> its minimized fragment, None if no smaller
+_MINIMAL: dict = {}      # small node (by value) -> its minimized (NFA, end), None if no smaller
 _UNKNOWN = object()
 
 
 def _minimal(fragment) -> tuple | None:
-    """(edges, eps, end, may_dead_end, enters_start) of ``fragment``'s minimal DFA, or None
-    when that is no smaller."""
+    """(sealed NFA, end) of ``fragment``'s minimal DFA, or None when that is no smaller."""
     from .minimize import minimal_fragment        # it builds a LazyDFA of the fragment
-    local = NFA()
-    local.edges, local.eps = list(fragment[1]), list(fragment[2])
-    minimal = minimal_fragment(local, 0, fragment[3])
-    if minimal is None or len(minimal[0].edges) >= len(local.edges):
+    _, local, end = fragment
+    minimal = minimal_fragment(local, 0, end)
+    if minimal is None or minimal[0].num_states >= local.num_states:
         return None
-    small, end = minimal
-    small.seal()
-    return (small.edges, small.eps, end, False, False)
+    return minimal
 
 
 def _record(node) -> tuple:
-    """(node, edges, eps, end, may_dead_end, enters_start) of ``node`` built alone, states
-    numbered from 0 (= its start); ``enters_start``: some edge leads back to state 0."""
+    """(node, sealed NFA, end) of ``node`` built alone, states numbered from 0 (= its start)."""
     local = NFA()
     start = local.new_state()
     end = _build_node(local, node, start)
-    enters_start = any(t == 0 for edges in local.edges for _, _, t in edges) \
-        or any(0 in eps for eps in local.eps)
     local.seal()
-    return (node, local.edges, local.eps, end, local.may_dead_end, enters_start)
+    return (node, local, end)
 
 
 def _paste(nfa: NFA, fragment, start: int) -> int:
-    _, edges, eps, end, may_dead_end, enters_start = fragment
-    nfa.may_dead_end |= may_dead_end
-    offset = len(nfa.edges) - 1          # local state 0 is ``start``; others are appended
-    count = len(edges)
-    nfa.reserve(0)
-    if len(nfa.edges) + count - 1 > MAX_NFA_STATES:
-        nfa.reserve(count - 1)           # raises the size error
-
-    def shift(q: int) -> int:
-        return start if q == 0 else q + offset
-    if enters_start:
-        nfa.reserve(count - 1)
-        for q in range(count):
-            target = start if q == 0 else q + offset
-            if edges[q]:
-                nfa.edges[target].extend([(lo, hi, shift(t)) for lo, hi, t in edges[q]])
-            if eps[q]:
-                nfa.eps[target].extend([shift(t) for t in eps[q]])
-        return shift(end)
-    # no edge re-enters state 0: every target is simply shifted by ``offset``
-    nfa.edges[start].extend([(lo, hi, t + offset) for lo, hi, t in edges[0]])
-    nfa.eps[start].extend([t + offset for t in eps[0]])
-    nfa.edges.extend([[(lo, hi, t + offset) for lo, hi, t in out] for out in edges[1:]])
-    nfa.eps.extend([[t + offset for t in out] for out in eps[1:]])
-    return shift(end)
+    _, local, end = fragment
+    return nfa.paste(local, start, end)
 
 
 def _build_node(nfa: NFA, node, start: int) -> int:
@@ -244,8 +158,8 @@ def _build_node(nfa: NFA, node, start: int) -> int:
         nfa.may_dead_end |= not node[1]
         for child in node[1]:
             branch = nfa.new_state()
-            nfa.eps[start].append(branch)
-            nfa.eps[_build(nfa, child, branch)].append(end)
+            nfa.add_eps(start, branch)
+            nfa.add_eps(_build(nfa, child, branch), end)
         return end
     if kind == "rep":
         return _build_rep(nfa, node[1], node[2], node[3], start)
@@ -273,12 +187,12 @@ def _build_chars(nfa: NFA, ranges, start: int) -> int:
         state = before.get(rest)
         if state is None:
             state = before[rest] = nfa.new_state()
-            nfa.edges[state].append((rest[0][0], rest[0][1], reading(rest[1:])))
+            nfa.add_edge(state, rest[0][0], rest[0][1], reading(rest[1:]))
         return state
     for lo, hi in ranges:
         for byte_ranges in utf8_sequences(lo, hi):
             first_lo, first_hi = byte_ranges[0]
-            nfa.edges[start].append((first_lo, first_hi, reading(byte_ranges[1:])))
+            nfa.add_edge(start, first_lo, first_hi, reading(byte_ranges[1:]))
     return end
 
 
@@ -289,14 +203,14 @@ def _build_rep(nfa: NFA, child, lo: int, hi: int | None, start: int) -> int:
     end = nfa.new_state()
     if hi is None:
         loop = nfa.new_state()
-        nfa.eps[state].append(loop)
-        nfa.eps[loop].append(end)
-        nfa.eps[_build(nfa, child, loop)].append(loop)
+        nfa.add_eps(state, loop)
+        nfa.add_eps(loop, end)
+        nfa.add_eps(_build(nfa, child, loop), loop)
         return end
     for _ in range(hi - lo):
-        nfa.eps[state].append(end)
+        nfa.add_eps(state, end)
         state = _build(nfa, child, state)
-    nfa.eps[state].append(end)
+    nfa.add_eps(state, end)
     return end
 
 
@@ -309,21 +223,21 @@ def _build_props(nfa: NFA, node, start: int) -> int:
     for member, required in members:
         nxt_some = nfa.new_state()
         if none_track is not None:
-            nfa.eps[_build(nfa, member, none_track)].append(nxt_some)
+            nfa.add_eps(_build(nfa, member, none_track), nxt_some)
         if some_track is not None:
-            nfa.eps[_build(nfa, ra.seq(sep, member), some_track)].append(nxt_some)
+            nfa.add_eps(_build(nfa, ra.seq(sep, member), some_track), nxt_some)
             if not required:
-                nfa.eps[some_track].append(nxt_some)
+                nfa.add_eps(some_track, nxt_some)
         nxt_none = None
         if none_track is not None and not required:
             nxt_none = nfa.new_state()
-            nfa.eps[none_track].append(nxt_none)
+            nfa.add_eps(none_track, nxt_none)
         none_track, some_track = nxt_none, nxt_some
     end = nfa.new_state()
     if none_track is not None:
-        nfa.eps[_build(nfa, tail_none, none_track)].append(end)
+        nfa.add_eps(_build(nfa, tail_none, none_track), end)
     if some_track is not None:
-        nfa.eps[_build(nfa, tail_some, some_track)].append(end)
+        nfa.add_eps(_build(nfa, tail_some, some_track), end)
     return end
 
 
@@ -340,62 +254,41 @@ def _build_multiple(nfa: NFA, m: int, p: int, start: int) -> int:
     end = nfa.new_state()
     integer = [nfa.new_state() for _ in range(m)]          # residue after >= 1 integer digit
     zero = nfa.new_state()                                  # the integer part "0"
-    nfa.edges[start].append((0x30, 0x30, zero))
+    nfa.add_edge(start, 0x30, 0x30, zero)
     for d in range(1, 10):
-        nfa.edges[start].append((0x30 + d, 0x30 + d, integer[d % m]))
+        nfa.add_edge(start, 0x30 + d, 0x30 + d, integer[d % m])
     for r in range(m):
         for d in range(10):
-            nfa.edges[integer[r]].append((0x30 + d, 0x30 + d, integer[(r * 10 + d) % m]))
+            nfa.add_edge(integer[r], 0x30 + d, 0x30 + d, integer[(r * 10 + d) % m])
     fraction = [[nfa.new_state() for _ in range(m)] for _ in range(p + 1)]   # [digits read][residue]
     tail_zeros = nfa.new_state()
     for r, state in [(0, zero)] + list(enumerate(integer)):
         if (r * 10 ** p) % m == 0:
-            nfa.eps[state].append(end)
+            nfa.add_eps(state, end)
         if p > 0:
             dot = nfa.new_state()
-            nfa.edges[state].append((0x2E, 0x2E, dot))
+            nfa.add_edge(state, 0x2E, 0x2E, dot)
             for d in range(10):
-                nfa.edges[dot].append((0x30 + d, 0x30 + d, fraction[1][(r * 10 + d) % m]))
+                nfa.add_edge(dot, 0x30 + d, 0x30 + d, fraction[1][(r * 10 + d) % m])
         elif r == 0:
-            nfa.edges[state].append((0x2E, 0x2E, tail_zeros_first := nfa.new_state()))
-            nfa.edges[tail_zeros_first].append((0x30, 0x30, tail_zeros))
+            nfa.add_edge(state, 0x2E, 0x2E, tail_zeros_first := nfa.new_state())
+            nfa.add_edge(tail_zeros_first, 0x30, 0x30, tail_zeros)
     for j in range(1, p + 1):
         for r in range(m):
             state = fraction[j][r]
             if (r * 10 ** (p - j)) % m == 0:
-                nfa.eps[state].append(end)
+                nfa.add_eps(state, end)
             if j < p:
                 for d in range(10):
-                    nfa.edges[state].append((0x30 + d, 0x30 + d, fraction[j + 1][(r * 10 + d) % m]))
+                    nfa.add_edge(state, 0x30 + d, 0x30 + d, fraction[j + 1][(r * 10 + d) % m])
             elif r == 0:
-                nfa.edges[state].append((0x30, 0x30, tail_zeros))
-    nfa.edges[tail_zeros].append((0x30, 0x30, tail_zeros))
-    nfa.eps[tail_zeros].append(end)
+                nfa.add_edge(state, 0x30, 0x30, tail_zeros)
+    nfa.add_edge(tail_zeros, 0x30, 0x30, tail_zeros)
+    nfa.add_eps(tail_zeros, end)
     return end
 
 
 _DEAD_ROW = np.full(256, DEAD, dtype=np.int32)
-
-
-def _trim(nfa: NFA, accept: int) -> None:
-    """Drops edges into states that cannot reach ``accept`` (so no live DFA state is a dead end)."""
-    reverse: list[list[int]] = [[] for _ in nfa.edges]
-    for q, edges in enumerate(nfa.edges):
-        for _, _, t in edges:
-            reverse[t].append(q)
-        for t in nfa.eps[q]:
-            reverse[t].append(q)
-    alive = bytearray(len(nfa.edges))
-    alive[accept] = 1
-    stack = [accept]
-    while stack:
-        for p in reverse[stack.pop()]:
-            if not alive[p]:
-                alive[p] = 1
-                stack.append(p)
-    for q in range(len(nfa.edges)):
-        nfa.edges[q] = [e for e in nfa.edges[q] if alive[e[2]]]
-        nfa.eps[q] = [t for t in nfa.eps[q] if alive[t]]
 
 
 class LazyDFA:
@@ -429,8 +322,9 @@ class LazyDFA:
             return self._state_of(nfa_set)
 
     def _setup(self, nfa: NFA, nfa_accept: int) -> None:
+        nfa.seal()
         self.nfa, self.nfa_accept = nfa, nfa_accept
-        self._byte_class, self._class_of = _byte_classes(self.nfa)
+        self._byte_class, self._class_of = nfa.byte_classes()
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
         self._closures: dict[int, frozenset] = {}
@@ -505,12 +399,13 @@ class LazyDFA:
         return frozenset(out)
 
     def _closure_of(self, q: int) -> frozenset:
+        nfa = self.nfa
         seen, stack, important = {q}, [q], set()
         while stack:
             p = stack.pop()
-            if self.nfa.edges[p] or p == self.nfa_accept:
+            if nfa.has_edges(p) or p == self.nfa_accept:
                 important.add(p)
-            for t in self.nfa.eps[p]:
+            for t in nfa.eps_of(p):
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
@@ -536,7 +431,7 @@ class LazyDFA:
         found = self._class_edges.get(q)
         if found is None:
             cls = self._class_of
-            found = tuple((cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges[q])
+            found = tuple((cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges_of(q))
             self._class_edges[q] = found
         return found
 
@@ -554,18 +449,3 @@ class LazyDFA:
                 memo[key] = self._state_of(self._closure(key))
             by_class[c] = memo[key]
         self.trans[state] = by_class[self._byte_class]
-
-
-def _byte_classes(nfa: NFA):
-    """Partitions 0..255 into classes no edge splits; returns (byte -> class as an array,
-    the same as a list)."""
-    cuts = {0, 256}
-    for edges in nfa.edges:
-        for lo, hi, _ in edges:
-            cuts.add(lo)
-            cuts.add(hi + 1)
-    bounds = sorted(cuts)
-    byte_class = np.zeros(256, dtype=np.int64)
-    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        byte_class[a:b] = c
-    return byte_class, byte_class.tolist()

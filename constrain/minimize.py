@@ -20,7 +20,7 @@ MAX_FRAGMENT_STATES = 256
 
 
 def minimal_fragment(nfa: NFA, start: int, end: int) -> tuple[NFA, int] | None:
-    """(fragment, its end) with state 0 its start, never re-entered and the end without
+    """(sealed fragment, its end) with state 0 its start, never re-entered and the end without
     edges (as ``automaton._paste`` wants them); None past ``MAX_FRAGMENT_STATES`` DFA states
     or for an empty language."""
     dfa = LazyDFA.from_nfa(nfa, end)
@@ -92,9 +92,10 @@ def _written(rows, accepting, live, classes) -> tuple[NFA, int]:
     for state, s in [(0, 0)] + [(number[c], representative[c]) for c in kept]:
         targets = np.where(rows[s] >= 0, classes[np.maximum(rows[s], 0)], -1)
         for lo, hi, c in _runs(targets):
-            out.edges[state].append((lo, hi, number[c]))
+            out.add_edge(state, lo, hi, number[c])
         if accepting[s]:
-            out.eps[state].append(end)
+            out.add_eps(state, end)
+    out.seal()
     return out, end
 
 

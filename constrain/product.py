@@ -76,17 +76,17 @@ class _ProductBuilder:
         end = nfa.new_state()
         if left.start == DEAD:
             return end                  # empty language: nothing reaches the end
-        nfa.eps[start].append(self._state((left.start, right.start)))
+        nfa.add_eps(start, self._state((left.start, right.start)))
         alphabet = 256 if self.classes is None else len(self.classes)
         while self.queue:
             pair = self.queue.pop()
             here = self.ids[pair]
             in_right = pair[1] != DEAD and right.is_accepting(pair[1])
             if left.is_accepting(pair[0]) and in_right != self.diff:
-                nfa.eps[here].append(end)
+                nfa.add_eps(here, end)
             for lo, hi, target in self._pair_runs(pair, alphabet):
                 if self.classes is None:
-                    nfa.edges[here].append((lo, hi, self._state(target)))
+                    nfa.add_edge(here, lo, hi, self._state(target))
                 else:
                     self._char_edges(here, range(lo, hi + 1), self._state(target))
         return end
@@ -130,7 +130,7 @@ class _ProductBuilder:
             paths = self.paths[key] = [p for lo, hi in ranges for p in utf8_sequences(lo, hi)]
         for path in paths:
             lo, hi = path[0]
-            self.nfa.edges[here].append((lo, hi, self._hop(target, path[1:])))
+            self.nfa.add_edge(here, lo, hi, self._hop(target, path[1:]))
 
     def _hop(self, target: int, rest: tuple) -> int:
         """The state from which ``rest`` (byte ranges) leads to ``target``."""
@@ -140,7 +140,7 @@ class _ProductBuilder:
         if found is None:
             found = self.hops[(target, rest)] = self.nfa.new_state()
             lo, hi = rest[0]
-            self.nfa.edges[found].append((lo, hi, self._hop(target, rest[1:])))
+            self.nfa.add_edge(found, lo, hi, self._hop(target, rest[1:]))
         return found
 
 

@@ -13,7 +13,7 @@ Protocol, one pair of pipes per worker:
 
     parent -> worker                         worker -> parent
     ("tokenizer", token_bytes, eos, vocab)   (once, at start)
-    ("nfa", key, edges, eps, accept)         (once per constraint and worker)
+    ("nfa", key, nfa, accept)                (once per constraint and worker: a sealed NFA)
     ("rows", key, [NFA state set, ...])      [row bytes | None, ...], or "unknown" (the
                                              worker dropped ``key``: the NFA is sent again)
     ("expand", key, [NFA state set, ...])    later: ("near", key, [NFA state set, ...])
@@ -75,7 +75,7 @@ class _Worker:
         """Sends a job over ``states`` of ``compiled`` (its NFA first, if this worker lacks it)."""
         if key not in self.known:
             nfa = compiled.dfa.nfa
-            self.send_end.send(("nfa", key, nfa.edges, nfa.eps, compiled.dfa.nfa_accept))
+            self.send_end.send(("nfa", key, compiled.dfa.nfa, compiled.dfa.nfa_accept))
             self.known.add(key)
         self.send_end.send((kind, key, [tuple(compiled.dfa.sets[s]) for s in states]))
 
@@ -362,10 +362,8 @@ class _Serving:
         eos[list(self.info.eos_token_ids)] = True
         self.eos_row = pack_bits(eos, self.info.num_words)
 
-    def _nfa(self, key, edges, eps, accept) -> None:
-        from .automaton import NFA, LazyDFA
-        nfa = NFA()
-        nfa.edges, nfa.eps = edges, eps
+    def _nfa(self, key, nfa, accept) -> None:
+        from .automaton import LazyDFA
         self.dfas[key] = LazyDFA.from_nfa(nfa, accept)
         while len(self.dfas) > _KEEP:
             self.dfas.popitem(last=False)

@@ -1,0 +1,159 @@
+"""A byte-level Thompson NFA kept in flat int arrays.
+
+States are the ints ``0 .. num_states - 1``. While it is built, each byte-range edge is
+appended to one flat array as ``q, lo, hi, t`` and each epsilon edge to another as
+``q, t``, in any order; ``seal()`` sorts both by source state (offsets per state, as in a
+CSR matrix), and from then on ``edges_of(q)`` / ``eps_of(q)`` read one state's edges::
+
+    edge_start  [0, 2, 2, 3, ...]        edges of q: rows edge_start[q] .. edge_start[q+1]
+    edge_lo     [0x61, 0x30, 0x22, ...]  edge_hi, edge_to: the same rows
+    eps_start / eps_to                   the same for epsilon edges
+
+Why flat: a large constraint's NFA has hundreds of thousands of states, kept alive by its
+lazy DFA for as long as the constraint is cached. A list or tuple per state is an object
+the garbage collector tracks, and a full collection over a few such NFAs took up to a
+second inside a mask fill; ``array('i')`` and numpy arrays are objects it never looks into.
+Copying a fragment (``paste``) is one vectorised shift, and a sealed NFA pickles as a few
+byte strings (``row_workers``).
+"""
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from . import deadline
+from .errors import ConstraintError
+
+MAX_NFA_STATES = 400_000
+
+
+def _too_large() -> ConstraintError:
+    return ConstraintError(
+        f"constraint too large: its automaton exceeds {MAX_NFA_STATES} states "
+        "(reduce repetition counts such as maxLength/maxItems or {m,n})")
+
+
+class NFA:
+    """Building: ``new_state``, ``reserve``, ``add_edge``, ``add_eps``, ``paste``; then
+    ``seal`` once; then reading: ``edges_of``, ``eps_of``, ``has_edges``, ``byte_classes``.
+    ``may_dead_end`` is set by constructs that can leave a state unable to reach the accept
+    state (empty classes/alternations, products, residue automata): only then does
+    ``seal(accept)`` need to trim."""
+
+    def __init__(self):
+        self.num_states = 0
+        self.may_dead_end = False
+        self.sealed = False
+        self._edges = array("i")        # q, lo, hi, t per edge, while building
+        self._eps = array("i")          # q, t per epsilon edge, while building
+
+    # ---- building ------------------------------------------------------------------------
+    def new_state(self) -> int:
+        if self.num_states >= MAX_NFA_STATES:
+            raise _too_large()
+        if self.num_states & 1023 == 0:
+            deadline.check()
+        self.num_states += 1
+        return self.num_states - 1
+
+    def reserve(self, count: int) -> int:
+        """Appends ``count`` fresh states at once; returns the first of them."""
+        if self.num_states + count > MAX_NFA_STATES:
+            raise _too_large()
+        deadline.check()
+        first = self.num_states
+        self.num_states += count
+        return first
+
+    def add_edge(self, q: int, lo: int, hi: int, t: int) -> None:
+        self._edges.extend((q, lo, hi, t))
+
+    def add_eps(self, q: int, t: int) -> None:
+        self._eps.extend((q, t))
+
+    def paste(self, fragment: "NFA", start: int, end: int) -> int:
+        """Copies the sealed ``fragment``: its state 0 becomes ``start``, its other states
+        are appended; returns where its state ``end`` went."""
+        assert fragment.sealed and not self.sealed
+        self.may_dead_end |= fragment.may_dead_end
+        offset = self.reserve(fragment.num_states - 1) - 1
+
+        def shifted(table: np.ndarray, columns: tuple) -> bytes:
+            out = table.copy()
+            for c in columns:
+                out[:, c] = np.where(out[:, c] == 0, start, out[:, c] + offset)
+            return out.tobytes()
+        self._edges.frombytes(shifted(fragment.edge_table, (0, 3)))
+        self._eps.frombytes(shifted(fragment.eps_table, (0, 1)))
+        return start if end == 0 else end + offset
+
+    def seal(self, accept: int | None = None) -> None:
+        """Sorts the edges by source state; with ``accept`` and ``may_dead_end``, first drops
+        the edges into states that cannot reach ``accept`` (so that no live DFA state is a
+        dead end). Idempotent."""
+        if self.sealed:
+            return
+        edges = np.frombuffer(self._edges, dtype=np.int32).reshape(-1, 4)
+        eps = np.frombuffer(self._eps, dtype=np.int32).reshape(-1, 2)
+        if accept is not None and self.may_dead_end:
+            alive = _reaching(self.num_states, edges, eps, accept)
+            edges, eps = edges[alive[edges[:, 3]]], eps[alive[eps[:, 1]]]
+        self.edge_table = _by_source(edges)
+        self.eps_table = _by_source(eps)
+        self.edge_start = _starts(self.edge_table[:, 0], self.num_states)
+        self.edge_lo, self.edge_hi, self.edge_to = (array("i", self.edge_table[:, c].tobytes())
+                                                    for c in (1, 2, 3))
+        self.eps_start = _starts(self.eps_table[:, 0], self.num_states)
+        self.eps_to = array("i", self.eps_table[:, 1].tobytes())
+        self._edges = self._eps = None
+        self.sealed = True
+
+    # ---- reading (sealed) ----------------------------------------------------------------
+    def edges_of(self, q: int) -> tuple:
+        """((lo, hi, target), ...) of state ``q``."""
+        a, b = self.edge_start[q], self.edge_start[q + 1]
+        return tuple(zip(self.edge_lo[a:b], self.edge_hi[a:b], self.edge_to[a:b]))
+
+    def eps_of(self, q: int) -> array:
+        return self.eps_to[self.eps_start[q]:self.eps_start[q + 1]]
+
+    def has_edges(self, q: int) -> bool:
+        return self.edge_start[q + 1] > self.edge_start[q]
+
+    def byte_classes(self) -> tuple[np.ndarray, list]:
+        """Partitions 0..255 into classes no edge splits; returns (byte -> class as an
+        int64 array, the same as a list)."""
+        cuts = np.unique(np.concatenate(([0, 256], self.edge_table[:, 1],
+                                         self.edge_table[:, 2].astype(np.int64) + 1)))
+        byte_class = np.searchsorted(cuts, np.arange(256), side="right") - 1
+        return byte_class.astype(np.int64), byte_class.tolist()
+
+
+def _by_source(table: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(table[np.argsort(table[:, 0], kind="stable")], dtype=np.int32)
+
+
+def _starts(sources: np.ndarray, num_states: int) -> array:
+    """Offsets per state (``num_states + 1`` of them) into rows sorted by source."""
+    starts = np.searchsorted(sources, np.arange(num_states + 1)).astype(np.int32)
+    return array("i", starts.tobytes())
+
+
+def _reaching(num_states: int, edges: np.ndarray, eps: np.ndarray, accept: int) -> np.ndarray:
+    """bool[num_states]: the states with a path (over any edges) to ``accept``."""
+    sources = np.concatenate((edges[:, 0], eps[:, 0]))
+    targets = np.concatenate((edges[:, 3], eps[:, 1]))
+    order = np.argsort(targets, kind="stable")
+    preds = sources[order].tolist()
+    start = np.searchsorted(targets[order], np.arange(num_states + 1)).tolist()
+    alive = bytearray(num_states)
+    alive[accept] = 1
+    stack = [accept]
+    while stack:
+        q = stack.pop()
+        for p in preds[start[q]:start[q + 1]]:
+            if not alive[p]:
+                alive[p] = 1
+                stack.append(p)
+    return np.frombuffer(bytes(alive), dtype=np.uint8).astype(bool)
