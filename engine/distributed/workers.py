@@ -25,13 +25,14 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator, NoReturn
 
 import torch
 
 from tamis.engine.distributed.channels import PipeEnd, PipeLinks, StoreEnd, StoreLinks
 from tamis.engine.distributed.parallel_state import (SINGLE, SINGLE_STAGE, connect_store,
                                                      make_groups)
+from tamis.engine.distributed.torchrun import TorchrunRank
 
 LOOPBACK = "127.0.0.1"
 _POLL_S = 0.05
@@ -92,17 +93,29 @@ def ranks_per_node(config) -> int:
 
 def worker_main(config, rank: int, store_address: tuple[str, int], device_type: str,
                 conn=None) -> None:
-    """Entry point of rank ``rank``'s process: on rank 0's host ``conn`` is its pipe,
-    on another host (``conn`` None) it talks through the store at ``store_address``."""
-    end = PipeEnd(conn) if conn is not None else None
+    """Entry point of rank ``rank``'s process when a tamis process spawned it: on rank 0's
+    host ``conn`` is its pipe, on another host (``conn`` None) it talks through the store
+    at ``store_address``."""
+    def connect():
+        return connect_store(*store_address, config.world_size, False, STARTUP_TIMEOUT_S)
+
+    run_rank(config, rank, rank % ranks_per_node(config), connect, device_type,
+             PipeEnd(conn) if conn is not None else None)
+
+
+def run_rank(config, rank: int, local_rank: int, connect: Callable[[], object],
+             device_type: str, end=None) -> NoReturn:
+    """Runs rank ``rank`` (the ``local_rank``-th of its host) until rank 0 stops it, then
+    exits the process: 0 when stopped or rank 0 is gone, 1 when this rank failed.
+    ``connect()`` returns the rendezvous store; ``end`` is the rank's pipe to rank 0, or
+    None to take commands from the store."""
     try:
-        size = config.world_size
-        device = rank_device(torch.device(device_type), rank % ranks_per_node(config))
+        device = rank_device(torch.device(device_type), local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         else:   # the ranks share the host's cores
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_per_node(config)))
-        store = connect_store(*store_address, size, False, STARTUP_TIMEOUT_S)
+        store = connect()
         end = end or StoreEnd(store, rank)
         end.report(("joining",))
         tp, pp = make_groups(store, rank, config.tensor_parallel_size,
@@ -186,26 +199,51 @@ class WorkerPool:
 
     @classmethod
     def start(cls, config, device: torch.device) -> "WorkerPool":
-        """Spawns this host's ranks and joins the groups with every rank (rank 0's groups
-        in ``.tp``, ``.pp``)."""
-        size, local = config.world_size, ranks_per_node(config)
-        host, port = (LOOPBACK, 0) if config.nnodes == 1 else (config.master_addr,
-                                                             config.master_port)
-        store = connect_store(host, port, size, True, STARTUP_TIMEOUT_S)
-        single_host = config.nnodes == 1
-        processes, conns = spawn_ranks(config, range(1, local), (host, store.port),
-                                       device.type, with_pipes=single_host)
-        links = PipeLinks(conns) if single_host else StoreLinks(store, range(1, size))
-        pool = cls(processes, links, range(1, size))
-        pool._store = store
+        """Starts this host's other ranks (none under torchrun, which started them) and
+        joins the groups with every rank (rank 0's groups in ``.tp``, ``.pp``)."""
+        launch = TorchrunRank.from_environ()
+        if launch is not None:
+            pool = cls._of_torchrun(config, launch)
+        else:
+            pool = cls._spawned(config, device)
         try:
             pool._expect("joining", STARTUP_TIMEOUT_S)
-            pool.tp, pool.pp = make_groups(store, 0, config.tensor_parallel_size,
+            pool.tp, pool.pp = make_groups(pool._store, 0, config.tensor_parallel_size,
                                            config.pipeline_parallel_size, device,
                                            collective_timeout_s())
         except BaseException:
             pool.close()
             raise
+        return pool
+
+    @classmethod
+    def _spawned(cls, config, device: torch.device) -> "WorkerPool":
+        """Serves the store; spawns ranks 1.. of this host, the others join from theirs."""
+        size, local = config.world_size, ranks_per_node(config)
+        single_host = config.nnodes == 1
+        host, port = (LOOPBACK, 0) if single_host else (config.master_addr, config.master_port)
+        store = connect_store(host, port, size, True, STARTUP_TIMEOUT_S)
+        processes, conns = spawn_ranks(config, range(1, local), (host, store.port),
+                                       device.type, with_pipes=single_host)
+        links = PipeLinks(conns) if single_host else StoreLinks(store, range(1, size))
+        pool = cls(processes, links, range(1, size))
+        pool._store = store
+        return pool
+
+    @classmethod
+    def _of_torchrun(cls, config, launch: TorchrunRank) -> "WorkerPool":
+        """Every other rank is a process torchrun started: they join through its store.
+        Their failures reach rank 0 as error reports and failed collectives, and torchrun
+        stops every rank when one exits with an error."""
+        if launch.rank != 0:
+            raise ValueError(f"torchrun's rank {launch.rank} cannot run the engine (rank 0 "
+                             f"does): run python -m tamis.engine.distributed.node under "
+                             f"torchrun")
+        launch.check(config)
+        store = launch.connect_store(STARTUP_TIMEOUT_S)
+        pool = cls({}, StoreLinks(store, range(1, config.world_size)),
+                   range(1, config.world_size))
+        pool._store = store
         return pool
 
     def wait_ready(self) -> None:

@@ -1,0 +1,81 @@
+"""Launching under torchrun: ``torchrun --nproc-per-node 2 -m tamis.engine.distributed.node
+generate ...`` makes each process one rank (rank 0 the engine, rank 1 its shard) and prints
+TP=1's greedy text; how torchrun's environment is read and checked."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tamis.engine.config import EngineConfig
+from tamis.engine.distributed.node import main as node_main
+from tamis.engine.distributed.torchrun import TorchrunRank
+from tp_helpers import close, greedy, make_engine, run
+
+PROMPTS = ["The quick brown fox", "Once upon a time there was"]
+MAX_TOKENS = 8
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
+                "--device", "cpu"]
+# torchrun's variables for rank 2 of 4, two per host: the second host's first rank.
+ENVIRON = {"TORCHELASTIC_RUN_ID": "run", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3"}
+
+
+def _torchrun(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", "2", "-m", "tamis.engine.distributed.node", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                          env=dict(os.environ, OMP_NUM_THREADS="1",
+                                   TOKENIZERS_PARALLELISM="false"))
+
+
+def test_two_torchrun_ranks_generate_like_one(tiny_checkpoint):
+    model = tiny_checkpoint("llama")
+    engine = make_engine(model, 1)
+    want = [out.outputs[0].text for out in run(engine, PROMPTS, greedy(MAX_TOKENS, None))]
+    close(engine)
+    assert all(want)   # an empty text would make the comparison vacuous
+
+    done = _torchrun(["generate", "--model", str(model), "--tensor-parallel-size", "2",
+                      *ENGINE_FLAGS, "--max-tokens", str(MAX_TOKENS), "--ignore-eos",
+                      *PROMPTS])
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == "".join(f"### {p}\n{text}\n" for p, text in zip(PROMPTS, want))
+    assert "torchrun rank 1 (local rank 1 of node 0)" in done.stderr
+
+
+def test_a_world_size_torchrun_did_not_start_is_refused(tiny_checkpoint):
+    done = _torchrun(["generate", "--model", str(tiny_checkpoint("llama")),
+                      "--tensor-parallel-size", "4", *ENGINE_FLAGS, "x"], timeout_s=60)
+    assert done.returncode != 0
+    assert "torchrun started 2 process(es)" in done.stderr
+    assert "--tensor-parallel-size 4" in done.stderr
+
+
+def test_torchrun_environment_sets_the_node_flags():
+    launch = TorchrunRank.from_environ(ENVIRON)
+    assert (launch.rank, launch.local_rank, launch.node_rank, launch.nnodes) == (2, 0, 1, 2)
+    assert launch.node_flags() == ["--nnodes", "2", "--node-rank", "1", "--master-addr",
+                                   "10.0.0.1", "--master-port", "29500"]
+    assert TorchrunRank.from_environ({k: v for k, v in ENVIRON.items() if k != "RANK"}) is None
+    launch.check(EngineConfig(model="m", tensor_parallel_size=2, pipeline_parallel_size=2))
+    with pytest.raises(ValueError, match="torchrun started 4 process"):
+        launch.check(EngineConfig(model="m", tensor_parallel_size=2))
+
+
+@pytest.mark.parametrize("argv,environ,message", [
+    (["serve", "--model", "m"], {}, "for a launch under torchrun"),
+    (["--model", "m", "-tp", "4"], ENVIRON, "name what rank 0 runs first"),
+    (["serve", "--model", "m", "-tp", "4", "--master-port=1"], ENVIRON, "drop --master-port=1"),
+])
+def test_node_refuses_a_launch_it_cannot_run(argv, environ, message, monkeypatch):
+    for name in ENVIRON:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit, match=message):
+        node_main(argv)
