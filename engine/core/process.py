@@ -282,8 +282,11 @@ def _freeze_startup_objects() -> None:
 
 
 def _serve(loop: CoreLoop, commands) -> None:
+    runner = getattr(loop.engine, "runner", None)
     while True:
-        batch = _receive_commands(commands, block=not loop.has_work)
+        if not loop.has_work:
+            _wait_for_command(commands, runner)
+        batch = _receive_commands(commands)
         stop = any(c[0] == "shutdown" for c in batch)
         loop.apply([c for c in batch if c[0] != "shutdown"])
         if stop:
@@ -292,11 +295,19 @@ def _serve(loop: CoreLoop, commands) -> None:
             loop.step()
 
 
-def _receive_commands(commands, block: bool) -> list[tuple]:
-    """Every command waiting in the pipe; waits for the first one when ``block``."""
+def _wait_for_command(commands, runner) -> None:
+    """Blocks until a command arrives. A rank process of a multi-process runner that ends
+    meanwhile raises its ``RankFailedError``: an idle engine that lost a rank must die
+    now (``/health`` 503, the server exits), not with the next request."""
+    sentinels = getattr(runner, "rank_sentinels", [])
+    if commands not in mpc.wait([commands, *sentinels]):
+        runner.check_ranks()
+        raise RuntimeError("a rank process ended but its runner reports no failure")
+
+
+def _receive_commands(commands) -> list[tuple]:
+    """Every command waiting in the pipe; EOFError once the server's end closed."""
     batch: list[tuple] = []
-    if block:
-        batch += commands.recv()
     while commands.poll():
         batch += commands.recv()
     return batch

@@ -154,6 +154,16 @@ class DriverRunner(ShardRunner):
             self.tp.broadcast(inputs.input_ids)
         return inputs
 
+    @property
+    def rank_sentinels(self) -> list[int]:
+        """Handles that become ready when a rank process of this host ends: an idle
+        engine waits on them too (``engine/core/process.py``)."""
+        return self.workers.sentinels
+
+    def check_ranks(self) -> None:
+        """RankFailedError naming the rank if a rank process of this host has ended."""
+        self.workers.check_alive()
+
     def shutdown(self) -> None:
         """Stops the other ranks (also done when the runner is collected or at exit)."""
         self._finalizer()

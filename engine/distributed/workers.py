@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import time
 import traceback
@@ -263,6 +264,18 @@ class WorkerPool:
                 time.sleep(_POLL_S)
             if message[0] != reply:
                 raise self.failure(reports={rank: message[1]})
+
+    @property
+    def sentinels(self) -> list[int]:
+        """One handle per rank process of this host, ready once that process has ended
+        (for ``multiprocessing.connection.wait``); ranks of other hosts have none."""
+        return [process.sentinel for process in self.processes.values()]
+
+    def check_alive(self) -> None:
+        """RankFailedError naming the rank if a rank process of this host has ended."""
+        # The sentinel, not is_alive(): a process may end a moment before it can be reaped.
+        if multiprocessing.connection.wait(self.sentinels, timeout=0):
+            raise self.failure()
 
     def send(self, command: tuple) -> None:
         """Sends ``command`` to every rank; RankFailedError if one is gone."""
