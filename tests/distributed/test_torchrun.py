@@ -1,17 +1,21 @@
 """Launching under torchrun: ``torchrun --nproc-per-node 2 -m tamis.engine.distributed.node
-generate ...`` makes each process one rank (rank 0 the engine, rank 1 its shard) and prints
-TP=1's greedy text; how torchrun's environment is read and checked."""
+generate|serve ...`` makes each process one rank (rank 0 the engine, rank 1 its shard), which
+prints, or serves, TP=1's greedy text; how torchrun's environment is read and checked."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
+import httpx
+import psutil
 import pytest
 
 from tamis.engine.config import EngineConfig
 from tamis.engine.distributed.node import main as node_main
 from tamis.engine.distributed.torchrun import TorchrunRank
+from live_server import _wait_loaded, free_port
 from tp_helpers import close, greedy, make_engine, run
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]
@@ -24,20 +28,30 @@ ENVIRON = {"TORCHELASTIC_RUN_ID": "run", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_
            "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3"}
 
 
+def _torchrun_command(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", "-m", "tamis.engine.distributed.node", *args]
+
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+
+
 def _torchrun(args: list[str], timeout_s: float = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "tamis.engine.distributed.node", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                          env=dict(os.environ, OMP_NUM_THREADS="1",
-                                   TOKENIZERS_PARALLELISM="false"))
+    return subprocess.run(_torchrun_command(args), capture_output=True, text=True,
+                          timeout=timeout_s, env=ENV)
+
+
+def _tp1_texts(model) -> list[str]:
+    engine = make_engine(model, 1)
+    want = [out.outputs[0].text for out in run(engine, PROMPTS, greedy(MAX_TOKENS, None))]
+    close(engine)
+    assert all(want)   # an empty text would make the comparisons vacuous
+    return want
 
 
 def test_two_torchrun_ranks_generate_like_one(tiny_checkpoint):
     model = tiny_checkpoint("llama")
-    engine = make_engine(model, 1)
-    want = [out.outputs[0].text for out in run(engine, PROMPTS, greedy(MAX_TOKENS, None))]
-    close(engine)
-    assert all(want)   # an empty text would make the comparison vacuous
+    want = _tp1_texts(model)
 
     done = _torchrun(["generate", "--model", str(model), "--tensor-parallel-size", "2",
                       *ENGINE_FLAGS, "--max-tokens", str(MAX_TOKENS), "--ignore-eos",
@@ -46,6 +60,33 @@ def test_two_torchrun_ranks_generate_like_one(tiny_checkpoint):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "".join(f"### {p}\n{text}\n" for p, text in zip(PROMPTS, want))
     assert "torchrun rank 1 (local rank 1 of node 0)" in done.stderr
+
+
+def test_two_torchrun_ranks_serve_like_one(tiny_checkpoint, tmp_path):
+    model = tiny_checkpoint("llama")
+    want = _tp1_texts(model)
+    port, log_path = free_port(), tmp_path / "torchrun.log"
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen(_torchrun_command(
+            ["serve", "--model", str(model), "--port", str(port), "--api-key", "k",
+             "--tensor-parallel-size", "2", *ENGINE_FLAGS]), stdout=log,
+            stderr=subprocess.STDOUT, env=ENV)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_loaded(base, "k", launcher, log_path, timeout=120)
+        launched = psutil.Process(launcher.pid).children(recursive=True)   # ranks, engine core
+        body = {"model": str(model), "prompt": PROMPTS, "max_tokens": MAX_TOKENS,
+                "temperature": 0, "ignore_eos": True}
+        reply = httpx.post(base + "/v1/completions", json=body, timeout=60,
+                           headers={"Authorization": "Bearer k"})
+        assert reply.status_code == 200, reply.text
+        choices = sorted(reply.json()["choices"], key=lambda choice: choice["index"])
+        assert [choice["text"] for choice in choices] == want
+    finally:
+        launcher.send_signal(signal.SIGTERM)   # torchrun stops every rank
+        launcher.wait(60)
+    _, alive = psutil.wait_procs(launched, timeout=30)
+    assert not alive, log_path.read_text()[-3000:]
 
 
 def test_a_world_size_torchrun_did_not_start_is_refused(tiny_checkpoint):
