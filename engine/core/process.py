@@ -19,8 +19,9 @@ initialised.
 Lifecycle: the constructor starts the child and waits for it to load the model; a
 failure there is raised from the constructor with the child's exception (a model that
 cannot load fails ``tamis serve`` as before). Afterwards the core ends with a ``("dead",
-message)`` event when its step loop raises or the process dies for any reason (killed,
-out of memory): never a hang. The child ignores SIGINT (a terminal's Ctrl-C reaches the
+message)`` event when its step loop raises, a rank process of a multi-process runner ends
+(also while the core idles: it waits on the ranks as on its commands), or the process dies
+for any reason (killed, out of memory): never a hang. The child ignores SIGINT (a terminal's Ctrl-C reaches the
 whole process group; the server decides when the core stops) and exits when the server's
 end of a pipe closes.
 """

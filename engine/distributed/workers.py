@@ -11,11 +11,13 @@ structured outputs and sampling, and drives the other ranks::
     sample on the gathered logits             (logits dropped)
     close: send(("shutdown",))  ----------->  exit
 
-Commands travel over one pipe per worker, or across hosts through the rendezvous store
-(``channels.py``); tensors travel only through torch.distributed. A worker whose channel
-closes (rank 0 is gone) exits. A rank that dies fails every peer's next collective at once ("connection
+Commands travel over one pipe per worker, or across hosts (and under torchrun, which
+starts every rank itself: ``torchrun.py``) through the rendezvous store (``channels.py``);
+tensors travel only through torch.distributed. A worker whose channel closes (rank 0 is
+gone) exits. A rank that dies fails every peer's next collective at once ("connection
 closed by peer"); one that hangs fails it after ``collective_timeout_s()``. Rank 0 then
-raises ``RankFailedError`` naming the rank and how it ended.
+raises ``RankFailedError`` naming the rank and how it ended; an idle rank 0 learns of a
+dead rank process of its host from ``WorkerPool.sentinels``.
 """
 from __future__ import annotations
 

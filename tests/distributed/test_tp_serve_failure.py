@@ -35,8 +35,9 @@ def tp_server(tiny_checkpoint, tmp_path):
     model = tiny_checkpoint("llama")
     port, log_path = free_port(), tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "tamis.cli", "serve", "--model", str(model), "--port",
-           str(port), "--api-key", API_KEY, "--served-model-name", SERVED_NAME, "--tensor-parallel-size", "2", "--max-model-len",
-           "256", "--kv-cache-memory", "32MiB", "--dtype", "float32", "--device", "cpu"]
+           str(port), "--api-key", API_KEY, "--served-model-name", SERVED_NAME,
+           "--tensor-parallel-size", "2", "--max-model-len", "256", "--kv-cache-memory",
+           "32MiB", "--dtype", "float32", "--device", "cpu"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
