@@ -44,35 +44,51 @@ class EarleyGrammar:
 
 
 class EarleySet:
-    __slots__ = ("grammar", "position", "chart", "items", "waiting", "expected", "accepting",
+    """One Earley set. ``ancestor(position)`` finds an earlier set of the same parse by jump
+    pointers (O(log n) hops, Myers' skew-binary scheme), so a set holds two references to
+    its past instead of the whole chart: a copied chart tuple per set was quadratic in the
+    parse's length, and every full garbage collection rescanned it. Items waiting on a
+    symbol are kept as tuples of int tuples, which the collector stops tracking."""
+    __slots__ = ("grammar", "position", "previous", "_jump", "waiting", "expected", "accepting",
                  "_scans", "mask_cache")
 
     def __init__(self, grammar: EarleyGrammar, previous: "EarleySet | None", kernel: set):
         self.grammar = grammar
+        self.previous = previous
         self.position = 0 if previous is None else previous.position + 1
-        self.chart = (previous.chart if previous is not None else ()) + (self,)
-        self.waiting: dict[int, list] = {}        # symbol after the dot -> items
-        self.items = self._closure(kernel)
+        self._jump = None if previous is None else _jump_for_child_of(previous)
+        waiting: dict[int, list] = {}        # symbol after the dot -> items
+        items = self._closure(kernel, waiting)
+        self.waiting = {symbol: tuple(found) for symbol, found in waiting.items()}
         nt = grammar.num_nonterminals
-        self.expected = frozenset(s - nt for s in self.waiting if s >= nt)
+        self.expected = frozenset(s - nt for s in waiting if s >= nt)
         self.accepting = any(
             grammar.productions[p][0] == grammar.start and o == 0
-            and d == len(grammar.productions[p][1]) for p, d, o in self.items)
+            and d == len(grammar.productions[p][1]) for p, d, o in items)
         self._scans: dict[int, EarleySet | None] = {}
         self.mask_cache: dict = {}
 
-    def _closure(self, kernel: set) -> set:
+    def ancestor(self, position: int) -> "EarleySet":
+        """The set of this parse at ``position`` (<= this set's)."""
+        node = self
+        while node.position > position:
+            jump = node._jump
+            node = jump if jump is not None and jump.position >= position else node.previous
+        return node
+
+    def _closure(self, kernel: set, waiting: dict) -> set:
         g = self.grammar
         items = set(kernel)
         todo = list(kernel)
         position = self.position
+        earlier: dict[int, dict] = {}        # origin -> that set's waiting items
         while todo:
             item = todo.pop()
             p, dot, origin = item
             rhs = g.productions[p][1]
             if dot < len(rhs):
                 symbol = rhs[dot]
-                self.waiting.setdefault(symbol, []).append(item)
+                waiting.setdefault(symbol, []).append(item)
                 if symbol < g.num_nonterminals:
                     for q in g.by_lhs[symbol]:
                         new = (q, 0, position)
@@ -84,12 +100,14 @@ class EarleySet:
                         if new not in items:
                             items.add(new)
                             todo.append(new)
-                    else:
-                        # a completed item for `symbol` found earlier in this set advances us too
-                        pass
                 continue
             lhs = g.productions[p][0]
-            source = self.waiting if origin == position else self.chart[origin].waiting
+            if origin == position:
+                source = waiting
+            else:
+                source = earlier.get(origin)
+                if source is None:
+                    source = earlier[origin] = self.ancestor(origin).waiting
             for wp, wd, wo in list(source.get(lhs, ())):
                 new = (wp, wd + 1, wo)
                 if new not in items:
@@ -109,3 +127,13 @@ class EarleySet:
         # setdefault: a set scanned by two threads at once (the prefetch worker and the step)
         # keeps one successor object, so their mask caches stay shared
         return self._scans.setdefault(terminal, result)
+
+
+def _jump_for_child_of(parent: EarleySet) -> EarleySet:
+    """The jump pointer of a new set after ``parent``: past ``parent``'s jump when the two
+    jumps span equal distances (skew-binary), else ``parent`` itself."""
+    jump = parent._jump
+    if jump is not None and jump._jump is not None \
+            and parent.position - jump.position == jump.position - jump._jump.position:
+        return jump._jump
+    return parent
