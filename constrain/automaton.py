@@ -316,8 +316,9 @@ class LazyDFA:
         with self._lock:
             return self._state_of(self._closure((nfa_state,)))
 
-    def state_of_set(self, nfa_set: frozenset) -> int:
-        """The state whose NFA state set is ``nfa_set`` (``self.sets[state]``), added if new."""
+    def state_of_set(self, nfa_set: tuple) -> int:
+        """The state whose NFA state set is ``nfa_set`` (``self.sets[state]``, a sorted
+        tuple), added if new."""
         with self._lock:
             return self._state_of(nfa_set)
 
@@ -327,10 +328,10 @@ class LazyDFA:
         self._byte_class, self._class_of = nfa.byte_classes()
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
-        self._closures: dict[int, frozenset] = {}
+        self._closures: dict[int, tuple] = {}
         self._lock = threading.RLock()
-        self.sets: list[frozenset] = []
-        self._index: dict[frozenset, int] = {}
+        self.sets: list[tuple] = []            # state -> its NFA states, sorted
+        self._index: dict[tuple, int] = {}
         self.accepting: list[bool] = []
         self._accepting_array = np.zeros(0, dtype=bool)
         self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
@@ -388,17 +389,20 @@ class LazyDFA:
         return int(live[0]) if len(live) == 1 else None
 
     # ---- construction --------------------------------------------------------------------
-    def _closure(self, states) -> frozenset:
+    def _closure(self, states) -> tuple:
+        """The important NFA states reachable from ``states`` without input, as a sorted
+        tuple: a DFA state's name. (Tuples of ints drop out of the garbage collector's
+        tracking; frozensets never do, and a large grammar's DFAs hold ~100,000 of them.)"""
         out: set[int] = set()
         for q in states:
             cached = self._closures.get(q)
             if cached is None:
                 cached = self._closure_of(q)
                 self._closures[q] = cached
-            out |= cached
-        return frozenset(out)
+            out.update(cached)
+        return tuple(sorted(out))
 
-    def _closure_of(self, q: int) -> frozenset:
+    def _closure_of(self, q: int) -> tuple:
         nfa = self.nfa
         seen, stack, important = {q}, [q], set()
         while stack:
@@ -409,9 +413,9 @@ class LazyDFA:
                 if t not in seen:
                     seen.add(t)
                     stack.append(t)
-        return frozenset(important)
+        return tuple(important)
 
-    def _state_of(self, nfa_set: frozenset) -> int:
+    def _state_of(self, nfa_set: tuple) -> int:
         if not nfa_set:
             return DEAD
         found = self._index.get(nfa_set)

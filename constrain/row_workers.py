@@ -203,13 +203,13 @@ class RowWorkers:
         elif kind == "ahead":
             dfa = tracked.compiled.dfa
             for nfa_set, data in message[2]:
-                state = dfa.state_of_set(frozenset(nfa_set))
+                state = dfa.state_of_set(tuple(nfa_set))
                 self.rows_ahead += self._store_row(tracked.compiled, state, data)
         elif kind == "near":
             compiled = tracked.compiled
             wanted = []
             for nfa_set in message[2]:
-                state = compiled.dfa.state_of_set(frozenset(nfa_set))
+                state = compiled.dfa.state_of_set(tuple(nfa_set))
                 if state not in tracked.asked and not compiled.has_row(state):
                     tracked.asked.add(state)
                     wanted.append(state)
@@ -339,7 +339,7 @@ class _Serving:
         if dfa is None:
             send_end.send(("unknown", key))
         elif queue is self.near:
-            send_end.send(("near", key, _neighbourhood(dfa, dfa.state_of_set(frozenset(nfa_set)))))
+            send_end.send(("near", key, _neighbourhood(dfa, dfa.state_of_set(tuple(nfa_set)))))
         else:
             self.built.setdefault(key, []).append((nfa_set, self._row_bytes(dfa, nfa_set)))
             if len(self.built[key]) >= _AHEAD_BATCH:
@@ -370,7 +370,7 @@ class _Serving:
 
     def _row_bytes(self, dfa, nfa_set) -> bytes | None:
         try:
-            state = dfa.state_of_set(frozenset(nfa_set))
+            state = dfa.state_of_set(tuple(nfa_set))
             return self.mask_row_of(self.info, dfa, state, self.eos_row).tobytes()
         except Exception:   # the parent builds this row itself and reports the error
             return None
