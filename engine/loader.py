@@ -176,7 +176,7 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(hf_config, quant_config, backend)
     if load_format == "dummy":
-        init_dummy_weights(model, getattr(config, "seed", 0) or 0)
+        init_dummy_weights(model, getattr(config, "seed", 0) or 0, device)
     else:
         # Under tensor parallelism each rank reads only its slices of the checkpoint.
         lazy = current_tp_group().is_parallel
@@ -296,13 +296,16 @@ class CheckpointSlice:
         return self._handle.get_tensor(self.name)
 
 
-def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
+def init_dummy_weights(model: torch.nn.Module, seed: int, device: torch.device) -> None:
     """Random weights drawn on the parameters' device (fast for big models on a GPU),
     the same for the same seed and device type: normal(0, 0.02), norm weights 1,
     integer (packed quantized) tensors 0. A parameter whose values must be consistent
     (a quantized layer's group index, shapes, FP8 codes) carries its own
-    ``dummy_init(tensor, generator)`` attribute, which is used instead."""
+    ``dummy_init(tensor, generator)`` attribute, which is used instead. A placeholder on
+    the meta device (a weight quantized online as it loads: ``tamis.quant.online``) has
+    one, which draws on the model's ``device``."""
     generators: dict[torch.device, torch.Generator] = {}
+    device = torch.empty(0, device=device).device   # "cuda" -> "cuda:0", as parameters say
 
     def generator(device: torch.device) -> torch.Generator:
         if device not in generators:
@@ -312,7 +315,7 @@ def init_dummy_weights(model: torch.nn.Module, seed: int) -> None:
     for name, param in model.named_parameters():
         init = getattr(param, "dummy_init", None)
         if init is not None:
-            init(param.data, generator(param.device))
+            init(param.data, generator(device if param.is_meta else param.device))
         elif not param.dtype.is_floating_point:
             param.data.zero_()
         elif name.endswith("norm.weight"):

@@ -10,7 +10,9 @@ Both scale forms load into one per-channel vector of N floats (a shard's per-ten
 repeated over its rows), which is exact and what the row-wise scaled matmul takes.
 Static input scales of fused shards collapse to their maximum (vLLM does the same).
 ``ignored_layers`` (vLLM) / ``modules_to_not_convert`` (transformers) stay unquantized.
-Online FP8 quantizes each output channel with its own scale after loading.
+Online FP8 quantizes each output channel with its own scale as soon as all of a weight's
+shards are loaded (``quant/online.py``), so the high-precision model is never whole in
+memory.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from tamis.kernels.fp8 import FP8_DTYPE, FP8_MAX, fp8_linear, fp8_supported, qua
 from tamis.quant.base import (add_param, is_layer_skipped, replace_param, require,
                               shard_index_of, shard_slice, unquantized_method)
 from tamis.quant.dummy import fp8_scale_init, fp8_weight_init, input_scale_init
+from tamis.quant.online import StagedWeight, placeholder
 
 ACTIVATION_SCHEMES = ("static", "dynamic")
 
@@ -136,18 +139,21 @@ class Fp8LinearMethod(LinearMethodBase):
 
 
 class OnlineFp8LinearMethod(Fp8LinearMethod):
-    """Loads the checkpoint's high-precision weight, then quantizes it per channel."""
+    """Quantizes the checkpoint's high-precision weight per channel as soon as all of its
+    shards are loaded; the layer holds it in high precision only until then."""
 
     def __init__(self):
         super().__init__(static=False)
 
     def create_weights(self, layer: nn.Module, input_size: int,
                        output_partition_sizes: list[int], params_dtype: torch.dtype) -> None:
-        add_param(layer, "weight", torch.empty(sum(output_partition_sizes), input_size,
-                                               dtype=params_dtype), input_dim=1, output_dim=0)
+        staged = StagedWeight(layer.weight_loader, quantize_weight_per_channel)
+        add_param(layer, "weight", placeholder((sum(output_partition_sizes), input_size),
+                                               params_dtype),
+                  input_dim=1, output_dim=0, **staged.attrs())
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        weight, scale = quantize_weight_per_channel(layer.weight.data)
+        weight, scale = layer.weight.staged.take_quantized(layer)
         replace_param(layer, "weight", weight)
         replace_param(layer, "weight_scale", scale)
         check_fp8_device(layer, weight.device)
@@ -155,7 +161,8 @@ class OnlineFp8LinearMethod(Fp8LinearMethod):
 
 def quantize_weight_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[N, K] -> (float8 [N, K], float32 [N]) with each row's amax mapped to 448."""
-    scale = weight.float().abs().amax(dim=1) / FP8_MAX
+    # abs and max are exact in any float dtype: no float32 copy of the weight for them.
+    scale = weight.abs().amax(dim=1).float() / FP8_MAX
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     return quantize_fp8(weight, scale.reshape(-1, 1)), scale
 

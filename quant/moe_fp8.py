@@ -11,21 +11,22 @@ Per expert the tensors are the dense FP8 format's (``quant/fp8.py``), stacked::
 
 Static input scales collapse to one per stack, their maximum over experts and
 projections, as vLLM does: a token's activations are quantized once for all its
-experts. Online FP8 loads the high-precision experts and quantizes each output channel
-of each expert with its own scale.
+experts. Online FP8 quantizes each output channel of each expert with its own scale,
+each stack as soon as all of its experts are loaded (``quant/online.py``): about one
+layer's experts are in high precision at a time.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from tamis.engine.layers.fused_moe import UnquantizedFusedMoEMethod
 from tamis.engine.layers.quant_method import FusedMoEMethodBase
 from tamis.kernels.fp8 import FP8_DTYPE
 from tamis.kernels.moe_weights import Fp8Experts
 from tamis.quant.base import replace_param, require
 from tamis.quant.dummy import fp8_scale_init, fp8_weight_init, input_scale_init
 from tamis.quant.fp8 import check_fp8_device, quantize_weight_per_channel
+from tamis.quant.online import StagedWeight, placeholder
 
 STACKS = ("w13", "w2")
 
@@ -86,23 +87,34 @@ class Fp8MoEMethod(FusedMoEMethodBase):
 
 
 class OnlineFp8MoEMethod(Fp8MoEMethod):
-    """Loads the checkpoint's high-precision experts, then quantizes them per channel."""
+    """Quantizes the checkpoint's high-precision experts per channel, each stack as soon
+    as all of its experts' shards are loaded."""
 
     def __init__(self):
         super().__init__(static=False)
 
     def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype) -> None:
-        UnquantizedFusedMoEMethod().create_weights(layer, num_experts, hidden_size,
-                                                   intermediate_size, params_dtype)
+        for stack, ((n, k), shard_dim) in self.stacked_shapes(hidden_size,
+                                                              intermediate_size).items():
+            staged = StagedWeight(layer.weight_loader, quantize_experts_per_channel)
+            layer.add_expert_param(f"{stack}_weight",
+                                   placeholder((num_experts, n, k), params_dtype), shard_dim,
+                                   **staged.attrs())
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         for stack in STACKS:
-            weight = getattr(layer, f"{stack}_weight").data
-            codes = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
-            scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
-            for expert in range(weight.shape[0]):   # one expert's float copy at a time
-                codes[expert], scales[expert] = quantize_weight_per_channel(weight[expert])
+            codes, scales = getattr(layer, f"{stack}_weight").staged.take_quantized(layer)
             replace_param(layer, f"{stack}_weight", codes)
             replace_param(layer, f"{stack}_weight_scale", scales)
         check_fp8_device(layer, layer.w13_weight.device)
+
+
+def quantize_experts_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[E, N, K] -> (float8 [E, N, K], float32 [E, N]): ``quantize_weight_per_channel``
+    per expert (one expert's float32 workspace at a time)."""
+    codes = torch.empty(weight.shape, dtype=FP8_DTYPE, device=weight.device)
+    scales = torch.empty(weight.shape[:2], dtype=torch.float32, device=weight.device)
+    for expert in range(weight.shape[0]):
+        codes[expert], scales[expert] = quantize_weight_per_channel(weight[expert])
+    return codes, scales
