@@ -18,6 +18,10 @@ from tamis.engine.core.loop import CoreLoop
 logger = logging.getLogger("tamis.engine.core")
 
 
+# How often an idle engine thread checks that its rank processes still run.
+_RANK_CHECK_S = 0.5
+
+
 class ThreadCore:
     """Drives ``engine`` (an ``LLMEngine``, or anything with its step interface) in a
     daemon thread. ``remote`` is False: outputs are the engine's own objects."""
@@ -81,9 +85,15 @@ class ThreadCore:
                 loop.step()
 
     def _wait_for_work(self) -> list[tuple] | None:
+        """The commands that arrived (None: stop). While idle, a multi-process runner's
+        ranks are checked every ``_RANK_CHECK_S``: one that ended raises its
+        ``RankFailedError`` now, not with the next request."""
+        check_ranks = getattr(getattr(self.engine, "runner", None), "check_ranks", None)
         with self._wakeup:
             while not self._stopping and not self._commands and not self._loop.has_work:
-                self._wakeup.wait()
+                self._wakeup.wait(_RANK_CHECK_S if check_ranks else None)
+                if check_ranks is not None:
+                    check_ranks()
             if self._stopping:
                 return None
             commands = list(self._commands)

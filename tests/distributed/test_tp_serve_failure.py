@@ -1,8 +1,9 @@
 """``tamis serve --tensor-parallel-size 2`` when a rank process dies: a request in flight ends
 with an error, ``/health`` stops answering 200, and the server exits with 1 within a bounded
-time, whether the rank died mid-step or while the engine was idle. Rank 1 is found by the
-process tree ``tamis serve`` documents: the server spawns the engine core, which spawns the
-ranks."""
+time, whether the rank died mid-step or while the engine was idle, with the engine core in
+its own process or (``--no-engine-process``) a thread. Rank 1 is found by the process tree
+``tamis serve`` documents: the server spawns the engine core, which spawns the ranks (the
+server spawns them itself when the core is a thread)."""
 from __future__ import annotations
 
 import json
@@ -30,21 +31,25 @@ def _spawned_children(process: psutil.Process) -> list[psutil.Process]:
 
 
 @pytest.fixture
-def tp_server(tiny_checkpoint, tmp_path):
-    """(base URL, server process, engine core process, rank 1 process, log path)."""
+def tp_server(tiny_checkpoint, tmp_path, request):
+    """(base URL, server process, engine core process, rank 1 process, log path), the core
+    a process unless the test's ``core`` parameter is "thread" (then the server is the core)."""
+    in_thread = request.node.callspec.params["core"] == "thread"
     model = tiny_checkpoint("llama")
     port, log_path = free_port(), tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "tamis.cli", "serve", "--model", str(model), "--port",
            str(port), "--api-key", API_KEY, "--served-model-name", SERVED_NAME,
            "--tensor-parallel-size", "2", "--max-model-len", "256", "--kv-cache-memory",
            "32MiB", "--dtype", "float32", "--device", "cpu"]
+    cmd += ["--no-engine-process"] if in_thread else []
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_loaded(base, API_KEY, proc, log_path, timeout=180)
-        (core,) = _spawned_children(psutil.Process(proc.pid))
+        server = psutil.Process(proc.pid)
+        (core,) = [server] if in_thread else _spawned_children(server)
         (rank1,) = _spawned_children(core)
         yield base, proc, core, rank1, log_path
     finally:
@@ -87,9 +92,10 @@ def _health_until_down(base: str) -> int | None:
     pytest.fail(f"/health still answered 200 {BOUND_S} s after a rank died")
 
 
-@pytest.mark.parametrize("when", ["mid_run", "idle"])
-def test_a_dead_rank_ends_the_server(tp_server, when):
-    base, proc, core, rank1, log_path = tp_server
+@pytest.mark.parametrize("when,core", [("mid_run", "process"), ("idle", "process"),
+                                       ("idle", "thread")])
+def test_a_dead_rank_ends_the_server(tp_server, when, core):
+    base, proc, core_process, rank1, log_path = tp_server
     if when == "mid_run":
         after_kill = _stream_until_killed(base, rank1)
         errors = [event["error"] for event in after_kill if "error" in event]
@@ -105,4 +111,4 @@ def test_a_dead_rank_ends_the_server(tp_server, when):
     assert code == 1, log[-3000:]
     assert time.monotonic() - killed < BOUND_S
     assert "rank 1" in log and "SIGKILL" in log
-    assert not core.is_running() or core.status() == psutil.STATUS_ZOMBIE
+    assert not core_process.is_running() or core_process.status() == psutil.STATUS_ZOMBIE
