@@ -28,9 +28,11 @@ ENVIRON = {"TORCHELASTIC_RUN_ID": "run", "RANK": "2", "WORLD_SIZE": "4", "LOCAL_
            "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3"}
 
 
-def _torchrun_command(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", "2", "-m", "tamis.engine.distributed.node", *args]
+def _torchrun_command(args: list[str], launch: tuple[str, ...] = ("--standalone",
+                                                                  "--nproc-per-node", "2")
+                      ) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launch, "-m",
+            "tamis.engine.distributed.node", *args]
 
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
@@ -60,6 +62,35 @@ def test_two_torchrun_ranks_generate_like_one(tiny_checkpoint):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "".join(f"### {p}\n{text}\n" for p, text in zip(PROMPTS, want))
     assert "torchrun rank 1 (local rank 1 of node 0)" in done.stderr
+
+
+def test_two_torchrun_nodes_generate_like_one(tiny_checkpoint, tmp_path):
+    """Two hosts on loopback, one rank each: node 1's torchrun joins node 0's (static
+    rendezvous at --master-addr:--master-port), its rank is rank 1, local rank 0."""
+    model = tiny_checkpoint("llama")
+    want = _tp1_texts(model)
+    port = free_port()
+    args = ["generate", "--model", str(model), "--tensor-parallel-size", "2", *ENGINE_FLAGS,
+            "--max-tokens", str(MAX_TOKENS), "--ignore-eos", *PROMPTS]
+    nodes = []
+    for node in (0, 1):
+        launch = ("--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
+                  "--master-addr", "127.0.0.1", "--master-port", str(port))
+        with open(tmp_path / f"{node}.out", "w") as out, open(tmp_path / f"{node}.err", "w") as err:
+            nodes.append(subprocess.Popen(_torchrun_command(args, launch), stdout=out,
+                                          stderr=err, env=ENV))
+    try:
+        codes = [node.wait(timeout=120) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    out0, out1, err0, err1 = [(tmp_path / name).read_text()
+                              for name in ("0.out", "1.out", "0.err", "1.err")]
+    assert codes == [0, 0], (err0 + err1)[-3000:]
+    assert out0 == "".join(f"### {p}\n{text}\n" for p, text in zip(PROMPTS, want))
+    assert out1 == ""
+    assert "torchrun rank 1 (local rank 0 of node 1)" in err1
 
 
 def test_two_torchrun_ranks_serve_like_one(tiny_checkpoint, tmp_path):
