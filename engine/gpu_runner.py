@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tamis.engine.attention.kv_scales import scales_pending
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 from tamis.engine.config import EngineConfig
 from tamis.engine.runner import InflightTokens, ModelInputs, ModelRunner
@@ -325,6 +326,9 @@ class GPUModelRunner(ModelRunner):
             logger.info("CUDA graphs off: the %r attention backend cannot be captured", backend)
         self.graph_sizes = capture_sizes(config.max_num_seqs) if self.use_cuda_graphs else []
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # --calculate-kv-scales: captured graphs hold the scales as constants, so steps run
+        # eager until the first prefill has fixed them, then the graphs are captured again.
+        self.kv_scales_pending = scales_pending(self.model)
         self.buffers: StepBuffers | None = None
         self.block_rows: BlockTableRows | None = None
 
@@ -354,8 +358,10 @@ class GPUModelRunner(ModelRunner):
                        inflight: InflightTokens | None = None) -> GPUModelInputs:
         if self.buffers is None:
             raise RuntimeError("initialize_kv_cache must run before the first step")
+        if self.kv_scales_pending and not scales_pending(self.model):
+            self._recapture_with_fixed_kv_scales()
         graph_size = None
-        if self.graphs and is_graph_step(batch):
+        if self.graphs and is_graph_step(batch) and not self.kv_scales_pending:
             graph_size = padded_size(len(batch.scheduled), self.graph_sizes)
         hb = build_host_batch(batch, self.block_size, graph_size, self.block_rows)
         if inflight is not None:
@@ -397,6 +403,12 @@ class GPUModelRunner(ModelRunner):
             block_tables=self.buffers.device["block_tables"][:size],
             slot_mapping=dev["slot_mapping"][:size], max_query_len=1, max_seq_len=1,
             block_size=self.block_size, query_lens_cpu=[1] * size, seq_lens_cpu=[0] * size)
+
+    def _recapture_with_fixed_kv_scales(self) -> None:
+        self.kv_scales_pending = False
+        if self.graphs:
+            self.graphs.clear()
+            self.capture_graphs()
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tamis.engine.attention.kv_scales import calculate_on_first_prefill
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 from tamis.engine.config import (DEFAULT_CPU_KV_CACHE_BYTES, EngineConfig, resolve_dtype,
                                  resolve_kv_cache_dtype)
@@ -73,6 +74,8 @@ class ModelRunner:
         self.config = config
         self.device = device
         self.model, self.hf_config = load_model(config, device)
+        if config.calculate_kv_scales:
+            calculate_on_first_prefill(self.model, config.kv_cache_dtype)
         self.model_dir = self.model.model_dir
         self.dtype = getattr(self.model, "dtype", None) or resolve_dtype(config.dtype, device, self.hf_config)
         self.kv_spec = kv_cache_spec(self.hf_config)

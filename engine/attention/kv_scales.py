@@ -10,20 +10,34 @@ and one for values, under one of these names (``L`` = ``model.layers.N.self_attn
 
 ``KVScaleCollector`` takes them out of the stream of checkpoint tensors (the model has no
 parameter for them) and ``apply`` sets them on each layer's ``Attention``. A layer the
-checkpoint gives no scale keeps 1.0 (vLLM's default). The scales only matter to an FP8
-cache (``--kv-cache-dtype fp8``); other caches ignore them.
+checkpoint gives no scale keeps 1.0 (vLLM's default), or with ``--calculate-kv-scales``
+(``calculate_on_first_prefill``) gets scales measured on the first batch it stores:
+``amax(|k|) / K_SCALE_RANGE`` and ``amax(|v|) / V_SCALE_RANGE``, then fixed for the life of
+the engine (later keys past ``448 * k_scale`` saturate, as in vLLM). The scales only matter
+to an FP8 cache (``--kv-cache-dtype fp8``); other caches ignore them.
 """
 from __future__ import annotations
 
+import logging
+import math
 import re
 from typing import Iterable, Iterator
 
 import torch
 from torch import nn
 
+logger = logging.getLogger(__name__)
+
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+
 _SCALE_NAME = re.compile(
     r"(?P<layer>.+\.self_attn)\.(?:(?:attn\.)?(?P<which>k_scale|v_scale|kv_scale)"
     r"|(?P<proj>k_proj|v_proj)\.output_scale)")
+# vLLM's K_SCALE_CONSTANT / V_SCALE_CONSTANT: the first batch's amax lands on 200 (keys)
+# and 100 (values) of e4m3's 448, leaving 2.2x / 4.5x of headroom for later batches.
+K_SCALE_RANGE = 200.0
+V_SCALE_RANGE = 100.0
+
 _TARGETS = {"k_scale": ("k_scale",), "v_scale": ("v_scale",), "kv_scale": ("k_scale", "v_scale"),
             "k_proj": ("k_scale",), "v_proj": ("v_scale",)}
 
@@ -67,3 +81,43 @@ class KVScaleCollector:
                                  f"the model has no attention layer there") from None
             for target, value in scales.items():
                 setattr(attention, target, value)
+            attention.kv_scales_from_checkpoint = True
+
+
+def calculate_on_first_prefill(model: nn.Module, kv_cache_dtype: str) -> int:
+    """``--calculate-kv-scales``: marks every attention layer without checkpoint scales to
+    measure its scales on the first batch that stores tokens (``Attention.forward`` calls
+    ``measure_scales``). Returns how many layers were marked.
+
+    Only an FP8 cache has scales: with another ``kv_cache_dtype`` nothing is marked and a
+    warning says the flag does nothing (vLLM accepts the flag with any cache dtype too, so
+    one command line serves both).
+    """
+    from tamis.engine.layers.attention import Attention
+
+    if kv_cache_dtype not in FP8_KV_CACHE_DTYPES:
+        logger.warning("--calculate-kv-scales has no effect with --kv-cache-dtype %s: only an "
+                       "fp8 cache is scaled", kv_cache_dtype)
+        return 0
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)
+              and not getattr(m, "kv_scales_from_checkpoint", False)]
+    for attention in layers:
+        attention.calculate_kv_scales = True
+    return len(layers)
+
+
+def scales_pending(model: nn.Module) -> bool:
+    """Whether some attention layer still waits for a batch to measure its scales."""
+    return any(getattr(m, "calculate_kv_scales", False) for m in model.modules())
+
+
+def measure_scales(k: torch.Tensor, v: torch.Tensor,
+                   slot_mapping: torch.Tensor) -> tuple[float, float]:
+    """(k_scale, v_scale) from the stored tokens of k/v [T, Hkv, D] (slot -1, padding, is
+    left out): ``amax / K_SCALE_RANGE`` and ``amax / V_SCALE_RANGE``; an all-zero tensor
+    gives 1.0. One device sync."""
+    stored = (slot_mapping >= 0).to(k.dtype)[:, None, None]
+    amax = torch.stack([(k * stored).abs().amax(), (v * stored).abs().amax()]).float().tolist()
+    return tuple(a / r if a > 0 and math.isfinite(a) else 1.0
+                 for a, r in zip(amax, (K_SCALE_RANGE, V_SCALE_RANGE)))

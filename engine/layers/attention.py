@@ -7,6 +7,10 @@ with no cache.
 
 ``k_scale`` / ``v_scale`` are the layer's FP8 KV-cache scales (1.0 unless the checkpoint
 gives them: ``tamis.engine.attention.kv_scales``); a cache in another dtype ignores them.
+With ``calculate_kv_scales`` set (``--calculate-kv-scales``) the first forward pass that
+stores tokens in the cache measures them from its own keys and values before storing, and
+clears the flag. Passes that store nothing (profiling, CUDA-graph capture: every slot is
+-1, every sequence length 0) leave it set.
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ import torch
 from torch import nn
 
 from tamis.engine.attention.backends import AttentionBackend
-from tamis.engine.attention.metadata import get_forward_context
+from tamis.engine.attention.kv_scales import measure_scales
+from tamis.engine.attention.metadata import AttentionMetadata, get_forward_context
 
 
 class Attention(nn.Module):
@@ -33,12 +38,21 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
         self.k_scale = self.v_scale = 1.0
+        self.calculate_kv_scales = False
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
         ctx = get_forward_context()
         meta = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
+        if self.calculate_kv_scales and kv_cache is not None and _stores_tokens(meta):
+            self.k_scale, self.v_scale = measure_scales(k, v, meta.slot_mapping)
+            self.calculate_kv_scales = False
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
                                    self.soft_cap, self.k_scale, self.v_scale)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
+
+
+def _stores_tokens(meta: AttentionMetadata) -> bool:
+    """Whether a pass writes real tokens to the cache (host lengths only, no device sync)."""
+    return any(meta.seq_lens_cpu) if meta.seq_lens_cpu else meta.max_seq_len > 0
