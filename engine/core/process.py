@@ -19,11 +19,11 @@ initialised.
 Lifecycle: the constructor starts the child and waits for it to load the model; a
 failure there is raised from the constructor with the child's exception (a model that
 cannot load fails ``tamis serve`` as before). Afterwards the core ends with a ``("dead",
-message)`` event when its step loop raises, a rank process of a multi-process runner ends
-(also while the core idles: it waits on the ranks as on its commands), or the process dies
-for any reason (killed, out of memory): never a hang. The child ignores SIGINT (a terminal's Ctrl-C reaches the
-whole process group; the server decides when the core stops) and exits when the server's
-end of a pipe closes.
+message)`` event when its step loop raises, a rank of a multi-process runner ends (also
+while the core idles: it waits on the ranks as on its commands), or the process dies for
+any reason (killed, out of memory): never a hang. The child ignores SIGINT (a terminal's
+Ctrl-C reaches the whole process group; the server decides when the core stops) and exits
+when the server's end of a pipe closes.
 """
 from __future__ import annotations
 
@@ -297,13 +297,16 @@ def _serve(loop: CoreLoop, commands) -> None:
 
 
 def _wait_for_command(commands, runner) -> None:
-    """Blocks until a command arrives. A rank process of a multi-process runner that ends
-    meanwhile raises its ``RankFailedError``: an idle engine that lost a rank must die
-    now (``/health`` 503, the server exits), not with the next request."""
+    """Blocks until a command arrives. A rank of a multi-process runner that ends
+    meanwhile raises its ``RankFailedError`` (a process of this host at once, another
+    host's within the runner's ``rank_check_interval_s``): an idle engine that lost a rank
+    must die now (``/health`` 503, the server exits), not with the next request."""
     sentinels = getattr(runner, "rank_sentinels", [])
-    if commands not in mpc.wait([commands, *sentinels]):
-        runner.check_ranks()
-        raise RuntimeError("a rank process ended but its runner reports no failure")
+    interval = getattr(runner, "rank_check_interval_s", None)
+    while commands not in (ready := mpc.wait([commands, *sentinels], interval)):
+        runner.check_ranks()   # ranks of other hosts are checked when the wait times out
+        if ready:
+            raise RuntimeError("a rank process ended but its runner reports no failure")
 
 
 def _receive_commands(commands) -> list[tuple]:

@@ -19,6 +19,7 @@ last stage's first rank::
 from __future__ import annotations
 
 import logging
+import time
 import weakref
 
 import torch
@@ -32,6 +33,10 @@ from tamis.engine.runner import InflightTokens, ModelInputs, ModelRunner, Runner
 from tamis.engine.scheduler import SchedulerOutput
 
 logger = logging.getLogger(__name__)
+
+# An idle engine learns that a rank it did not start has ended only from a collective; it
+# runs one this often (a rank process of its own host is seen at once, by its sentinel).
+REMOTE_RANK_CHECK_S = 5.0
 
 
 class ShardRunner(ModelRunner):
@@ -125,6 +130,7 @@ class DriverRunner(ShardRunner):
                              f"engine's: start that host with python -m "
                              f"tamis.engine.distributed.node and the same flags")
         self.workers = WorkerPool.start(config, device)
+        self._next_remote_check = 0.0
         self._finalizer = weakref.finalize(self, self.workers.close)
         try:
             with self.workers.watch():
@@ -160,9 +166,20 @@ class DriverRunner(ShardRunner):
         engine waits on them too (``engine/core/process.py``)."""
         return self.workers.sentinels
 
+    @property
+    def rank_check_interval_s(self) -> float | None:
+        """How often an idle engine calls ``check_ranks``; None: only when a sentinel fires
+        (every rank is a process it started)."""
+        return REMOTE_RANK_CHECK_S if self.workers.has_remote_ranks else None
+
     def check_ranks(self) -> None:
-        """RankFailedError naming the rank if a rank process of this host has ended."""
+        """RankFailedError naming the rank if one has ended: the rank processes of this
+        host are checked at once, other ranks (another host's, torchrun's) by a collective,
+        at most every ``REMOTE_RANK_CHECK_S``."""
         self.workers.check_alive()
+        if self.workers.has_remote_ranks and time.monotonic() >= self._next_remote_check:
+            self.workers.ping()
+            self._next_remote_check = time.monotonic() + REMOTE_RANK_CHECK_S
 
     def shutdown(self) -> None:
         """Stops the other ranks (also done when the runner is collected or at exit)."""

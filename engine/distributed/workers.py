@@ -9,6 +9,7 @@ structured outputs and sampling, and drives the other ranks::
     send(("init_kv", sizes))  ------------->  size the KV cache; min over ranks (collective)
     send(("step", StepMessage))  ---------->  same inputs, same forward (collectives)
     sample on the gathered logits             (logits dropped)
+    idle: send(("ping",))  ---------------->  one empty collective (ranks it did not start)
     close: send(("shutdown",))  ----------->  exit
 
 Commands travel over one pipe per worker, or across hosts (and under torchrun, which
@@ -150,6 +151,8 @@ def _serve(runner, end) -> None:
             runner.initialize_kv_cache(*args)
         elif kind == "step":
             runner.run_step(args[0])
+        elif kind == "ping":   # rank 0 idles and checks that every rank still answers
+            runner.pp.world.min_over_ranks(0)
         else:
             raise ValueError(f"unknown command {kind!r} from rank 0")
 
@@ -278,6 +281,19 @@ class WorkerPool:
         # The sentinel, not is_alive(): a process may end a moment before it can be reaped.
         if multiprocessing.connection.wait(self.sentinels, timeout=0):
             raise self.failure()
+
+    @property
+    def has_remote_ranks(self) -> bool:
+        """Whether some ranks are not this process's children (another host's, torchrun's)."""
+        return len(self.processes) < len(self.ranks)
+
+    def ping(self) -> None:
+        """One collective with every rank: RankFailedError if one has exited (at once) or
+        hangs (after ``collective_timeout_s()``). Only a collective sees the end of a rank
+        that is not this process's child."""
+        self.send(("ping",))
+        with self.watch():
+            self.pp.world.min_over_ranks(0)
 
     def send(self, command: tuple) -> None:
         """Sends ``command`` to every rank; RankFailedError if one is gone."""
