@@ -1,7 +1,8 @@
 """``tamis serve --tensor-parallel-size 2`` when a rank process dies: a request in flight ends
 with an error, ``/health`` stops answering 200, and the server exits with 1 within a bounded
 time, whether the rank died mid-step or while the engine was idle, with the engine core in
-its own process or (``--no-engine-process``) a thread. Rank 1 is found by the process tree
+its own process or (``--no-engine-process``) a thread, and when rank 1 runs on a second
+"node" the server did not start. Rank 1 is found by the process tree
 ``tamis serve`` documents: the server spawns the engine core, which spawns the ranks (the
 server spawns them itself when the core is a thread)."""
 from __future__ import annotations
