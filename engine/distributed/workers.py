@@ -17,8 +17,9 @@ starts every rank itself: ``torchrun.py``) through the rendezvous store (``chann
 tensors travel only through torch.distributed. A worker whose channel closes (rank 0 is
 gone) exits. A rank that dies fails every peer's next collective at once ("connection
 closed by peer"); one that hangs fails it after ``collective_timeout_s()``. Rank 0 then
-raises ``RankFailedError`` naming the rank and how it ended; an idle rank 0 learns of a
-dead rank process of its host from ``WorkerPool.sentinels``.
+raises ``RankFailedError`` naming the rank and how it ended. An idle rank 0 learns that
+a rank process of its host died from ``WorkerPool.sentinels``, and that any other rank
+did from ``WorkerPool.ping``.
 """
 from __future__ import annotations
 
