@@ -115,7 +115,8 @@ class _Builder:
         self.nonterminals: dict[str, int] = {}
         self.productions: list[tuple[int, tuple]] = []
         self.terminals: list[tuple] = []
-        self.terminal_ids: dict[tuple, int] = {}
+        self.terminal_ids: dict[int, int] = {}        # id(node) -> terminal
+        self.terminal_of_value: dict[tuple, int] = {}
         self.optional_of: dict[int, int] = {}
         self._rules_memo: dict = {}
         self._seq_memo: dict = {}      # id(node) -> (node, symbols): the AST is a DAG
@@ -231,8 +232,15 @@ class _Builder:
     def _terminal_id(self, node) -> int:
         key = id(node)
         if key not in self.terminal_ids:
-            self.terminal_ids[key] = len(self.terminals) + _T
-            self.terminals.append(node)     # keeps the node (and its id) alive
+            # Equal terminals share one id, so one lazy DFA and its cached rows: a schema
+            # repeats the same member regexes in many rules (673 terminals, 141 distinct).
+            # Hashed by value once per node (the AST is a DAG of tuples).
+            tid = self.terminal_of_value.get(node)
+            if tid is None:
+                tid = self.terminal_of_value[node] = len(self.terminals) + _T
+                self.terminals.append(node)
+            self.terminal_ids[key] = tid
+            self._keep_alive.append(node)   # keeps the node (and its id) alive
         return self.terminal_ids[key]
 
 
