@@ -83,21 +83,46 @@ def alt(*nodes) -> tuple:
 
 
 _HASHED_NODES = 64
+# id(node) -> (node, its tree size if at most _HASHED_NODES, else _HASHED_NODES + 1): ``alt``
+# asks about the same parts, and about fresh parts built over the same children, over and
+# over (a string's content after every prefix of an object's property names). The node is
+# kept so that its id is not reused while cached.
+_SIZES: dict = {}
+_SIZES_MAX = 100_000
 
 
 def is_small(node) -> bool:
-    """True when ``node``'s tree has at most ``_HASHED_NODES`` nodes (walked with that budget)."""
-    stack, budget = [node], _HASHED_NODES
-    while stack:
-        budget -= 1
-        if budget < 0:
-            return False
-        stack.extend(children(stack.pop()))
+    """True when ``node``'s tree has at most ``_HASHED_NODES`` nodes and can be hashed."""
+    if _size_within(node, _HASHED_NODES) > _HASHED_NODES:
+        return False
     try:
         hash(node)
     except TypeError:   # a node holding a list: compared, never hashed
         return False
     return True
+
+
+def _size_within(node, budget: int) -> int:
+    """``node``'s tree size if at most ``budget`` (<= _HASHED_NODES), else ``budget + 1``;
+    sizes of sub-nodes come from the cache (recursion depth <= budget)."""
+    found = _SIZES.get(id(node))
+    if found is not None and found[0] is node:
+        return found[1] if found[1] <= budget else budget + 1
+    size = 1
+    for child in children(node):
+        size += _size_within(child, budget - size)
+        if size > budget:
+            if budget == _HASHED_NODES:     # known to be large, not only past a smaller budget
+                _remember(node, budget + 1)
+            return budget + 1
+    _remember(node, size)
+    return size
+
+
+def _remember(node, size: int) -> None:
+    if len(_SIZES) >= _SIZES_MAX:
+        _SIZES.clear()
+    _SIZES[id(node)] = (node, size)
 
 
 def rep(node, lo: int, hi: int | None) -> tuple:
