@@ -178,6 +178,10 @@ def _build_chars(nfa: NFA, ranges, start: int) -> int:
     bytes left to read (the multi-byte characters of a JSON string end in the same few
     continuation runs: 9 states, 20 with a chain per sequence)."""
     end = nfa.new_state()
+    if ranges and max(hi for _, hi in ranges) < 0x80:     # ASCII: one byte, an edge a range
+        for lo, hi in ranges:
+            nfa.add_edge(start, lo, hi, end)
+        return end
     nfa.may_dead_end |= not any(utf8_sequences(lo, hi) for lo, hi in ranges)
     before: dict[tuple, int] = {}        # byte ranges left to read -> the state reading them
 

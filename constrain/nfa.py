@@ -78,14 +78,13 @@ class NFA:
         assert fragment.sealed and not self.sealed
         self.may_dead_end |= fragment.may_dead_end
         offset = self.reserve(fragment.num_states - 1) - 1
-
-        def shifted(table: np.ndarray, columns: tuple) -> bytes:
-            out = table.copy()
-            for c in columns:
-                out[:, c] = np.where(out[:, c] == 0, start, out[:, c] + offset)
-            return out.tobytes()
-        self._edges.frombytes(shifted(fragment.edge_table, (0, 3)))
-        self._eps.frombytes(shifted(fragment.eps_table, (0, 1)))
+        for table, states, at_start, out in (
+                (fragment.edge_table, _EDGE_STATES, fragment.edge_at_start, self._edges),
+                (fragment.eps_table, _EPS_STATES, fragment.eps_at_start, self._eps)):
+            shifted = table + states * offset
+            for column, rows in at_start:
+                shifted[rows, column] = start
+            out.frombytes(shifted.tobytes())
         return start if end == 0 else end + offset
 
     def seal(self, accept: int | None = None) -> None:
@@ -106,6 +105,9 @@ class NFA:
                                                     for c in (1, 2, 3))
         self.eps_start = _starts(self.eps_table[:, 0], self.num_states)
         self.eps_to = array("i", self.eps_table[:, 1].tobytes())
+        # for ``paste``: (column, rows) where state 0 appears
+        self.edge_at_start = _rows_at_start(self.edge_table, (0, 3))
+        self.eps_at_start = _rows_at_start(self.eps_table, (0, 1))
         self._edges = self._eps = None
         self.sealed = True
 
@@ -128,6 +130,15 @@ class NFA:
                                          self.edge_table[:, 2].astype(np.int64) + 1)))
         byte_class = np.searchsorted(cuts, np.arange(256), side="right") - 1
         return byte_class.astype(np.int64), byte_class.tolist()
+
+
+_EDGE_STATES = np.array([1, 0, 0, 1], dtype=np.int32)     # which columns hold states
+_EPS_STATES = np.array([1, 1], dtype=np.int32)
+
+
+def _rows_at_start(table: np.ndarray, columns: tuple) -> list:
+    found = [(c, np.flatnonzero(table[:, c] == 0)) for c in columns]
+    return [(c, rows) for c, rows in found if len(rows)]
 
 
 def _by_source(table: np.ndarray) -> np.ndarray:
