@@ -14,6 +14,9 @@
   every step; the same sample and walk for every backend asked for (xgrammar / llguidance
   only where installed: ``tamis.constrain.backends``);
 - per-step mask fill time p50/p99 for JSON schemas (those walks), a regex and a grammar;
+- the cyclic garbage collector's pauses over those compiles and walks (full collections and
+  their longest, the longest younger one), the start-up heap frozen first as the engine core
+  process freezes its own;
 - with ``--throughput``: constrained (JSON schema) vs unconstrained decode tokens/s at batch
   32 on CPU, SmolLM2, same prompts and max_tokens; unconstrained runs with ignore_eos and the
   schema cannot complete inside max_tokens, so both sides generate max_tokens per request
@@ -152,8 +155,9 @@ def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
     tokenizer, info = smollm2()
     backend = backend_registry.load_backend(name, tokenizer, info.vocab_size, info)
     freeze_startup_heap()
-    per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset)
-    others = regex_and_grammar_masks(backend)
+    with GcPauses() as pauses:
+        per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset)
+        others = regex_and_grammar_masks(backend)
     total = Counter()
     print(f"\n[{name}] subset                schemas compiled valid-accepted invalid-rejected")
     for subset, row in sorted(per.items()):
@@ -171,11 +175,40 @@ def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
         "cold compile ms p50 / p99": f"{pct(compile_ms, 50):.1f} / {pct(compile_ms, 99):.1f}",
         "first mask after compile ms p50 / p99": f"{pct(first_mask, 50):.2f} / {pct(first_mask, 99):.1f}",
         "JSON mask fill us p50 / p99 / p99.9": mask_percentiles(mask_times),
+        "garbage collections (compiles and walks) ms": pauses.summary(),
     }
     for other, times in others.items():
         fig[f"{other} mask fill us p50 / p99 / p99.9"] = (
             f"n/a: {times[:70]}" if isinstance(times, str) else mask_percentiles(times))
     return fig
+
+
+class GcPauses:
+    """Times every cyclic garbage collection while it is entered (``gc.callbacks``)."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float]] = []       # (generation, seconds)
+        self._started = 0.0
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._record)
+
+    def _record(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def summary(self) -> str:
+        """'full: count / max ms; younger: max ms'."""
+        full = [s for g, s in self.pauses if g == 2]
+        young = [s for g, s in self.pauses if g < 2]
+        return (f"full {len(full)} / max {1e3 * max(full, default=0):.0f}; "
+                f"younger max {1e3 * max(young, default=0):.1f}")
 
 
 def freeze_startup_heap() -> None:
