@@ -112,12 +112,23 @@ def scales_pending(model: nn.Module) -> bool:
     return any(getattr(m, "calculate_kv_scales", False) for m in model.modules())
 
 
+def stored_rows(slot_mapping: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[T, 1, 1]: 1 for tokens the pass stores, 0 for padding (slot -1)."""
+    return (slot_mapping >= 0).to(dtype)[:, None, None]
+
+
+def mean_key(k: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """[Hkv, D]: the mean over the stored tokens of k [T, Hkv, D], per head and channel."""
+    stored = stored_rows(slot_mapping, k.dtype)
+    return (k * stored).sum(0) / stored.sum().clamp(min=1)
+
+
 def measure_scales(k: torch.Tensor, v: torch.Tensor,
                    slot_mapping: torch.Tensor) -> tuple[float, float]:
     """(k_scale, v_scale) from the stored tokens of k/v [T, Hkv, D] (slot -1, padding, is
     left out): ``amax / K_SCALE_RANGE`` and ``amax / V_SCALE_RANGE``; an all-zero tensor
     gives 1.0. One device sync."""
-    stored = (slot_mapping >= 0).to(k.dtype)[:, None, None]
+    stored = stored_rows(slot_mapping, k.dtype)
     amax = torch.stack([(k * stored).abs().amax(), (v * stored).abs().amax()]).float().tolist()
     return tuple(a / r if a > 0 and math.isfinite(a) else 1.0
                  for a, r in zip(amax, (K_SCALE_RANGE, V_SCALE_RANGE)))

@@ -11,6 +11,13 @@ With ``calculate_kv_scales`` set (``--calculate-kv-scales``) the first forward p
 stores tokens in the cache measures them from its own keys and values before storing, and
 clears the flag. Passes that store nothing (profiling, CUDA-graph capture: every slot is
 -1, every sequence length 0) leave it set.
+
+That pass also fixes ``key_shift``, the mean of its keys per KV head and channel, and from
+then on every key is stored as ``k - key_shift`` (the scale measured on the shifted keys).
+A query's scores all move by the same ``q . key_shift``, which the softmax ignores, while
+the stored numbers shrink to their spread around the mean, where e4m3's error, relative to
+each number, costs less (SageAttention's smoothing of K). Soft-capped scores are not
+shift-invariant: those layers keep their keys as they are.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ import torch
 from torch import nn
 
 from tamis.engine.attention.backends import AttentionBackend
-from tamis.engine.attention.kv_scales import measure_scales
+from tamis.engine.attention.kv_scales import mean_key, measure_scales
 from tamis.engine.attention.metadata import AttentionMetadata, get_forward_context
 
 
@@ -39,6 +46,7 @@ class Attention(nn.Module):
         self.soft_cap = soft_cap
         self.k_scale = self.v_scale = 1.0
         self.calculate_kv_scales = False
+        self.key_shift: torch.Tensor | None = None   # [Hkv, D], set with measured scales
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
@@ -46,11 +54,20 @@ class Attention(nn.Module):
         meta = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
         if self.calculate_kv_scales and kv_cache is not None and _stores_tokens(meta):
-            self.k_scale, self.v_scale = measure_scales(k, v, meta.slot_mapping)
-            self.calculate_kv_scales = False
+            self._measure_kv(k, v, meta.slot_mapping)
+        if self.key_shift is not None:
+            k = k - self.key_shift
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
                                    self.soft_cap, self.k_scale, self.v_scale)
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
+
+    def _measure_kv(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Fixes key_shift (unless soft-capped), k_scale and v_scale from this pass."""
+        if self.soft_cap is None:
+            self.key_shift = mean_key(k, slot_mapping)
+            k = k - self.key_shift
+        self.k_scale, self.v_scale = measure_scales(k, v, slot_mapping)
+        self.calculate_kv_scales = False
 
 
 def _stores_tokens(meta: AttentionMetadata) -> bool:

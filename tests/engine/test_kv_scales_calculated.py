@@ -54,12 +54,15 @@ def test_scales_are_measured_on_the_first_prefill_then_fixed(tiny_checkpoint):
     for attention, calls in zip(layers, seen):
         k, v = calls[0]
         assert not attention.calculate_kv_scales
-        assert attention.k_scale == pytest.approx(float(k.abs().max()) / K_SCALE_RANGE)
+        torch.testing.assert_close(attention.key_shift, k.mean(0))
+        shifted = k - k.mean(0)
+        assert attention.k_scale == pytest.approx(float(shifted.abs().max()) / K_SCALE_RANGE)
         assert attention.v_scale == pytest.approx(float(v.abs().max()) / V_SCALE_RANGE)
         assert attention.k_scale != 1.0 and attention.v_scale != 1.0
     # Later batches (longer prompts, decodes) leave them as they are.
     outs = run_to_completion(engine, later, GREEDY, prefix="later")
     assert [(a.k_scale, a.v_scale) for a in layers] == measured
+    assert all(torch.equal(a.key_shift, calls[0][0].mean(0)) for a, calls in zip(layers, seen))
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
 
 
@@ -81,7 +84,9 @@ def test_passes_that_store_nothing_measure_nothing():
     with forward_context(_decode_metadata(slots=[0, -1, 9], seq_lens=[1, 0, 2]), [cache]):
         attention(q, k, v)
     assert not attention.calculate_kv_scales
-    assert attention.k_scale == pytest.approx(float(k[[0, 2]].abs().max()) / K_SCALE_RANGE)
+    real = k[[0, 2]]
+    torch.testing.assert_close(attention.key_shift, real.mean(0))
+    assert attention.k_scale == pytest.approx(float((real - real.mean(0)).abs().max()) / K_SCALE_RANGE)
 
 
 def _decode_metadata(slots: list[int], seq_lens: list[int]) -> AttentionMetadata:
@@ -148,13 +153,49 @@ def test_triton_backend_stores_and_reads_with_the_measured_scales():
             outs[name] = attention(q, k, v)
         scales[name] = (attention.k_scale, attention.v_scale)
     assert scales["torch"] == scales["triton"]
-    assert scales["torch"][0] == pytest.approx(float(k.abs().max()) / K_SCALE_RANGE)
+    assert scales["torch"][0] == pytest.approx(float((k - k.mean(0)).abs().max()) / K_SCALE_RANGE)
     assert torch.equal(caches["torch"].view(torch.uint8), caches["triton"].view(torch.uint8))
     torch.testing.assert_close(outs["triton"], outs["torch"], atol=1e-4, rtol=1e-3)
     # Values of 0.01 are far below e4m3's normal range at a unit scale: read back with the
     # measured scale they keep ~2 significant digits.
     want = _exact_attention(q, k, v, lens, dim ** -0.5)
     torch.testing.assert_close(outs["torch"].view_as(want), want, atol=2e-3, rtol=0.1)
+
+
+@pytest.mark.parametrize("soft_cap", [None, 20.0])
+def test_the_key_shift_leaves_attention_unchanged(soft_cap):
+    """Keys stored less their mean (fp32 cache, so nothing is rounded): prefill over a
+    cached prefix and decode give the unshifted outputs; a soft-capped layer takes no
+    shift (tanh would not ignore it)."""
+    from tamis.engine.attention.torch_backend import TorchAttentionBackend
+    torch.manual_seed(1)
+    heads, kv_heads, dim, block = 4, 2, 16, 4
+    k_all = torch.randn(9, kv_heads, dim) + torch.randn(kv_heads, dim) * 5   # a large mean
+    v_all, q_all = torch.randn(9, kv_heads, dim), torch.randn(9, heads, dim)
+    steps = [(0, 6), (6, 8), (8, 9)]   # a prefill chunk, a chunk over its prefix, a decode
+    outs = {}
+    for shifted in (False, True):
+        attention = Attention(heads, dim, kv_heads, layer_idx=0, scale=dim ** -0.5,
+                              backend=TorchAttentionBackend(), soft_cap=soft_cap)
+        if shifted:   # as the first measured pass sets it
+            attention._measure_kv(k_all[:6], v_all[:6], torch.arange(6))
+            assert (attention.key_shift is None) == (soft_cap is not None)
+        cache = torch.zeros(2, 3, block, kv_heads, dim)
+        outs[shifted] = []
+        for start, end in steps:
+            meta = AttentionMetadata(
+                query_start_loc=torch.tensor([0, end - start], dtype=torch.int32),
+                seq_lens=torch.tensor([end], dtype=torch.int32),
+                block_tables=torch.tensor([[0, 1, 2]], dtype=torch.int32),
+                slot_mapping=torch.arange(start, end), max_query_len=end - start,
+                max_seq_len=end, block_size=block, query_lens_cpu=[end - start],
+                seq_lens_cpu=[end])
+            with forward_context(meta, [cache]):
+                outs[shifted].append(attention(q_all[start:end], k_all[start:end], v_all[start:end]))
+        if shifted and soft_cap is None:
+            stored = cache[0].flatten(0, 1)[:9]
+            torch.testing.assert_close(stored, k_all - attention.key_shift)
+    torch.testing.assert_close(torch.cat(outs[True]), torch.cat(outs[False]), atol=1e-5, rtol=1e-5)
 
 
 def _exact_attention(q, k, v, lens, scale):
@@ -193,3 +234,28 @@ def test_greedy_output_stays_near_fp32(tiny_checkpoint):
         chosen = fp8.outputs[0].token_ids[0]
         best = max(entry.logprob for entry in first.values())
         assert chosen in first and first[chosen].logprob >= best - 0.15, (chosen, first)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_graphs_are_captured_again_with_the_measured_scales(tmp_path):
+    """Graphs captured before the first prefill hold unit scales: the runner steps eagerly
+    until the scales are measured, then captures again, and gives the eager runner's tokens."""
+    from test_gpu_runner import _tokenizer_free_checkpoint
+    from tamis.engine.llm import LLM
+    path = _tokenizer_free_checkpoint(tmp_path)
+    prompts = [[1, 5, 9, 200 + i] * (i + 1) for i in range(11)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, detokenize=False)
+    outs, scales = {}, {}
+    for eager in (True, False):
+        llm = LLM(model=path, dtype="float32", kv_cache_dtype="fp8", calculate_kv_scales=True,
+                  enforce_eager=eager, max_num_seqs=16, gpu_memory_utilization=0.3,
+                  skip_tokenizer_init=True)
+        runner = llm.llm_engine.runner
+        outs[eager] = [o.outputs[0].token_ids for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+        scales[eager] = [(a.k_scale, a.v_scale) for a in _attentions(llm.llm_engine)]
+        assert not runner.kv_scales_pending and bool(runner.graphs) != eager
+        del llm, runner
+    assert all(k != 1.0 and v != 1.0 for k, v in scales[False])
+    assert scales[True] == scales[False]
+    assert outs[True] == outs[False]
