@@ -125,11 +125,12 @@ class PeakLiveBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        # Freed storages go first: a new one may take a freed one's address (the key).
+        self.live = {key: entry for key, entry in self.live.items() if not entry[0].expired()}
         for tensor in tree_leaves(out):
             if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
                 storage = tensor.untyped_storage()
                 self.live.setdefault(storage._cdata, (StorageWeakRef(storage), storage.nbytes()))
-        self.live = {key: entry for key, entry in self.live.items() if not entry[0].expired()}
         self.peak = max(self.peak, sum(nbytes for _, nbytes in self.live.values()))
         return out
 
