@@ -29,7 +29,7 @@ def build_nfa(node) -> tuple[NFA, int, int]:
     """(sealed NFA, start, accept) of ``node``, trimmed when a construct may dead-end."""
     # A tree past twice the limit is refused before building; below that, fragments
     # replaced by their minimal DFA may still fit (the states are counted as they come).
-    if ra.tree_size(node) > 2 * MAX_NFA_STATES:
+    if _size(node) > 2 * MAX_NFA_STATES:
         raise ConstraintError(
             f"constraint too large: its automaton would exceed {MAX_NFA_STATES} states "
             "(reduce repetition counts such as maxLength/maxItems, or shared definitions)")

@@ -100,16 +100,27 @@ class NFA:
             edges, eps = edges[alive[edges[:, 3]]], eps[alive[eps[:, 1]]]
         self.edge_table = _by_source(edges)
         self.eps_table = _by_source(eps)
-        self.edge_start = _starts(self.edge_table[:, 0], self.num_states)
-        self.edge_lo, self.edge_hi, self.edge_to = (array("i", self.edge_table[:, c].tobytes())
-                                                    for c in (1, 2, 3))
-        self.eps_start = _starts(self.eps_table[:, 0], self.num_states)
-        self.eps_to = array("i", self.eps_table[:, 1].tobytes())
-        # for ``paste``: (column, rows) where state 0 appears
-        self.edge_at_start = _rows_at_start(self.edge_table, (0, 3))
-        self.eps_at_start = _rows_at_start(self.eps_table, (0, 1))
         self._edges = self._eps = None
         self.sealed = True
+
+    def __getattr__(self, name: str):
+        """Builds, on first use after ``seal``, the per-state offsets that ``edges_of`` and
+        friends read, or the positions of state 0 that ``paste`` rewrites: an automaton's NFA
+        is only read and a fragment only pasted, and most NFAs are small fragments."""
+        if not self.__dict__.get("sealed"):
+            raise AttributeError(name)
+        if name in _READ_ARRAYS:
+            self.edge_start = _starts(self.edge_table[:, 0], self.num_states)
+            self.edge_lo, self.edge_hi, self.edge_to = (
+                array("i", self.edge_table[:, c].tobytes()) for c in (1, 2, 3))
+            self.eps_start = _starts(self.eps_table[:, 0], self.num_states)
+            self.eps_to = array("i", self.eps_table[:, 1].tobytes())
+        elif name in _PASTE_ROWS:
+            self.edge_at_start = _rows_at_start(self.edge_table, (0, 3))
+            self.eps_at_start = _rows_at_start(self.eps_table, (0, 1))
+        else:
+            raise AttributeError(name)
+        return self.__dict__[name]
 
     # ---- reading (sealed) ----------------------------------------------------------------
     def edges_of(self, q: int) -> tuple:
@@ -132,6 +143,8 @@ class NFA:
         return byte_class.astype(np.int64), byte_class.tolist()
 
 
+_READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_start", "eps_to"})
+_PASTE_ROWS = frozenset({"edge_at_start", "eps_at_start"})     # (column, rows) holding state 0
 _EDGE_STATES = np.array([1, 0, 0, 1], dtype=np.int32)     # which columns hold states
 _EPS_STATES = np.array([1, 1], dtype=np.int32)
 
