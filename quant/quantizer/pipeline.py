@@ -58,6 +58,9 @@ class QuantizeOptions:
     # GPTQ group grids / AWQ final rounding: clipping search on the output error under
     # the Hessian block of each group (AutoAWQ's clip loss), not the (diagonal) weight error.
     output_clip: bool | None = None
+    # GPTQ: fit each group's grid by the clipping search (``grid.fit_grid``); off, the grid
+    # covers the group's [min, max] (GPTQ's and llm-compressor's minmax observer).
+    clip_search: bool = True
     # GPTQ: visit columns in act order (decreasing Hessian diagonal) with groups kept
     # contiguous in K, their grids fitted before the solve; g_idx stays column // group,
     # so without --desc-act the checkpoint is a plain (non act-order) one.
@@ -409,7 +412,8 @@ def _gptq_linear_rounds(weight: torch.Tensor, hessian: torch.Tensor,
     # Static groups visit in act order whatever the format: their g_idx stays contiguous.
     arguments = dict(bits=options.bits, group_size=options.group_size, sym=options.sym,
                      act_order=options.desc_act or options.static_groups, damp=options.damp,
-                     min_zero=_min_zero(options), weighted_clip=options.output_clip,
+                     min_zero=_min_zero(options), search=options.clip_search,
+                     weighted_clip=options.output_clip,
                      static_groups=options.static_groups,
                      act_order_block=options.act_order_block,
                      prefit=options.prefit_grids and not options.static_groups)

@@ -64,6 +64,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--output-clip", action=argparse.BooleanOptionalAction, default=None,
                         help="clipping search on each group's output error (Hessian block), "
                              "not the weight error (gptq, awq; default on)")
+    parser.add_argument("--clip-search", action=argparse.BooleanOptionalAction, default=True,
+                        help="gptq: fit each group's grid by a clipping search (default on); "
+                             "--no-clip-search: the group's min..max, as GPTQ does")
     parser.add_argument("--static-groups", action=argparse.BooleanOptionalAction, default=None,
                         help="gptq: visit columns in act order with groups contiguous in K, "
                              "grids fitted first (default on without --desc-act, where the "
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                                   desc_act=args.desc_act, sym=args.sym, rtn=args.rtn,
                                   calibration_text=text, num_samples=args.num_samples,
                                   seq_len=args.seq_len, true_sequential=args.true_sequential,
-                                  output_clip=args.output_clip, static_groups=args.static_groups,
+                                  output_clip=args.output_clip,
+                                  clip_search=args.clip_search, static_groups=args.static_groups,
                                   act_order_block=args.act_order_block,
                                   prefit_grids=args.prefit_grids,
                                   refine=args.refine, refit=args.refit,

@@ -101,6 +101,33 @@ def test_refit_defaults_to_refine_and_needs_an_integer_grid():
         QuantizeOptions("fp8", refit=True)
 
 
+def test_no_clip_search_grids_cover_each_groups_min_max(monkeypatch):
+    """--no-clip-search: each static group's symmetric grid spans its largest |w| (GPTQ's
+    and llm-compressor's minmax grid, stored in float16), where the default search
+    shrinks some; the option reaches the solve from QuantizeOptions and the CLI."""
+    from tamis.cli import build_parser
+    from tamis.quant.quantizer import pipeline
+    w, h = torch.randn(16, 64), _correlated_hessian(64)
+    plain = gptq_quantize(w, h, 4, 32, True, True, static_groups=True, search=False)
+    for g in range(2):
+        amax = w[:, 32 * g:32 * (g + 1)].abs().amax(dim=1)
+        assert torch.equal(plain.scales[:, g], (2 * amax / 15).half().float())
+    searched = gptq_quantize(w, h, 4, 32, True, True, static_groups=True)
+    assert (searched.scales < plain.scales).any()
+
+    seen = []
+    real = pipeline.gptq_quantize
+    monkeypatch.setattr(pipeline, "gptq_quantize",
+                        lambda *a, **kw: seen.append(kw["search"]) or real(*a, **kw))
+    for clip_search in (False, True):
+        options = QuantizeOptions("gptq", clip_search=clip_search, refine=0)
+        pipeline._gptq_linear(w, h, options)
+    assert seen == [False, True]
+    args = build_parser().parse_args(["quantize", "--method", "gptq", "--output", "o",
+                                      "--no-clip-search"])
+    assert args.clip_search is False
+
+
 def test_static_groups_keep_contiguous_g_idx_with_act_order():
     h = _correlated_hessian(96)
     w = torch.randn(16, 96)
