@@ -76,12 +76,10 @@ class ClassTokens:
     def __init__(self, table: TokenTable, members: np.ndarray):
         lut = np.zeros(PAD + 1, dtype=bool)
         lut[:256] = members
-        # next index at or after i that is not a C byte (every token ends with PAD): each
-        # such index stands for itself and the C bytes before it
-        outside = np.flatnonzero(~lut[table.flat])
-        stop = np.repeat(outside, np.diff(outside, prepend=-1))
-        self.runlen = (stop - np.arange(len(table.flat))).astype(
-            np.uint8 if table.max_len < 256 else np.uint16)
+        index = np.arange(len(table.flat))
+        # next index at or after i that is not a C byte (every token ends with PAD)
+        stop = np.minimum.accumulate(np.where(lut[table.flat], len(index), index)[::-1])[::-1]
+        self.runlen = (stop - index).astype(np.uint8 if table.max_len < 256 else np.uint16)
         self.lengths = table.lengths
         self.offsets = table.offsets
         self.max_len = table.max_len
