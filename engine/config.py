@@ -100,8 +100,9 @@ class EngineConfig:
     max_logprobs: int = 20
     served_model_name: str | None = None
     kv_cache_dtype: str = "auto"
-    # FP8 cache: layers without checkpoint scales measure theirs on the first prefill
-    # (engine/attention/kv_scales.py) instead of keeping 1.0. Ignored by other caches.
+    # FP8 cache: layers without checkpoint scales measure theirs (and their mean key) on
+    # the first prefill (engine/layers/attention.py) instead of keeping 1.0. Other caches
+    # ignore it.
     calculate_kv_scales: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

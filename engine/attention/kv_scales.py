@@ -1,4 +1,4 @@
-"""FP8 KV-cache scales read from a checkpoint, as vLLM reads them.
+"""FP8 KV-cache scales: read from a checkpoint as vLLM reads them, or measured.
 
 Checkpoints quantized for an FP8 KV cache carry one scale per attention layer for keys
 and one for values, under one of these names (``L`` = ``model.layers.N.self_attn``)::
@@ -13,8 +13,10 @@ parameter for them) and ``apply`` sets them on each layer's ``Attention``. A lay
 checkpoint gives no scale keeps 1.0 (vLLM's default), or with ``--calculate-kv-scales``
 (``calculate_on_first_prefill``) gets scales measured on the first batch it stores:
 ``amax(|k|) / K_SCALE_RANGE`` and ``amax(|v|) / V_SCALE_RANGE``, then fixed for the life of
-the engine (later keys past ``448 * k_scale`` saturate, as in vLLM). The scales only matter
-to an FP8 cache (``--kv-cache-dtype fp8``); other caches ignore them.
+the engine (later keys past ``448 * k_scale`` saturate, as in vLLM). Such a layer also
+stores its keys and values rotated and its keys less that batch's mean key, and measures
+its scales on what it stores (``tamis.engine.layers.attention``). The scales only matter to an FP8 cache (``--kv-cache-dtype fp8``);
+other caches ignore them.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ from typing import Iterable, Iterator
 
 import torch
 from torch import nn
+
+from tamis.engine.attention.kv_rotation import random_hadamard
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +91,9 @@ class KVScaleCollector:
 def calculate_on_first_prefill(model: nn.Module, kv_cache_dtype: str) -> int:
     """``--calculate-kv-scales``: marks every attention layer without checkpoint scales to
     measure its scales on the first batch that stores tokens (``Attention.forward`` calls
-    ``measure_scales``). Returns how many layers were marked.
+    ``measure_scales``) and gives it the rotation its cache is stored in
+    (``kv_rotation.random_hadamard``; none where head_dim is not a power of two). Call it
+    before any token is stored. Returns how many layers were marked.
 
     Only an FP8 cache has scales: with another ``kv_cache_dtype`` nothing is marked and a
     warning says the flag does nothing (vLLM accepts the flag with any cache dtype too, so
@@ -102,8 +108,13 @@ def calculate_on_first_prefill(model: nn.Module, kv_cache_dtype: str) -> int:
 
     layers = [m for m in model.modules() if isinstance(m, Attention)
               and not getattr(m, "kv_scales_from_checkpoint", False)]
+    if layers:
+        first = next(model.parameters())
+        rotation = random_hadamard(layers[0].head_dim, first.device,
+                                   getattr(model, "dtype", None) or first.dtype)
     for attention in layers:
         attention.calculate_kv_scales = True
+        attention.kv_rotation = rotation
     return len(layers)
 
 

@@ -12,12 +12,19 @@ stores tokens in the cache measures them from its own keys and values before sto
 clears the flag. Passes that store nothing (profiling, CUDA-graph capture: every slot is
 -1, every sequence length 0) leave it set.
 
-That pass also fixes ``key_shift``, the mean of its keys per KV head and channel, and from
-then on every key is stored as ``k - key_shift`` (the scale measured on the shifted keys).
-A query's scores all move by the same ``q . key_shift``, which the softmax ignores, while
-the stored numbers shrink to their spread around the mean, where e4m3's error, relative to
-each number, costs less (SageAttention's smoothing of K). Soft-capped scores are not
-shift-invariant: those layers keep their keys as they are.
+Two exact transforms come with measured scales, so that e4m3's rounding costs less:
+
+- ``kv_rotation`` R (set with the flag, before any token is stored; ``kv_rotation.py``):
+  q, k and v are multiplied by R and the output by R^T. Scores and outputs are unchanged;
+  what is stored is spread evenly over the channels.
+- ``key_shift`` (fixed by the measuring pass): the mean of its rotated keys per KV head and
+  channel; every key is stored less it. A query's scores all move by one constant, which
+  the softmax ignores, while the stored numbers shrink to their spread around the mean
+  (SageAttention's smoothing of K). Soft-capped scores are not shift-invariant: those
+  layers take no shift.
+
+Scales are measured on what is stored (rotated, shifted), so nothing saturates in the
+measuring batch.
 """
 from __future__ import annotations
 
@@ -46,23 +53,30 @@ class Attention(nn.Module):
         self.soft_cap = soft_cap
         self.k_scale = self.v_scale = 1.0
         self.calculate_kv_scales = False
-        self.key_shift: torch.Tensor | None = None   # [Hkv, D], set with measured scales
+        self.kv_rotation: torch.Tensor | None = None   # [D, D], set with the flag
+        self.key_shift: torch.Tensor | None = None     # [Hkv, D], set with measured scales
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
         ctx = get_forward_context()
         meta = ctx.attn_metadata
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
+        rotation = self.kv_rotation
+        if rotation is not None:
+            q, k, v = q @ rotation, k @ rotation, v @ rotation
         if self.calculate_kv_scales and kv_cache is not None and _stores_tokens(meta):
             self._measure_kv(k, v, meta.slot_mapping)
         if self.key_shift is not None:
             k = k - self.key_shift
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
                                    self.soft_cap, self.k_scale, self.v_scale)
+        if rotation is not None:
+            out = out @ rotation.T
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
     def _measure_kv(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Fixes key_shift (unless soft-capped), k_scale and v_scale from this pass."""
+        """Fixes key_shift (unless soft-capped), k_scale and v_scale from this pass's
+        (rotated) keys and values."""
         if self.soft_cap is None:
             self.key_shift = mean_key(k, slot_mapping)
             k = k - self.key_shift

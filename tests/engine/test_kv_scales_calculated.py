@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from engine_helpers import make_engine, random_prompts, run_to_completion
 from tamis.engine.arg_utils import add_engine_args
+from tamis.engine.attention.kv_rotation import random_hadamard
 from tamis.engine.attention.kv_scales import K_SCALE_RANGE, V_SCALE_RANGE, measure_scales
 from tamis.engine.attention.metadata import AttentionMetadata, forward_context
 from tamis.engine.config import EngineConfig
@@ -47,22 +48,25 @@ def test_scales_are_measured_on_the_first_prefill_then_fixed(tiny_checkpoint):
     engine = make_engine(tiny_checkpoint("llama"), kv_cache_dtype="fp8", calculate_kv_scales=True)
     layers = _attentions(engine)
     assert all(a.calculate_kv_scales and (a.k_scale, a.v_scale) == (1.0, 1.0) for a in layers)
+    assert all(torch.equal(a.kv_rotation, random_hadamard(16)) for a in layers)   # head_dim 16
     seen = _record_first_kv(engine)
     first, later = random_prompts((40,), seed=1), random_prompts((90, 7), seed=2)
     run_to_completion(engine, first, GREEDY)
     measured = [(a.k_scale, a.v_scale) for a in layers]
     for attention, calls in zip(layers, seen):
-        k, v = calls[0]
+        rotation = attention.kv_rotation
+        k, v = (t @ rotation for t in calls[0])   # what the layer stores: rotated...
         assert not attention.calculate_kv_scales
         torch.testing.assert_close(attention.key_shift, k.mean(0))
-        shifted = k - k.mean(0)
+        shifted = k - k.mean(0)                   # ...and its keys less their mean
         assert attention.k_scale == pytest.approx(float(shifted.abs().max()) / K_SCALE_RANGE)
         assert attention.v_scale == pytest.approx(float(v.abs().max()) / V_SCALE_RANGE)
         assert attention.k_scale != 1.0 and attention.v_scale != 1.0
     # Later batches (longer prompts, decodes) leave them as they are.
     outs = run_to_completion(engine, later, GREEDY, prefix="later")
     assert [(a.k_scale, a.v_scale) for a in layers] == measured
-    assert all(torch.equal(a.key_shift, calls[0][0].mean(0)) for a, calls in zip(layers, seen))
+    assert all(torch.equal(a.key_shift, (calls[0][0] @ a.kv_rotation).mean(0))
+               for a, calls in zip(layers, seen))
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
 
 
@@ -113,6 +117,7 @@ def test_checkpoint_scales_win(tiny_checkpoint, tmp_path):
     engine = make_engine(folder, kv_cache_dtype="fp8", calculate_kv_scales=True)
     first, second = _attentions(engine)
     assert not first.calculate_kv_scales and second.calculate_kv_scales
+    assert first.kv_rotation is None and second.kv_rotation is not None
     run_to_completion(engine, random_prompts((30,)), GREEDY)
     assert (first.k_scale, first.v_scale) == (pytest.approx(0.03), pytest.approx(0.02))
     assert not second.calculate_kv_scales and second.k_scale != 1.0
@@ -137,7 +142,7 @@ def test_triton_backend_stores_and_reads_with_the_measured_scales():
     torch.manual_seed(0)
     lens, heads, kv_heads, dim, block = [5, 7], 4, 2, 16, 4
     q = torch.randn(sum(lens), heads, dim)
-    k, v = torch.randn(sum(lens), kv_heads, dim) * 30, torch.randn(sum(lens), kv_heads, dim) * 0.01
+    k, v = torch.randn(sum(lens), kv_heads, dim) * 3, torch.randn(sum(lens), kv_heads, dim) * 0.01
     meta = AttentionMetadata(
         query_start_loc=torch.tensor([0, 5, 12], dtype=torch.int32),
         seq_lens=torch.tensor(lens, dtype=torch.int32),
@@ -147,13 +152,15 @@ def test_triton_backend_stores_and_reads_with_the_measured_scales():
     outs, caches, scales = {}, {}, {}
     for name, backend in (("torch", TorchAttentionBackend()), ("triton", TritonAttentionBackend())):
         attention = Attention(heads, dim, kv_heads, layer_idx=0, scale=dim ** -0.5, backend=backend)
-        attention.calculate_kv_scales = True
+        attention.calculate_kv_scales, attention.kv_rotation = True, random_hadamard(dim)
         caches[name] = torch.zeros(2, 4, block, kv_heads, dim, dtype=torch.float8_e4m3fn)
         with forward_context(meta, [caches[name]]):
             outs[name] = attention(q, k, v)
         scales[name] = (attention.k_scale, attention.v_scale)
     assert scales["torch"] == scales["triton"]
-    assert scales["torch"][0] == pytest.approx(float((k - k.mean(0)).abs().max()) / K_SCALE_RANGE)
+    stored = k @ random_hadamard(dim)
+    assert scales["torch"][0] == pytest.approx(float((stored - stored.mean(0)).abs().max())
+                                               / K_SCALE_RANGE)
     assert torch.equal(caches["torch"].view(torch.uint8), caches["triton"].view(torch.uint8))
     torch.testing.assert_close(outs["triton"], outs["torch"], atol=1e-4, rtol=1e-3)
     # Values of 0.01 are far below e4m3's normal range at a unit scale: read back with the
@@ -162,11 +169,20 @@ def test_triton_backend_stores_and_reads_with_the_measured_scales():
     torch.testing.assert_close(outs["torch"].view_as(want), want, atol=2e-3, rtol=0.1)
 
 
+def test_random_hadamard_is_orthogonal_and_fixed():
+    for dim in (16, 64, 128):
+        r = random_hadamard(dim)
+        torch.testing.assert_close(r @ r.T, torch.eye(dim), atol=1e-6, rtol=0)
+        assert torch.equal(r, random_hadamard(dim))
+        assert (r.abs() - dim ** -0.5).abs().max() < 1e-6   # every channel takes a share
+    assert random_hadamard(80) is None and random_hadamard(96) is None
+
+
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
-def test_the_key_shift_leaves_attention_unchanged(soft_cap):
-    """Keys stored less their mean (fp32 cache, so nothing is rounded): prefill over a
-    cached prefix and decode give the unshifted outputs; a soft-capped layer takes no
-    shift (tanh would not ignore it)."""
+def test_rotation_and_key_shift_leave_attention_unchanged(soft_cap):
+    """Rotated q/k/v and keys stored less their mean (fp32 cache, so nothing is rounded):
+    prefill over a cached prefix and decode give the plain outputs; a soft-capped layer
+    is rotated but takes no shift (tanh would not ignore it)."""
     from tamis.engine.attention.torch_backend import TorchAttentionBackend
     torch.manual_seed(1)
     heads, kv_heads, dim, block = 4, 2, 16, 4
@@ -177,8 +193,9 @@ def test_the_key_shift_leaves_attention_unchanged(soft_cap):
     for shifted in (False, True):
         attention = Attention(heads, dim, kv_heads, layer_idx=0, scale=dim ** -0.5,
                               backend=TorchAttentionBackend(), soft_cap=soft_cap)
-        if shifted:   # as the first measured pass sets it
-            attention._measure_kv(k_all[:6], v_all[:6], torch.arange(6))
+        if shifted:   # as the flag and the first measured pass set them
+            attention.kv_rotation = random_hadamard(dim)
+            attention._measure_kv(k_all[:6] @ attention.kv_rotation, v_all[:6], torch.arange(6))
             assert (attention.key_shift is None) == (soft_cap is not None)
         cache = torch.zeros(2, 3, block, kv_heads, dim)
         outs[shifted] = []
@@ -194,7 +211,7 @@ def test_the_key_shift_leaves_attention_unchanged(soft_cap):
                 outs[shifted].append(attention(q_all[start:end], k_all[start:end], v_all[start:end]))
         if shifted and soft_cap is None:
             stored = cache[0].flatten(0, 1)[:9]
-            torch.testing.assert_close(stored, k_all - attention.key_shift)
+            torch.testing.assert_close(stored, k_all @ attention.kv_rotation - attention.key_shift)
     torch.testing.assert_close(torch.cat(outs[True]), torch.cat(outs[False]), atol=1e-5, rtol=1e-5)
 
 
