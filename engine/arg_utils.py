@@ -82,8 +82,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--kv-cache-dtype", default="auto", choices=cfg.KV_CACHE_DTYPES)
     _bool_flag(g, "calculate_kv_scales",
                "fp8 cache: layers without k/v scales in the checkpoint measure them on the "
-               "first prefill (keys stored less that batch's mean key; scales amax/200 for "
-               "keys, amax/100 for values) instead of keeping 1.0")
+               "first prefill (amax/200 for keys, amax/100 for values) instead of keeping "
+               "1.0, and store keys and values rotated, keys less their mean "
+               "(docs/kv_cache.md)")
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split every layer over this many processes (one GPU each on CUDA, "
                         "gloo on the CPU); see docs/parallelism.md")
