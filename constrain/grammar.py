@@ -117,6 +117,7 @@ class _Builder:
         self.terminals: list[tuple] = []
         self.terminal_ids: dict[int, int] = {}        # id(node) -> terminal
         self.terminal_of_value: dict[tuple, int] = {}
+        self._sizes: dict = {}          # tree_size memo (id(node) -> unfolded size)
         self.optional_of: dict[int, int] = {}
         self._rules_memo: dict = {}
         self._seq_memo: dict = {}      # id(node) -> (node, symbols): the AST is a DAG
@@ -232,19 +233,30 @@ class _Builder:
     def _terminal_id(self, node) -> int:
         key = id(node)
         if key not in self.terminal_ids:
-            # Equal terminals share one id, so one lazy DFA and its cached rows: a schema
-            # repeats the same member regexes in many rules (673 terminals, 141 distinct).
-            # Hashed by value once per node (the AST is a DAG of tuples).
-            tid = self.terminal_of_value.get(node)
-            if tid is None:
-                tid = self.terminal_of_value[node] = len(self.terminals) + _T
+            fresh = len(self.terminals) + _T
+            tid = self._equal_terminal(node, fresh)
+            if tid == fresh:
                 self.terminals.append(node)
             self.terminal_ids[key] = tid
             self._keep_alive.append(node)   # keeps the node (and its id) alive
         return self.terminal_ids[key]
 
+    def _equal_terminal(self, node, fresh: int) -> int:
+        """The id of a terminal equal to ``node`` met before, else ``fresh`` (now ``node``'s).
+        Equal terminals share one id, so one lazy DFA and its cached rows: a schema repeats
+        the same member regexes in many rules (673 terminals, 141 distinct). A tuple's hash
+        walks its unfolded tree, so only terminals small enough to be built at all are
+        compared, and never one holding a list."""
+        if ra.tree_size(node, self._sizes) > _MAX_HASHED_TERMINAL:
+            return fresh
+        try:
+            return self.terminal_of_value.setdefault(node, fresh)
+        except TypeError:
+            return fresh
+
 
 _T = 1 << 30    # terminal marker while building (nonterminal count is unknown until the end)
+_MAX_HASHED_TERMINAL = 800_000    # automaton.build_nfa refuses larger trees
 
 
 def _productive_only(productions, nt: int, start: int):
