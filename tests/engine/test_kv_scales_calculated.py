@@ -276,3 +276,31 @@ def test_decode_graphs_are_captured_again_with_the_measured_scales(tmp_path):
     assert all(k != 1.0 and v != 1.0 for k, v in scales[False])
     assert scales[True] == scales[False]
     assert outs[True] == outs[False]
+
+
+def test_gpu_runner_steps_eagerly_until_the_scales_are_fixed(monkeypatch, tiny_checkpoint):
+    """The GPU runner (on CPU, a stand-in graph table) replays no graph while a layer waits
+    for its scales, and captures once, right after the first prefill fixed them."""
+    from tamis.engine import engine as engine_module
+    from tamis.engine.gpu_runner import GPUModelRunner
+    from tamis.engine.llm import LLM
+    monkeypatch.setattr(engine_module, "make_runner", GPUModelRunner)
+    llm = LLM(model=str(tiny_checkpoint("llama")), device="cpu", kv_cache_dtype="fp8",
+              calculate_kv_scales=True, max_num_seqs=4, kv_cache_memory_bytes="4MiB")
+    monkeypatch.undo()
+    runner = llm.llm_engine.runner
+    assert runner.kv_scales_pending
+    captures = []
+
+    def capture_graphs():   # what the real capture would see: every scale fixed
+        captures.append([a.calculate_kv_scales for a in _attentions(llm.llm_engine)])
+
+    runner.graph_sizes = [1, 2, 4]
+    runner.graphs = dict.fromkeys(runner.graph_sizes)   # replaying one would fail
+    monkeypatch.setattr(runner, "capture_graphs", capture_graphs)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, detokenize=False)
+    # A one-token prompt first: its first step looks like a decode step.
+    for prompt in random_prompts((1, 9)):
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        assert len(out.outputs[0].token_ids) == 4
+    assert captures == [[False, False]] and not runner.kv_scales_pending
