@@ -108,13 +108,15 @@ def calculate_on_first_prefill(model: nn.Module, kv_cache_dtype: str) -> int:
 
     layers = [m for m in model.modules() if isinstance(m, Attention)
               and not getattr(m, "kv_scales_from_checkpoint", False)]
-    if layers:
-        first = next(model.parameters())
-        rotation = random_hadamard(layers[0].head_dim, first.device,
-                                   getattr(model, "dtype", None) or first.dtype)
+    if not layers:
+        return 0
+    first = next(model.parameters())
+    dtype = getattr(model, "dtype", None) or first.dtype
+    rotations = {dim: random_hadamard(dim, first.device, dtype)
+                 for dim in {attention.head_dim for attention in layers}}
     for attention in layers:
         attention.calculate_kv_scales = True
-        attention.kv_rotation = rotation
+        attention.kv_rotation = rotations[attention.head_dim]
     return len(layers)
 
 

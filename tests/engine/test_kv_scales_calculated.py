@@ -304,3 +304,22 @@ def test_gpu_runner_steps_eagerly_until_the_scales_are_fixed(monkeypatch, tiny_c
         out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
         assert len(out.outputs[0].token_ids) == 4
     assert captures == [[False, False]] and not runner.kv_scales_pending
+
+
+def test_soft_capped_layers_are_rotated_not_shifted(tiny_checkpoint):
+    """Gemma 2 (soft-capped scores, sliding and global layers): measured scales and the
+    rotation, no key shift; prompt logprobs stay near the fp32 cache's."""
+    path = tiny_checkpoint("gemma2")
+    prompt = random_prompts((40,), seed=4, vocab=256)[0]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    logprobs = {}
+    for kv_dtype in ("auto", "fp8"):
+        engine = make_engine(path, kv_cache_dtype=kv_dtype, calculate_kv_scales=True)
+        out = run_to_completion(engine, [prompt], params)[0]
+        logprobs[kv_dtype] = torch.tensor([out.prompt_logprobs[i][t].logprob
+                                           for i, t in enumerate(prompt) if i])
+    layers = _attentions(engine)
+    assert all(a.soft_cap is not None and a.key_shift is None and a.kv_rotation is not None
+               and a.k_scale != 1.0 for a in layers)
+    change = (logprobs["fp8"] - logprobs["auto"]).abs()
+    assert 0 < change.mean() <= 0.06, change
