@@ -23,19 +23,22 @@ def refit_scales(weight: torch.Tensor, hessian: torch.Tensor, quantized: Quantiz
     """``quantized`` with its scales [N, G] replaced by the least-squares optimum under
     ``hessian`` [K, K] (rounded to float16, the stored dtype); a scale whose solution is
     not positive and finite keeps its old value. Codes, zeros and ``g_idx`` are shared."""
-    w = weight.to(torch.float64)
-    h = hessian.to(torch.float64)
+    # The products over K (O(N K^2), the whole cost) in float32, the G x G solves in
+    # float64: the sums are as accurate as the float32 Hessian they read, and the scales
+    # are rounded to float16 after.
+    w = weight.float()
+    h = hessian.float()
     g_idx = quantized.g_idx.long()
     groups = quantized.scales.shape[1]
-    a = quantized.codes.to(torch.float64) - quantized.zeros.to(torch.float64)[:, g_idx]  # [N, K]
+    a = quantized.codes.float() - quantized.zeros.float()[:, g_idx]  # [N, K]
     n = a.shape[0]
     members = [torch.nonzero(g_idx == g).flatten() for g in range(groups)]
     normal = torch.zeros(n, groups, groups, dtype=torch.float64)
-    rhs = torch.zeros(n, groups, dtype=torch.float64).index_add_(1, g_idx, a * (w @ h))
+    rhs = torch.zeros(n, groups).index_add_(1, g_idx, a * (w @ h)).double()
     for g, cols in enumerate(members):
         # (a restricted to group g) @ H: row n's coupling of group g with every column.
         coupled = a[:, cols] @ h[cols]  # [N, K]
-        normal[:, g] = torch.zeros(n, groups, dtype=torch.float64).index_add_(1, g_idx, coupled * a)
+        normal[:, g] = torch.zeros(n, groups).index_add_(1, g_idx, coupled.mul_(a)).double()
     old = quantized.scales.to(torch.float64)
     # A tiny ridge towards the old scales keeps empty or all-zero-code groups solvable.
     ridge = 1e-9 * normal.diagonal(dim1=1, dim2=2).mean(dim=1).clamp(min=1e-30)[:, None, None]
