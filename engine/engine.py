@@ -23,7 +23,6 @@ Bad input raises ``ValueError`` from ``add_request`` and never disturbs other re
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -203,7 +202,7 @@ class LLMEngine:
         if child_params.max_tokens is not None:
             child.max_total_tokens = len(token_ids) + child_params.max_tokens
         child.max_total_tokens = min(child.max_total_tokens, self.max_model_len)
-        child.pipelinable = is_pipelinable(child_params)
+        child.pipelinable = is_pipelinable(child_params, self.config.structured_outputs_jump_forward)
         child.simple_append = (child.detokenizer is None and child.output_logprobs is None
                                and child_params.structured_outputs is None)
         return child
@@ -244,7 +243,7 @@ class LLMEngine:
         self._record_schedule(batch)
         launched = self._launch(batch, previous)
         if previous is not None:
-            self._finish_step(previous, successor=launched)
+            self._finish_step(previous)
         if launched.requests and launched.sampled is None:
             # Constrained rows: their masks need the previous step's tokens, accepted just
             # now, while the device runs this step's forward pass.
@@ -291,11 +290,6 @@ class LLMEngine:
         """Queues the sampling of ``launched``'s rows, under their constraint masks."""
         requests = launched.requests
         meta = self._sampling_metadata(requests)
-        if launched.voided and meta.generators:
-            # A void row's token is dropped: it must not advance its request's seeded
-            # generator, or the request's later tokens would differ from a sequential run.
-            meta = dataclasses.replace(meta, generators={
-                row: g for row, g in meta.generators.items() if id(requests[row]) not in launched.voided})
         bitmask, rows = self._fill_bitmask(requests)
         launched.sampled = self.runner.sample(launched.result.sample_logits, meta, bitmask, rows)
 
@@ -311,10 +305,8 @@ class LLMEngine:
         self._last_sampling = SamplingMetadata.build(requests, self.vocab_size, self.device)
         return self._last_sampling
 
-    def _finish_step(self, launched: LaunchedStep, successor: LaunchedStep | None = None) -> None:
-        """Waits for the step's ids, then appends them (stop checks, detokenization).
-        ``successor``: the step queued after it, whose token of a request that
-        jump-forward advances here is void (``LaunchedStep.void``)."""
+    def _finish_step(self, launched: LaunchedStep) -> None:
+        """Waits for the step's ids, then appends them (stop checks, detokenization)."""
         self._process_prompt_logprobs(launched.batch, launched.result)
         if launched.sampled is None:
             return
@@ -322,9 +314,8 @@ class LLMEngine:
         launched.unmark_inflight()
         entries = self._logprob_entries(out.logprobs) if out.logprobs is not None else None
         now = time.time()
-        voided = launched.voided or ()
         for row, (request, token_id) in enumerate(zip(launched.requests, out.token_ids)):
-            if request.status > RequestStatus.PREEMPTED or id(request) in voided:
+            if request.status > RequestStatus.PREEMPTED:
                 # Finished while this step ran (stopped a step late, aborted): dropped.
                 self._counters["generation"] -= 1
                 continue
@@ -332,8 +323,7 @@ class LLMEngine:
                 self._append_plain(request, token_id, now)
             else:
                 wants = request.output_logprobs is not None
-                self._append_token(request, token_id, entries[row] if wants else None, now,
-                                   successor)
+                self._append_token(request, token_id, entries[row] if wants else None, now)
 
     def _append_plain(self, request: Request, token_id: int, now: float) -> None:
         """``_append_one`` for a request without grammar, logprobs or text (the common
@@ -355,8 +345,7 @@ class LLMEngine:
             self.outputs.mark(request.parent_id)
 
     def _append_token(self, request: Request, token_id: int,
-                      logprob: tuple[dict[int, Logprob], float] | None, now: float,
-                      successor: LaunchedStep | None = None) -> None:
+                      logprob: tuple[dict[int, Logprob], float] | None, now: float) -> None:
         error = self._constraint_error(request)
         if error is not None:   # its matcher failed mid-decode: the EOS it was given is no answer
             self._finish(request, RequestStatus.FINISHED_ERROR, error, now=now)
@@ -369,8 +358,6 @@ class LLMEngine:
                     if request.output_logprobs is not None else None   # forced by the grammar
             if self._append_one(request, token, logprob, now):
                 return
-        if forced and successor is not None and any(r is request for r in successor.requests):
-            successor.void(request)
 
     def _append_one(self, request: Request, token_id: int,
                     logprob: tuple[dict[int, Logprob], float] | None, now: float) -> bool:

@@ -22,16 +22,11 @@ Structured outputs are pipelined too: a step with constrained rows queues its fo
 pass, then reads the previous step's ids and advances the matchers, then fills the
 bitmasks and queues its sampling, so the grammar work runs while the device computes
 the forward pass. Not pipelined (``pipelinable`` is False): penalties and min_tokens
-(output tokens counted on the host while sampling) and prompt logprobs. A step holding
-any such request is finished before the next is scheduled, so they never have a token in
-flight. A request known to finish by length at N gets none (nothing to schedule for it
-at N+1).
-
-Jump-forward pipelines too. When N's token makes the grammar force more text, the forced
-tokens are appended right after it, so the token N+1 samples for that request (one
-position too early) is *void*: ``LaunchedStep.void`` takes it out of flight and
-``_finish_step`` skips its row. N+1 still computes the KV of N's token; N+2 then
-computes the forced tokens, all known on the host, as one chunk and samples after them.
+(output tokens counted on the host while sampling), prompt logprobs, and constrained
+requests when jump-forward is on (it appends tokens the next step did not schedule). A
+step holding any such request is finished before the next is scheduled, so they never
+have a token in flight. A request known to finish by length at N gets none (nothing to
+schedule for it at N+1).
 """
 from __future__ import annotations
 
@@ -44,9 +39,10 @@ from tamis.engine.sampling_params import SamplingParams
 from tamis.engine.scheduler import SchedulerOutput
 
 
-def is_pipelinable(params: SamplingParams) -> bool:
-    """Whether a request with ``params`` samples correctly with its last token in flight."""
-    return (params.min_tokens == 0
+def is_pipelinable(params: SamplingParams, jump_forward: bool = False) -> bool:
+    """Whether a request with ``params`` samples correctly with its last token in flight
+    (``jump_forward``: the engine appends forced tokens of constrained requests)."""
+    return ((params.structured_outputs is None or not jump_forward) and params.min_tokens == 0
             and params.prompt_logprobs is None and params.repetition_penalty == 1.0
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
             and not params.bad_words_token_ids)
@@ -61,7 +57,6 @@ class LaunchedStep:
     sampled: SampledTokens | None
     pipelined: bool = False      # its ids are read after the next step is queued
     marked: list[Request] | None = None   # requests given a token in flight by this step
-    voided: set[int] | None = None   # id() of requests whose sampled token is dropped
 
     def mark_inflight(self) -> None:
         """Counts each sampling request's new token in flight, except for requests that
@@ -74,17 +69,6 @@ class LaunchedStep:
             if num_after < request.max_total_tokens:
                 request.num_inflight_tokens += 1
                 self.marked.append(request)
-
-    def void(self, request: Request) -> None:
-        """Drops ``request``'s token of this step, not read yet: jump-forward appended
-        forced tokens at its position. Out of flight now, so the next schedule computes
-        the forced tokens instead of taking this step's id."""
-        if self.voided is None:
-            self.voided = set()
-        self.voided.add(id(request))
-        if self.marked is not None and any(r is request for r in self.marked):
-            self.marked = [r for r in self.marked if r is not request]
-            request.num_inflight_tokens -= 1
 
     def unmark_inflight(self) -> None:
         """The ids arrived: the tokens are no longer in flight."""
