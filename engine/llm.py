@@ -194,10 +194,10 @@ def _validated(output: RequestOutput, index: int, schema: dict, model: Any) -> A
     if completion.finish_reason != "stop":
         raise ValueError(f"extraction of text {index} did not finish "
                          f"(finish_reason={completion.finish_reason!r}); raise max_tokens")
+    import jsonschema   # outside the try: a missing dependency is no failed validation
     try:
         if model is not None:
             return model.model_validate_json(completion.text)
-        import jsonschema
         value = json.loads(completion.text)
         jsonschema.validate(value, schema)
         return value
