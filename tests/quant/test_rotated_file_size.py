@@ -44,8 +44,8 @@ def test_rotated_default_grows_by_one_16_bit_head_and_generates(tiny, samples, t
     config = json.loads((tiny / "config.json").read_text())
     assert config["tie_word_embeddings"] is True
     assert config.get("dtype", config.get("torch_dtype")) in (None, "float32")  # worst case
-    rotated = quantize_checkpoint(tiny, tmp_path / "rotated", QuantizeOptions("gptq", group_size=64),
-                                  False, samples)
+    rotated = quantize_checkpoint(tiny, tmp_path / "rotated",
+                                  QuantizeOptions("gptq", group_size=64), False, samples)
     quantize_checkpoint(tiny, tmp_path / "plain",
                         QuantizeOptions("gptq", group_size=64, rotate=False), False, samples)
     assert json.loads((tmp_path / "rotated" / "config.json").read_text())[
