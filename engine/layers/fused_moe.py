@@ -38,10 +38,10 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
 
     def create_weights(self, layer: nn.Module, num_experts: int, hidden_size: int,
                        intermediate_size: int, params_dtype: torch.dtype) -> None:
-        layer.add_expert_param("w13_weight", torch.empty(
-            num_experts, 2 * intermediate_size, hidden_size, dtype=params_dtype), shard_dim=0)
-        layer.add_expert_param("w2_weight", torch.empty(
-            num_experts, hidden_size, intermediate_size, dtype=params_dtype))
+        for stack, ((n, k), shard_dim) in self.stacked_shapes(hidden_size,
+                                                              intermediate_size).items():
+            layer.add_expert_param(f"{stack}_weight", torch.empty(
+                num_experts, n, k, dtype=params_dtype), shard_dim)
 
     def expert_weights(self, layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         return layer.w13_weight, layer.w2_weight
