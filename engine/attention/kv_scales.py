@@ -107,7 +107,7 @@ def calculate_on_first_prefill(model: nn.Module, kv_cache_dtype: str) -> int:
         return 0
 
     layers = [m for m in model.modules() if isinstance(m, Attention)
-              and not getattr(m, "kv_scales_from_checkpoint", False)]
+              and not m.kv_scales_from_checkpoint]
     if not layers:
         return 0
     first = next(model.parameters())

@@ -52,6 +52,7 @@ class Attention(nn.Module):
         self.sliding_window = sliding_window
         self.soft_cap = soft_cap
         self.k_scale = self.v_scale = 1.0
+        self.kv_scales_from_checkpoint = False
         self.calculate_kv_scales = False
         self.kv_rotation: torch.Tensor | None = None   # [D, D], set with the flag
         self.key_shift: torch.Tensor | None = None     # [Hkv, D], set with measured scales
