@@ -65,7 +65,50 @@ SEARCH_ROWS = 512  # calibration rows (evenly spaced) the scale-search loss is m
 def subsample(x: torch.Tensor, rows: int = SEARCH_ROWS) -> torch.Tensor:
     if x.shape[0] <= rows:
         return x
-    return x[torch.linspace(0, x.shape[0] - 1, rows).long()]
+    return x[_picks(x.shape[0], rows).to(x.device)]
+
+
+def _picks(total: int, rows: int) -> torch.Tensor:
+    # Computed on the CPU whatever the device: the same rows on every device.
+    return torch.linspace(0, total - 1, rows).long()
+
+
+class RowSample:
+    """The rows ``subsample`` picks from the concatenation of every batch ``add``-ed
+    (``total_rows`` in all), kept as the batches come: a layer's calibration inputs
+    (tokens x K per linear) are never held whole."""
+
+    def __init__(self, total_rows: int, rows: int = SEARCH_ROWS):
+        self.total = total_rows
+        self.picks = None if total_rows <= rows else _picks(total_rows, rows)
+        self.offset = 0
+        self.parts: list[torch.Tensor] = []
+
+    def add(self, x: torch.Tensor) -> None:
+        """x [T, K]: the next T rows of the concatenation."""
+        if self.picks is None:
+            self.parts.append(x)
+        else:
+            end = self.offset + x.shape[0]
+            mine = self.picks[(self.picks >= self.offset) & (self.picks < end)] - self.offset
+            self.parts.append(x[mine.to(x.device)])
+        self.offset += x.shape[0]
+
+    def rows(self) -> torch.Tensor:
+        """[min(total_rows, rows), K]: ``subsample(torch.cat(batches))``."""
+        assert self.offset == self.total, (self.offset, self.total)
+        return torch.cat(self.parts)
+
+
+def check_layer(layer, prefix: str) -> None:
+    """Raises ValueError unless ``layer`` has the Llama-style linears ``search_and_fold``
+    scales (each of which reads every token of the layer's input)."""
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    if attn is None or mlp is None or not all(
+            hasattr(attn, n) or hasattr(mlp, n) for n in needed):
+        raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
+                         f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
 
 
 @torch.no_grad()
@@ -74,12 +117,8 @@ def search_and_fold(layer, prefix: str, x: dict[str, torch.Tensor], bits: int,
     """Searches the AWQ scales of a Llama-style ``layer`` on ``x`` (linear name -> its
     calibration inputs [T, K]) and folds them in: the layer computes the same function,
     its linears now read x / s. Returns linear name -> s (linears left unscaled absent)."""
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    if attn is None or mlp is None or not all(
-            hasattr(attn, n) or hasattr(mlp, n) for n in needed):
-        raise ValueError(f"{prefix}: AWQ scale search supports Llama-style layers "
-                         f"(self_attn.q/k/v/o_proj, mlp.gate/up/down_proj)")
+    check_layer(layer, prefix)
+    attn, mlp = layer.self_attn, layer.mlp
     x = {name: subsample(value) for name, value in x.items()}
 
     def search(name: str, linears) -> torch.Tensor:

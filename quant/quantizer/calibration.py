@@ -4,6 +4,10 @@ Calibration runs the model's own transformers implementation (a quantization too
 the serving path): the inputs of decoder layer 0 are captured once, then each layer is
 replayed on them with the keyword arguments transformers passed it (rotary embeddings,
 mask), so a layer's quantization sees the outputs of the already-quantized layers.
+
+Replays run on the device of the layer's parameters; the windows may live elsewhere (the
+host, when they do not fit on the device: ``device.activation_home``) and are moved over
+one at a time.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from typing import Callable
 
 import torch
 from torch import nn
+
+from tamis.quant.quantizer.device import module_device, onloaded
 
 # Default calibration text: docstrings of standard-library modules (ships with Python and
 # is not pydoc_data.topics, the text the perplexity benchmark measures on).
@@ -57,35 +63,44 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 @torch.no_grad()
-def capture_layer_inputs(model: nn.Module, samples: list[torch.Tensor]
+def capture_layer_inputs(model: nn.Module, samples: list[torch.Tensor],
+                         device: torch.device | str = "cpu", home: torch.device | str = "cpu"
                          ) -> tuple[list[torch.Tensor], dict]:
-    """The hidden states entering layer 0 for each sample, and the other kwargs it got."""
+    """The hidden states entering layer 0 for each sample (on ``home``), and the other
+    kwargs it got (rotary embeddings, mask: on ``device``). The modules before the decoder
+    layers (embeddings, rotary) run on ``device`` and go back to the host after; the
+    layers themselves are never run."""
     inputs: list[torch.Tensor] = []
     kwargs_seen: dict = {}
 
     def hook(_module, args, kwargs):
-        inputs.append(args[0] if args else kwargs["hidden_states"])
+        inputs.append((args[0] if args else kwargs["hidden_states"]).to(home))
         kwargs_seen.update({k: v for k, v in kwargs.items() if k != "hidden_states"})
         raise _Captured
 
-    handle = decoder_layers(model)[0].register_forward_pre_hook(hook, with_kwargs=True)
+    layers = decoder_layers(model)
+    before_layers = [m for m in model.model.children() if m is not layers]
+    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        for sample in samples:
-            try:
-                model(sample[None], use_cache=False)
-            except _Captured:
-                pass
+        with onloaded(before_layers, device):
+            for sample in samples:
+                try:
+                    model(sample[None].to(device), use_cache=False)
+                except _Captured:
+                    pass
     finally:
         handle.remove()
     return inputs, kwargs_seen
 
 
 @torch.no_grad()
-def run_layer(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict) -> list[torch.Tensor]:
-    outputs = []
+def run_layer(layer: nn.Module, inputs: list[torch.Tensor], kwargs: dict
+              ) -> list[torch.Tensor]:
+    """The layer's output for each window, kept where that window's input was."""
+    device, outputs = module_device(layer), []
     for hidden in inputs:
-        out = layer(hidden, **kwargs)
-        outputs.append(out[0] if isinstance(out, tuple) else out)
+        out = layer(hidden.to(device), **kwargs)
+        outputs.append((out[0] if isinstance(out, tuple) else out).to(hidden.device))
     return outputs
 
 
@@ -108,11 +123,12 @@ def collect_linear_inputs(layer: nn.Module, inputs: list[torch.Tensor], kwargs: 
         if isinstance(module, nn.Linear) and (wanted is None or name in wanted):
             handles.append(module.register_forward_hook(
                 lambda _m, args, _out, name=name: hook(name, args[0], seen_now)))
+    device = module_device(layer)
     try:
         for hidden in inputs:
             seen_now: set = set()
             try:
-                layer(hidden, **kwargs)
+                layer(hidden.to(device), **kwargs)
             except _Captured:
                 pass
     finally:

@@ -25,6 +25,10 @@ class Fp8Weight:
     def dequantize(self) -> torch.Tensor:
         return self.weight.float() * self.scale[:, None]
 
+    def to(self, device: torch.device | str) -> "Fp8Weight":
+        """The same weight with its tensors on ``device`` (shared where already there)."""
+        return Fp8Weight(self.weight.to(device), self.scale.to(device))
+
     def split_rows(self, rows: list[int]) -> list["Fp8Weight"]:
         """The parts of a stack of linears (``rows``: each one's output features)."""
         return [Fp8Weight(w.contiguous(), s.contiguous())
@@ -39,7 +43,7 @@ def gptq_fp8(weight: torch.Tensor, hessian: torch.Tensor, act_order: bool = True
              damp: float = 0.01) -> Fp8Weight:
     """weight [N, K]; hessian [K, K] of the layer's inputs."""
     scale = rtn_fp8(weight).scale
-    codes = torch.empty(weight.shape, dtype=torch.float32)
+    codes = torch.empty(weight.shape, dtype=torch.float32, device=weight.device)
 
     def round_column(position: int, column: torch.Tensor, _pending) -> torch.Tensor:
         q = quantize_fp8(column, scale).float()

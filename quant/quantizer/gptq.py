@@ -7,6 +7,9 @@ grids of ``gptq_quantize``, or the FP8 grid of ``gptq_fp8``). With ``act_order``
 are visited in decreasing order of H's diagonal; groups are formed in that visiting order,
 so ``g_idx`` maps each original column to its group and groups are no longer contiguous
 in K (what GPTQ checkpoints call ``desc_act``).
+
+Everything runs on the device of the weight and Hessian given (CPU or CUDA); the results
+are on that device too.
 """
 from __future__ import annotations
 
@@ -31,10 +34,11 @@ SOLVE_DTYPE = torch.float32
 
 
 class HessianAccumulator:
-    """Running H = 2/n sum x x^T (float32 [K, K]) over the rows of every batch seen."""
+    """Running H = 2/n sum x x^T (float32 [K, K], on ``device``) over the rows of every
+    batch seen."""
 
-    def __init__(self, in_features: int):
-        self.hessian = torch.zeros(in_features, in_features, dtype=SOLVE_DTYPE)
+    def __init__(self, in_features: int, device: torch.device | str = "cpu"):
+        self.hessian = torch.zeros(in_features, in_features, dtype=SOLVE_DTYPE, device=device)
         self.count = 0
 
     def add(self, x: torch.Tensor) -> None:
@@ -54,11 +58,12 @@ def visiting_order(hessian: torch.Tensor, act_order: bool, block: int = 1) -> to
     k = hessian.shape[0]
     diagonal = torch.diag(hessian)
     if not act_order:
-        return torch.arange(k)
+        return torch.arange(k, device=hessian.device)
     if block == 1:
         return torch.argsort(diagonal, descending=True)
-    run = torch.arange(k) // block
-    score = torch.zeros(int(run[-1]) + 1, dtype=diagonal.dtype).index_add_(0, run, diagonal)
+    run = torch.arange(k, device=hessian.device) // block
+    score = torch.zeros(int(run[-1]) + 1, dtype=diagonal.dtype,
+                        device=hessian.device).index_add_(0, run, diagonal)
     # Sort by run (heaviest first), then by diagonal within a run: one stable sort per key.
     within = torch.argsort(diagonal, descending=True, stable=True)
     rank = torch.argsort(torch.argsort(score, descending=True, stable=True))
@@ -99,7 +104,7 @@ def _solve(weight: torch.Tensor, hessian: torch.Tensor, perm: torch.Tensor,
     # Transposed, [K, N] in visiting order: the column each step reads, rounds and updates
     # is one contiguous vector, not N values a row apart.
     columns, h = w[:, perm].t().contiguous(), h[perm][:, perm]
-    h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype)
+    h += damp * torch.mean(torch.diag(h)) * torch.eye(k, dtype=h.dtype, device=h.device)
     hinv = inverse_cholesky_upper(h)
     diagonal = torch.diag(hinv).tolist()
     for start in range(0, k, block_size):
@@ -148,8 +153,10 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     perm = visiting_order(hessian, act_order, act_order_block)
     group = k if group_size == -1 else group_size
     groups = -(-k // group)
-    codes = torch.empty(k, n, dtype=torch.int32)  # row p: the codes of the p-th visited column
-    scales, zeros = torch.empty(n, groups), torch.empty(n, groups)
+    device = weight.device
+    # Row p: the codes of the p-th visited column.
+    codes = torch.empty(k, n, dtype=torch.int32, device=device)
+    scales, zeros = torch.empty(n, groups, device=device), torch.empty(n, groups, device=device)
     h_perm = hessian[perm][:, perm] if weighted_clip else None
     static = static_groups and act_order
     fixed = static or prefit or grids is not None  # every grid known before the solve
@@ -158,13 +165,13 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     elif static or prefit:
         for g in range(groups):
             # Static: the contiguous columns of group g; prefit: those visited g-th.
-            cols = torch.arange(g * group, min((g + 1) * group, k))
+            cols = torch.arange(g * group, min((g + 1) * group, k), device=device)
             cols = cols if static else perm[cols]
             block = hessian[cols][:, cols] if weighted_clip else None
             scales[:, g], zeros[:, g] = fit_grid(weight[:, cols], bits, sym, min_zero,
                                                  search=search, hessian=block)
     # Per visited position: its group, and (fixed grids) the group's grid as contiguous rows.
-    group_at = ((perm if static else torch.arange(k)) // group).tolist()
+    group_at = ((perm if static else torch.arange(k, device=device)) // group).tolist()
     grid = {"scales": scales.t().contiguous(), "zeros": zeros.t().contiguous()} if fixed else {}
     maxq = 2**bits - 1
 
@@ -188,7 +195,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, bits: int, group_
     gptq_solve(weight, hessian, perm, round_column, damp, block_size)
     inverse = torch.argsort(perm)
     if static:
-        g_idx = (torch.arange(k) // group).to(torch.int32)
+        g_idx = (torch.arange(k, device=device) // group).to(torch.int32)
     else:
         g_idx = (inverse // group).to(torch.int32)  # column c was visited at position inverse[c]
     return QuantizedWeight(codes[inverse].t().contiguous(), scales, zeros, g_idx, bits,

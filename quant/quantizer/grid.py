@@ -30,6 +30,12 @@ class QuantizedWeight:
         g = self.g_idx.long()
         return (self.codes.float() - self.zeros[:, g]) * self.scales[:, g]
 
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        """The same weight with its tensors on ``device`` (shared where already there)."""
+        return QuantizedWeight(self.codes.to(device), self.scales.to(device),
+                               self.zeros.to(device), self.g_idx.to(device), self.bits,
+                               self.group_size)
+
 
 # Clipping search: the range [lo, hi] is shrunk by each factor and the factor with the
 # least (importance-weighted) squared rounding error is kept per row, like GPTQ's ``mse``
@@ -126,7 +132,7 @@ def rtn_quantize(weight: torch.Tensor, bits: int, group_size: int, sym: bool,
         importance = importance.repeat(n, 1)
     scale, zero = fit_grid(rows, bits, sym, min_zero, importance, search)
     codes = quantize_codes(rows, scale, zero, bits).reshape(n, groups * group)[:, :k]
-    g_idx = (torch.arange(k) // group).to(torch.int32)
+    g_idx = (torch.arange(k, device=weight.device) // group).to(torch.int32)
     return QuantizedWeight(codes.contiguous(), scale.reshape(n, groups),
                            zero.reshape(n, groups), g_idx, bits, group_size)
 
@@ -144,6 +150,6 @@ def _rtn_output_error(weight: torch.Tensor, bits: int, group: int, sym: bool, mi
         codes.append(quantize_codes(w, scale, zero, bits))
         scales.append(scale)
         zeros.append(zero)
-    g_idx = (torch.arange(k) // group).to(torch.int32)
+    g_idx = (torch.arange(k, device=weight.device) // group).to(torch.int32)
     return QuantizedWeight(torch.cat(codes, dim=1).contiguous(), torch.stack(scales, dim=1),
                            torch.stack(zeros, dim=1), g_idx, bits, group_size)

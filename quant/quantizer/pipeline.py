@@ -11,6 +11,9 @@ for each decoder layer:                                  (a progress bar step pe
     put the dequantized weights back, replay -> inputs of the next layer
 write safetensors + config.json quantization_config (quant/quantizer/writer.py)
 ```
+The model is loaded into host memory and stays there; each decoder layer is moved to
+``QuantizeOptions.device`` for its turn and back (device.py: what is kept where, peak
+device memory). Rotation and the embedding of the calibration windows run there too.
 ``quantize_checkpoint`` returns a ``QuantizeResult`` holding each quantized linear and
 the model with its dequantized weights in place: the reference the round-trip tests and
 the perplexity benchmark compare against.
@@ -26,6 +29,7 @@ from torch import nn
 
 from tamis.quant.quantizer import awq as awq_search
 from tamis.quant.quantizer import calibration, writer
+from tamis.quant.quantizer.device import activation_home, onloaded, resolve_device
 from tamis.quant.quantizer.fp8 import Fp8Weight, gptq_fp8, rtn_fp8
 from tamis.quant.quantizer.descent import descend_codes
 from tamis.quant.quantizer.gptq import HessianAccumulator, gptq_quantize, one_thread
@@ -92,13 +96,18 @@ class QuantizeOptions:
     # "compressed-tensors" (pack-quantized; float-quantized, the only FP8 layout).
     # None: native for awq and gptq, compressed-tensors for fp8.
     format: str | None = None
+    # Where the layers are quantized (device.py): "auto" (CUDA when there is a GPU, else
+    # the CPU), "cpu", "cuda" or "cuda:N".
+    device: str = "auto"
     # Set by __post_init__: rotate is the method's default, not asked for. A default
     # rotation is skipped on an architecture rotate.py does not know; an asked-for one
     # is refused there.
     rotate_by_default: bool = field(default=False, init=False)
+    compute_device: torch.device = field(default=None, init=False)  # ``device`` resolved
 
     def __post_init__(self):
         self.rotate_by_default = self.rotate is None
+        self.compute_device = resolve_device(self.device)
         if self.method not in METHODS:
             raise ValueError(f"--method {self.method!r}: choose one of {METHODS}")
         if self.bits is None:
@@ -217,8 +226,9 @@ class QuantizeResult:
 def quantize_checkpoint(model_path: str | Path, output: str | Path, options: QuantizeOptions,
                         progress: bool = True,
                         samples: list[torch.Tensor] | None = None) -> QuantizeResult:
-    """Quantizes the model at ``model_path`` into ``output``. ``samples`` (token id
-    windows) replace tokenizing ``options.calibration_text``."""
+    """Quantizes the model at ``model_path`` into ``output`` on ``options.device``.
+    ``samples`` (token id windows) replace tokenizing ``options.calibration_text``. The
+    result's weights and reference model are in host memory."""
     from transformers import AutoModelForCausalLM
 
     model_path, output = Path(model_path), Path(output)
@@ -229,17 +239,22 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
     _check_shapes(layers, options)
     result = QuantizeResult(reference_model=model)
     bar = _progress(len(layers), f"{options.method} {options.bits}-bit", progress)
+    device = options.compute_device
     if options.rtn:
         for index, layer in enumerate(layers):
-            _quantize_layer_rtn(layer, f"model.layers.{index}", options, result)
+            with onloaded([layer], device):
+                _quantize_layer_rtn(layer, f"model.layers.{index}", options, result)
             bar.update(1)
     else:
         if samples is None:
             samples = _calibration_samples(model_path, options)
-        inputs, kwargs = calibration.capture_layer_inputs(model, samples)
+        home = activation_home(device, _activation_bytes(model, samples))
+        inputs, kwargs = calibration.capture_layer_inputs(model, samples, device, home)
         for index, layer in enumerate(layers):
-            _quantize_layer(layer, f"model.layers.{index}", inputs, kwargs, options, result)
-            inputs = calibration.run_layer(layer, inputs, kwargs)
+            with onloaded([layer], device):
+                _quantize_layer(layer, f"model.layers.{index}", inputs, kwargs, options,
+                                result)
+                inputs = calibration.run_layer(layer, inputs, kwargs)
             bar.update(1)
     bar.close()
     dtype = writer.checkpoint_dtype(model_path)
@@ -254,6 +269,11 @@ def quantize_checkpoint(model_path: str | Path, output: str | Path, options: Qua
         overrides["tie_word_embeddings"] = False
     writer.write_checkpoint(model_path, output, state, quant_config, overrides)
     return result
+
+
+def _activation_bytes(model: nn.Module, samples: list[torch.Tensor]) -> int:
+    """The size of one layer's inputs (float32 hidden states of every window)."""
+    return sum(s.numel() for s in samples) * model.config.hidden_size * 4
 
 
 def _check_source_files(model_path: Path) -> None:
@@ -274,7 +294,7 @@ def _rotate(model: nn.Module, options: QuantizeOptions) -> bool:
         print(f"tamis quantize: not rotating a {getattr(model.config, 'model_type', None)!r} "
               f"model (--rotate supports {', '.join(SUPPORTED_MODEL_TYPES)})", file=sys.stderr)
         return False
-    rotate_residual(model)
+    rotate_residual(model, device=options.compute_device)
     return True
 
 
@@ -322,7 +342,8 @@ def _check_shapes(layers: nn.ModuleList, options: QuantizeOptions) -> None:
 
 
 def _store(linear: nn.Linear, name: str, quantized, result: QuantizeResult) -> None:
-    result.weights[name] = quantized
+    """Records ``quantized`` (in host memory) and puts its dequantized weight in place."""
+    result.weights[name] = quantized.to("cpu")
     linear.weight.data = quantized.dequantize().to(linear.weight.dtype)
 
 
@@ -365,7 +386,8 @@ def _quantize_layer_gptq(layer: nn.Module, prefix: str, inputs, kwargs,
 
 
 def _hessians(layer: nn.Module, inputs, kwargs, names: list[str]) -> dict[str, torch.Tensor]:
-    accumulators = {name: HessianAccumulator(layer.get_submodule(name).in_features)
+    accumulators = {name: HessianAccumulator(layer.get_submodule(name).in_features,
+                                             layer.get_submodule(name).weight.device)
                     for name in names}
     calibration.collect_linear_inputs(layer, inputs, kwargs,
                                       lambda name, x: accumulators[name].add(x), names=names)
@@ -433,8 +455,8 @@ def _polish(weight: torch.Tensor, hessian: torch.Tensor, quantized: QuantizedWei
         quantized = refit_scales(weight, hessian, quantized)
     if options.descent:
         h = hessian.to(torch.float64)
-        damped = h + options.damp * torch.mean(torch.diag(h)) * torch.eye(h.shape[0],
-                                                                           dtype=h.dtype)
+        damped = h + options.damp * torch.mean(torch.diag(h)) * torch.eye(
+            h.shape[0], dtype=h.dtype, device=h.device)
         for _ in range(options.descent):
             quantized = refit_scales(weight, damped, descend_codes(weight, damped, quantized))
     return quantized
@@ -443,11 +465,20 @@ def _polish(weight: torch.Tensor, hessian: torch.Tensor, quantized: QuantizedWei
 def _awq_fold(layer: nn.Module, prefix: str, inputs, kwargs, options: QuantizeOptions) -> None:
     """AWQ's scale search on the layer's calibration inputs, folded into the layer (same
     function; its linears then read x / s and are quantized as such)."""
-    seen: dict[str, list[torch.Tensor]] = {}
+    awq_search.check_layer(layer, prefix)  # before sampling rows the layout may not have
+    seen: dict[str, awq_search.RowSample] = {}
     calibration.collect_linear_inputs(layer, inputs, kwargs,
-                                      lambda name, x: seen.setdefault(name, []).append(x))
-    x = {name: torch.cat(chunks) for name, chunks in seen.items()}
+                                      lambda name, x: _row_sample(seen, name, inputs).add(x))
+    x = {name: sample.rows() for name, sample in seen.items()}
     awq_search.search_and_fold(layer, prefix, x, options.bits, options.group_size, options.sym)
+
+
+def _row_sample(seen: dict, name: str, inputs: list[torch.Tensor]) -> awq_search.RowSample:
+    """``seen[name]``, created on first use over every token of ``inputs`` (each linear of
+    a Llama-style layer reads every token once)."""
+    if name not in seen:
+        seen[name] = awq_search.RowSample(sum(x.shape[:-1].numel() for x in inputs))
+    return seen[name]
 
 
 def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
@@ -455,14 +486,15 @@ def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
     """Rounds the (already AWQ-scaled) linears of ``layer`` to nearest, with a clipping
     search weighted by their inputs (``output_clip``: by the Hessian block of each group),
     then ``refine`` / ``descent`` (``_polish``)."""
-    seen: dict[str, list[torch.Tensor]] = {}
+    seen: dict[str, awq_search.RowSample] = {}
     hessians: dict[str, HessianAccumulator] = {}
     need_hessian = options.output_clip or options.refit or options.descent
 
     def on_input(name: str, x: torch.Tensor) -> None:
-        seen.setdefault(name, []).append(x)
+        if not options.output_clip:
+            _row_sample(seen, name, inputs).add(x)
         if need_hessian:
-            hessians.setdefault(name, HessianAccumulator(x.shape[-1])).add(x)
+            hessians.setdefault(name, HessianAccumulator(x.shape[-1], x.device)).add(x)
 
     calibration.collect_linear_inputs(layer, inputs, kwargs, on_input)
     for name, linear in _linears(layer).items():
@@ -473,7 +505,7 @@ def _quantize_layer_awq_rtn(layer: nn.Module, prefix: str, inputs, kwargs,
         else:
             # Clipping search weighted by the mean square of the (scaled) inputs: the
             # diagonal of the output-error loss AutoAWQ's clip search measures.
-            x = awq_search.subsample(torch.cat(seen[name]))
+            x = seen[name].rows()
             quantized = rtn_quantize(weight, options.bits, options.group_size, sym=False,
                                      importance=x.float().pow(2).mean(dim=0))
         if need_hessian:

@@ -31,18 +31,19 @@ def refit_scales(weight: torch.Tensor, hessian: torch.Tensor, quantized: Quantiz
     g_idx = quantized.g_idx.long()
     groups = quantized.scales.shape[1]
     a = quantized.codes.float() - quantized.zeros.float()[:, g_idx]  # [N, K]
-    n = a.shape[0]
+    n, device = a.shape[0], a.device
     members = [torch.nonzero(g_idx == g).flatten() for g in range(groups)]
-    normal = torch.zeros(n, groups, groups, dtype=torch.float64)
-    rhs = torch.zeros(n, groups).index_add_(1, g_idx, a * (w @ h)).double()
+    normal = torch.zeros(n, groups, groups, dtype=torch.float64, device=device)
+    rhs = torch.zeros(n, groups, device=device).index_add_(1, g_idx, a * (w @ h)).double()
     for g, cols in enumerate(members):
         # (a restricted to group g) @ H: row n's coupling of group g with every column.
         coupled = a[:, cols] @ h[cols]  # [N, K]
-        normal[:, g] = torch.zeros(n, groups).index_add_(1, g_idx, coupled.mul_(a)).double()
+        normal[:, g] = torch.zeros(n, groups, device=device).index_add_(
+            1, g_idx, coupled.mul_(a)).double()
     old = quantized.scales.to(torch.float64)
     # A tiny ridge towards the old scales keeps empty or all-zero-code groups solvable.
     ridge = 1e-9 * normal.diagonal(dim1=1, dim2=2).mean(dim=1).clamp(min=1e-30)[:, None, None]
-    eye = torch.eye(groups, dtype=torch.float64)
+    eye = torch.eye(groups, dtype=torch.float64, device=device)
     solved = torch.linalg.solve(normal + ridge * eye, rhs + ridge[:, :, 0] * old)
     new = solved.to(torch.float32).half().float()
     keep = ~(torch.isfinite(new) & (new > 0))

@@ -18,7 +18,8 @@ stay (diag(g) does not commute with Q), hence the fold. The result is a plain ch
 of the same architecture (norm weights of ones, ``tie_word_embeddings`` false) that any
 engine loads. Q is a randomized Hadamard matrix: random signs times the Kronecker product
 of a random orthogonal matrix for the odd part of the hidden size with a Sylvester
-Hadamard matrix for its power-of-two part.
+Hadamard matrix for its power-of-two part. The products run in float64 on the device
+given (a block of rows at a time; the model stays where it is).
 """
 from __future__ import annotations
 
@@ -51,16 +52,19 @@ def residual_rotation(size: int, seed: int = 0) -> torch.Tensor:
 
 
 @torch.no_grad()
-def rotate_residual(model: nn.Module, seed: int = 0) -> None:
+def rotate_residual(model: nn.Module, seed: int = 0, device: torch.device | str = "cpu"
+                    ) -> None:
     """Rotates the residual stream of a transformers Llama / Mistral / Qwen2 / Qwen3
     causal LM in place (module docstring): same logits up to float rounding, norm weights
-    of ones, ``lm_head`` its own tensor and ``config.tie_word_embeddings`` false. Raises
+    of ones, ``lm_head`` its own tensor and ``config.tie_word_embeddings`` false. The
+    products run on ``device``, each weight's rows moved there and back in blocks. Raises
     ValueError on another architecture or layout (naming what is missing), and if the
     logits of a few tokens changed after all (``_check_same_logits``)."""
     inner, layers = _check_layout(model)
     probe = _PROBE_IDS.to(inner.embed_tokens.weight.device)
     before = model(probe).logits
-    _rotate(model, inner, layers, residual_rotation(model.config.hidden_size, seed))
+    q = residual_rotation(model.config.hidden_size, seed).to(device)
+    _rotate(model, inner, layers, q)
     _check_same_logits(before, model(probe).logits)
 
 
@@ -83,21 +87,21 @@ def _rotate(model: nn.Module, inner: nn.Module, layers, q: torch.Tensor) -> None
             norm.weight.fill_(1.0)
         for name in _WRITE_RESIDUAL:
             linear = layer.get_submodule(name)
-            linear.weight.copy_(q.t() @ linear.weight.to(torch.float64))
+            linear.weight.copy_(q.t() @ linear.weight.to(q.device, torch.float64))
             if linear.bias is not None:
-                linear.bias.copy_(linear.bias.to(torch.float64) @ q)
+                linear.bias.copy_(linear.bias.to(q.device, torch.float64) @ q)
 
 
 def _rotate_rows(out: torch.Tensor, weight: torch.Tensor, q: torch.Tensor,
                  norm_weight: torch.Tensor | None = None, rows: int = 8192) -> None:
-    """out = weight diag(norm_weight) Q, in float64 a block of ``rows`` rows at a time: a
-    vocabulary-sized matrix (128k rows for Llama 3) is never copied whole in float64.
-    ``out`` may be ``weight`` itself."""
+    """out = weight diag(norm_weight) Q, in float64 on Q's device a block of ``rows`` rows
+    at a time: a vocabulary-sized matrix (128k rows for Llama 3) is never copied whole in
+    float64. ``out`` may be ``weight`` itself."""
     for start in range(0, weight.shape[0], rows):
-        block = weight[start:start + rows].to(torch.float64)
+        block = weight[start:start + rows].to(q.device, torch.float64)
         if norm_weight is not None:
-            block = block * norm_weight.to(torch.float64)[None, :]
-        out[start:start + rows] = (block @ q).to(out.dtype)
+            block = block * norm_weight.to(q.device, torch.float64)[None, :]
+        out[start:start + rows] = (block @ q).to(out.device, out.dtype)
 
 
 def _check_same_logits(before: torch.Tensor, after: torch.Tensor) -> None:

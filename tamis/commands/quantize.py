@@ -7,6 +7,10 @@ dynamic per-token activations; its weights are rounded by GPTQ unless ``--rtn``.
 Tensors that stay unquantized (embeddings, head, norms) are written in the source's
 dtype when it is 16-bit, else in bfloat16.
 
+The model is held in host memory; each decoder layer is quantized on --device in turn
+(default auto: the GPU when torch sees one, else the CPU), so the GPU needs room for about
+one layer, its Hessians and the calibration activations, not the whole model.
+
 What is written, and what reads it:
   awq, gptq (--format native, the default): AWQ GEMM / GPTQ v1 layouts; load in tamis
       and vLLM (transformers reads them only through a separate AWQ / GPTQ backend).
@@ -104,6 +108,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "without --rtn)")
     parser.add_argument("--damp", type=float, default=None,
                         help="GPTQ Hessian damping, a fraction of its mean diagonal (0.01)")
+    parser.add_argument("--device", default="auto", metavar="DEVICE",
+                        help="where each layer is quantized: auto (cuda when available, "
+                             "else cpu; the default), cpu, cuda or cuda:N")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.set_defaults(func=run)
     return parser
@@ -131,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
                                   descent=args.descent,
                                   awq_gptq=args.awq_gptq, awq_scales=args.awq_scales,
                                   rotate=args.rotate, format=args.format,
+                                  device=args.device,
                                   **({} if args.damp is None else {"damp": args.damp}))
         model = Path(args.model_tag) if args.model_tag else default_model_path()
         if not (model / "config.json").is_file():
