@@ -47,6 +47,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--block-size", type=int, default=_default("block_size"),
                    help="tokens per KV cache block")
     _bool_flag(g, "enable_prefix_caching", "reuse KV blocks of shared prompt prefixes")
+    _bool_flag(g, "disable_hybrid_kv_cache_manager",
+               "models mixing sliding-window and global layers (Gemma 2 / 3) keep every "
+               "block of every layer instead of releasing the sliding layers' blocks behind "
+               "their window (docs/kv_cache.md)")
     g.add_argument("--num-gpu-blocks-override", type=int, default=None,
                    help="fix the number of KV blocks (any device; for tests)")
     g.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory_bytes",

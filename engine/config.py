@@ -104,6 +104,10 @@ class EngineConfig:
     # the first prefill (engine/layers/attention.py) instead of keeping 1.0. Other caches
     # ignore it.
     calculate_kv_scales: bool = False
+    # Hybrid models (sliding-window layers beside global ones): one block table per group
+    # of layers, sliding groups releasing blocks behind their window (engine/kv_groups.py).
+    # Disabled, every layer keeps every block in one table.
+    disable_hybrid_kv_cache_manager: bool = False
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     # Several hosts: this one is node ``node_rank`` of ``nnodes``, each running

@@ -33,7 +33,8 @@ import torch
 from tamis.engine.config import EngineConfig, resolve_max_model_len
 from tamis.engine.detokenizer import IncrementalDetokenizer, check_token_stop
 from tamis.engine.inflight import LaunchedStep, is_pipelinable
-from tamis.engine.kv_cache import KVCacheManager, shared_sliding_window
+from tamis.engine.kv_cache import KVCacheManager
+from tamis.engine.kv_groups import max_tokens_per_request
 from tamis.engine.loader import tokenizer_path
 from tamis.engine.output_processor import OutputProcessor, RequestGroup
 from tamis.engine.outputs import Logprob, RequestOutput
@@ -82,18 +83,20 @@ class LLMEngine:
         self.max_model_len = resolve_max_model_len(config.max_model_len, self.hf_config)
         budget = config.resolved_max_num_batched_tokens(self.device)
         num_blocks = self.runner.initialize_kv_cache(self.max_model_len, config.max_num_seqs, budget)
-        capacity = num_blocks * config.block_size
+        windows = self.runner.kv_spec.group_windows
+        capacity = max_tokens_per_request(windows, num_blocks, config.block_size, budget,
+                                          self.max_model_len)
         if capacity < self.max_model_len:
             if config.max_model_len is not None:
                 raise ValueError(f"--max-model-len {self.max_model_len} does not fit in the KV cache "
-                                 f"({num_blocks} blocks x {config.block_size} = {capacity} tokens): "
-                                 f"lower --max-model-len or raise the KV cache size")
+                                 f"({num_blocks} blocks x {config.block_size} tokens hold "
+                                 f"{capacity} tokens of one request): lower --max-model-len "
+                                 f"or raise the KV cache size")
             logger.warning("KV cache holds %d tokens: max_model_len lowered from %d", capacity,
                            self.max_model_len)
             self.max_model_len = capacity
-        window = shared_sliding_window(self.runner.kv_spec.sliding_windows)
         self.kv_cache = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                       sliding_window=window)
+                                       group_windows=windows)
         self.scheduler = Scheduler(self.kv_cache, config.max_num_seqs, budget, config.scheduling_policy)
 
     # --- requests ------------------------------------------------------------------------

@@ -21,6 +21,12 @@ from ``gpu_memory_utilization`` after a profiling pass and samples on the device
   Graphs need the Triton attention backend (the torch backend reads lengths on the
   host); ``enforce_eager`` or another backend runs every step eagerly.
 
+- **KV-cache groups.** A hybrid model (``engine/kv_groups.py``) has a block table per
+  group: group 0's goes in ``block_tables`` / ``slot_mapping`` as for any model, groups
+  1.. get their own kept rows (``BlockTableRows(..., group)``), step buffers and
+  ``AttentionMetadata`` (sharing the rest of the layout); graphs read them from those
+  fixed buffers too.
+
 - **Fused elementwise kernels.** ``use_fused_kernels(model)`` routes the model's
   RMSNorm (with its residual add), rotary and SiLU-and-mul modules through
   ``tamis.kernels``: one kernel each instead of five to ten torch ops (at 8,192 tokens
@@ -36,6 +42,7 @@ CPU; so is the whole runner, eagerly, with the Triton backend interpreted.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import logging
 import operator
@@ -102,6 +109,10 @@ class HostBatch:
     # (``InflightTokens``): input_ids[inflight_rows[i]] = sampled[inflight_src[i]].
     inflight_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     inflight_src: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # KV-cache groups 1.. of a hybrid model (kv_groups.py): their block tables and slots,
+    # shaped as block_tables and slot_mapping (group 0's).
+    group_block_tables: list[np.ndarray] = field(default_factory=list)
+    group_slot_mappings: list[np.ndarray] = field(default_factory=list)
 
 
 class BlockTableRows:
@@ -113,8 +124,10 @@ class BlockTableRows:
     when that count changes or its last cached id no longer matches. Rows of requests absent from the
     current step are reused, least recently seen first, when all are taken."""
 
-    def __init__(self, num_rows: int, max_blocks: int):
+    def __init__(self, num_rows: int, max_blocks: int, group: int = 0):
         self.table = np.zeros((num_rows, max_blocks), dtype=np.int32)
+        # The table kept: block_ids (KV-cache group 0) or a hybrid model's group_block_ids.
+        self.block_table = _BLOCK_IDS if group == 0 else _group_table(group)
         # id(request) -> [row, ids filled, preemptions, request, last step seen, last id]
         self._entries: dict[int, list] = {}
         self._free = list(range(num_rows - 1, -1, -1))
@@ -125,9 +138,10 @@ class BlockTableRows:
         self._step += 1
         out = []
         step = self._step
+        block_table = self.block_table
         for request in requests:
             entry = self._entries.get(id(request))
-            ids = request.block_ids
+            ids = block_table(request)
             filled = entry[1] if entry is not None else 0
             if (entry is None or entry[3] is not request
                     or entry[2] != request.num_preemptions or len(ids) < filled
@@ -159,12 +173,15 @@ class BlockTableRows:
 
 
 def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None = None,
-                     block_rows: BlockTableRows | None = None) -> HostBatch:
+                     block_rows: BlockTableRows | None = None,
+                     group_rows: list[BlockTableRows] | None = None) -> HostBatch:
     """Flattens the scheduled chunks (layout in ``attention/metadata.py``).
 
     ``pad_to`` (decode graphs) appends padding sequences of one token each until there
     are ``pad_to`` sequences; it must be >= the number scheduled. ``block_rows`` keeps
     block tables between steps (the GPU runner's); without it they are rebuilt.
+    ``group_rows`` (a hybrid model's KV-cache groups 1..: one ``BlockTableRows`` each)
+    adds those groups' tables and slots.
     Per-request Python work is a few attribute reads; the rest is numpy over the whole
     batch (a decode step of 256 requests is on the CPU's critical path)."""
     items = batch.scheduled
@@ -203,18 +220,15 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
     block_lists = [request.block_ids for request in requests]
     lens = np.asarray([len(ids) for ids in block_lists], dtype=np.int64)
     width = max(int(lens.max(initial=0)), 1)
-    tables = np.zeros((total_seqs, width), dtype=np.int32)
-    if block_rows is not None:
-        rows = block_rows.rows(requests)
-        tables[:num_seqs] = block_rows.table[rows, :width]   # zeros past each request's blocks
-    else:
-        tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
-            itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
-
-    slots = np.full(total_tokens, -1, dtype=np.int64)
+    tables = _block_tables(block_lists, lens, width, total_seqs, block_rows, requests)
     pos = positions[:num_tokens]
-    slots[:num_tokens] = tables[row_of_token, pos // block_size].astype(np.int64) * block_size \
-        + pos % block_size
+    slots = _slots(tables, row_of_token, pos, block_size, total_tokens)
+    group_tables, group_slots = [], []
+    for rows_g in group_rows or ():   # every group's table has group 0's length
+        table = _block_tables([rows_g.block_table(r) for r in requests], lens, width,
+                              total_seqs, rows_g, requests)
+        group_tables.append(table)
+        group_slots.append(_slots(table, row_of_token, pos, block_size, total_tokens))
     seq_lens = np.zeros(total_seqs, dtype=np.int32)
     seq_lens[:num_seqs] = starts + qlens
 
@@ -224,10 +238,41 @@ def build_host_batch(batch: SchedulerOutput, block_size: int, pad_to: int | None
                    for i, item in enumerate(items) if item.num_prompt_logprob_rows]
     return HostBatch(input_ids, positions, slots, query_start_loc, seq_lens, tables,
                      logits_indices, query_lens, seq_lens[:num_seqs].tolist(), prompt_rows,
-                     num_tokens, num_seqs)
+                     num_tokens, num_seqs, group_block_tables=group_tables,
+                     group_slot_mappings=group_slots)
+
+
+def _block_tables(block_lists: list[list[int]], lens: np.ndarray, width: int, total_seqs: int,
+                  block_rows: BlockTableRows | None, requests: list) -> np.ndarray:
+    """int32 [total_seqs, width]: each request's table, zeros past its blocks and in padding rows."""
+    tables = np.zeros((total_seqs, width), dtype=np.int32)
+    num_seqs = len(block_lists)
+    if block_rows is not None:
+        rows = block_rows.rows(requests)
+        tables[:num_seqs] = block_rows.table[rows, :width]   # zeros past each request's blocks
+    else:
+        tables[:num_seqs][np.arange(width) < lens[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(block_lists), dtype=np.int32, count=int(lens.sum()))
+    return tables
+
+
+def _slots(tables: np.ndarray, row_of_token: np.ndarray, pos: np.ndarray, block_size: int,
+           total_tokens: int) -> np.ndarray:
+    """int64 [total_tokens]: each token's cache slot, -1 for padding tokens."""
+    slots = np.full(total_tokens, -1, dtype=np.int64)
+    slots[:len(pos)] = tables[row_of_token, pos // block_size].astype(np.int64) * block_size \
+        + pos % block_size
+    return slots
 
 
 _ALL_TOKEN_IDS = operator.attrgetter("all_token_ids")
+_BLOCK_IDS = operator.attrgetter("block_ids")
+
+
+def _group_table(group: int):
+    """Reads the block table of KV-cache group ``group`` (>= 1) of a request."""
+    index = group - 1
+    return lambda request: request.group_block_ids[index]
 
 
 # --- fused elementwise layers ----------------------------------------------------------------
@@ -263,7 +308,7 @@ class StepBuffers:
               "inflight_src": torch.int64}
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int,
-                 device: torch.device):
+                 device: torch.device, num_kv_groups: int = 1):
         sizes = {"input_ids": max_tokens, "positions": max_tokens, "slot_mapping": max_tokens,
                  "query_start_loc": max_seqs + 1, "seq_lens": max_seqs,
                  "logits_indices": max_tokens, "inflight_rows": max_seqs, "inflight_src": max_seqs}
@@ -276,12 +321,22 @@ class StepBuffers:
                                                   dtype=torch.int32, device=device)
         self.host["block_tables"] = torch.zeros(max_seqs, max_blocks_per_seq,
                                                 dtype=torch.int32, pin_memory=pin)
+        # KV-cache groups 1.. of a hybrid model: their own block tables and slots.
+        self.group_device = [
+            {"block_tables": torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, device=device),
+             "slot_mapping": torch.zeros(max_tokens, dtype=torch.int64, device=device)}
+            for _ in range(num_kv_groups - 1)]
+        self.group_host = [
+            {"block_tables": torch.zeros(max_seqs, max_blocks_per_seq, dtype=torch.int32, pin_memory=pin),
+             "slot_mapping": torch.zeros(max_tokens, dtype=torch.int64, pin_memory=pin)}
+            for _ in range(num_kv_groups - 1)]
         self.on_cuda = pin
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks_per_seq
         self._copied = None   # event: the last copies out of the pinned buffers are done
 
     def upload(self, hb: HostBatch) -> dict[str, torch.Tensor]:
-        """Copies ``hb`` into the device buffers (async); returns device views of this step."""
+        """Copies ``hb`` into the device buffers (async); returns device views of this step
+        (with a hybrid model's groups 1.. under "group_block_tables" / "group_slot_mapping")."""
         if len(hb.input_ids) > self.max_tokens or len(hb.seq_lens) > self.max_seqs:
             raise ValueError(f"step of {len(hb.input_ids)} tokens / {len(hb.seq_lens)} "
                              f"sequences exceeds the buffers ({self.max_tokens} / {self.max_seqs})")
@@ -297,15 +352,27 @@ class StepBuffers:
             self.host[name][:n].numpy()[:] = values
             self.device[name][:n].copy_(self.host[name][:n], non_blocking=True)
             views[name] = self.device[name][:n]
-        rows, width = hb.block_tables.shape
-        self.host["block_tables"][:rows, :width].numpy()[:] = hb.block_tables
-        self.device["block_tables"][:rows, :width].copy_(self.host["block_tables"][:rows, :width],
-                                                         non_blocking=True)
-        views["block_tables"] = self.device["block_tables"][:rows]
+        views["block_tables"] = self._upload_table(self.host, self.device, hb.block_tables)
+        views["group_block_tables"], views["group_slot_mapping"] = [], []
+        for host, device, table, slots in zip(self.group_host, self.group_device,
+                                              hb.group_block_tables, hb.group_slot_mappings):
+            views["group_block_tables"].append(self._upload_table(host, device, table))
+            n = len(slots)
+            host["slot_mapping"][:n].numpy()[:] = slots
+            device["slot_mapping"][:n].copy_(host["slot_mapping"][:n], non_blocking=True)
+            views["group_slot_mapping"].append(device["slot_mapping"][:n])
         if self.on_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
         return views
+
+    @staticmethod
+    def _upload_table(host: dict, device: dict, table: np.ndarray) -> torch.Tensor:
+        rows, width = table.shape
+        host["block_tables"][:rows, :width].numpy()[:] = table
+        device["block_tables"][:rows, :width].copy_(host["block_tables"][:rows, :width],
+                                                    non_blocking=True)
+        return device["block_tables"][:rows]
 
 
 @dataclass
@@ -331,6 +398,7 @@ class GPUModelRunner(ModelRunner):
         self.kv_scales_pending = scales_pending(self.model)
         self.buffers: StepBuffers | None = None
         self.block_rows: BlockTableRows | None = None
+        self.group_rows: list[BlockTableRows] = []     # KV-cache groups 1.. (hybrid models)
 
     def _attention_backend_name(self) -> str | None:
         from tamis.engine.layers.attention import Attention
@@ -346,8 +414,10 @@ class GPUModelRunner(ModelRunner):
         top = max(self.graph_sizes, default=0)
         max_blocks = -(-max_model_len // self.block_size)
         self.buffers = StepBuffers(max(max_num_batched_tokens, top), max(max_num_seqs, top),
-                                   max_blocks, self.device)
+                                   max_blocks, self.device, self.num_kv_groups)
         self.block_rows = BlockTableRows(2 * max_num_seqs, max_blocks)
+        self.group_rows = [BlockTableRows(2 * max_num_seqs, max_blocks, g)
+                           for g in range(1, self.num_kv_groups)]
         if self.use_cuda_graphs:
             self.capture_graphs()
         return num_blocks
@@ -363,7 +433,7 @@ class GPUModelRunner(ModelRunner):
         graph_size = None
         if self.graphs and is_graph_step(batch) and not self.kv_scales_pending:
             graph_size = padded_size(len(batch.scheduled), self.graph_sizes)
-        hb = build_host_batch(batch, self.block_size, graph_size, self.block_rows)
+        hb = build_host_batch(batch, self.block_size, graph_size, self.block_rows, self.group_rows)
         if inflight is not None:
             hb.inflight_rows = np.asarray(inflight.rows, dtype=np.int64)
             hb.inflight_src = np.asarray(inflight.source_rows, dtype=np.int64)
@@ -377,8 +447,12 @@ class GPUModelRunner(ModelRunner):
             max_query_len=max(hb.query_lens), max_seq_len=max(hb.seq_lens_list),
             block_size=self.block_size, query_lens_cpu=hb.query_lens,
             seq_lens_cpu=hb.seq_lens_list)
+        group_metadata = [meta] + [
+            dataclasses.replace(meta, block_tables=tables, slot_mapping=slots)
+            for tables, slots in zip(views["group_block_tables"], views["group_slot_mapping"])]
         return GPUModelInputs(views["input_ids"], views["positions"], meta,
-                              views["logits_indices"], hb.prompt_rows, graph_size, hb.num_tokens)
+                              views["logits_indices"], hb.prompt_rows, group_metadata,
+                              graph_size, hb.num_tokens)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
         size = getattr(inputs, "graph_size", None)
@@ -390,19 +464,27 @@ class GPUModelRunner(ModelRunner):
 
     # --- capture ---------------------------------------------------------------------------
 
-    def _graph_metadata(self, size: int) -> AttentionMetadata:
-        """Decode metadata over the static buffers' first ``size`` rows, all padding."""
+    def _graph_metadata(self, size: int) -> list[AttentionMetadata]:
+        """Decode metadata of each KV-cache group over the static buffers' first ``size``
+        rows, all padding (a replay reads the tables and slots later uploads write there)."""
         dev = self.buffers.device
         dev["input_ids"][:size].zero_()
         dev["positions"][:size].zero_()
         dev["slot_mapping"][:size].fill_(-1)
         dev["seq_lens"][:size].zero_()
         dev["query_start_loc"][:size + 1].copy_(torch.arange(size + 1, dtype=torch.int32))
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             query_start_loc=dev["query_start_loc"][:size + 1], seq_lens=dev["seq_lens"][:size],
             block_tables=self.buffers.device["block_tables"][:size],
             slot_mapping=dev["slot_mapping"][:size], max_query_len=1, max_seq_len=1,
             block_size=self.block_size, query_lens_cpu=[1] * size, seq_lens_cpu=[0] * size)
+        group_metadata = [meta]
+        for group in self.buffers.group_device:
+            group["slot_mapping"][:size].fill_(-1)
+            group_metadata.append(dataclasses.replace(
+                meta, block_tables=group["block_tables"][:size],
+                slot_mapping=group["slot_mapping"][:size]))
+        return group_metadata
 
     def _recapture_with_fixed_kv_scales(self) -> None:
         self.kv_scales_pending = False
@@ -416,10 +498,10 @@ class GPUModelRunner(ModelRunner):
         pool = None
         started = time.perf_counter()
         for size in sorted(self.graph_sizes, reverse=True):
-            meta = self._graph_metadata(size)
+            group_metadata = self._graph_metadata(size)
             ids = self.buffers.device["input_ids"][:size]
             positions = self.buffers.device["positions"][:size]
-            with forward_context(meta, self.kv_caches):
+            with forward_context(group_metadata[0], self.kv_caches, group_metadata):
                 self.model(ids, positions)        # warm-up: Triton compiles outside capture
                 torch.cuda.synchronize(self.device)
                 graph = torch.cuda.CUDAGraph()

@@ -20,6 +20,7 @@ Load formats:
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 
 from tamis.engine.attention.backends import get_attention_backend
 from tamis.engine.distributed.parallel_state import current_pp_group, current_tp_group
+from tamis.engine.kv_groups import KVCacheGroup, kv_cache_groups, layer_slots
 from tamis.engine.models.base import head_dim_of
 from tamis.engine.models.registry import get_model_class
 
@@ -39,28 +41,49 @@ DUMMY_STD = 0.02
 
 @dataclass(frozen=True)
 class KVCacheSpec:
-    """Shape of the paged KV cache: layer i uses a tensor
-    ``[2, num_blocks, block_size, num_kv_heads, head_dim]``; ``sliding_windows[i]`` is
-    layer i's window (None = full attention). ``cached_layers``: the layers whose cache
-    this rank holds (all of them, but for a pipeline stage)."""
+    """Shape of the paged KV cache: ``sliding_windows[i]`` is layer i's window (None =
+    full attention); the layers form KV-cache groups (``tamis.engine.kv_groups``), and
+    layer i uses cache tensor ``layer_slots[i][1]`` of shape
+    ``[2, num_blocks, block_size, num_kv_heads, head_dim]``, at its group's block ids.
+    ``cached_layers``: the layers whose cache this rank holds (all of them, but for a
+    pipeline stage). ``hybrid`` False: one group of every layer, whatever their windows."""
     num_layers: int
     num_kv_heads: int
     head_dim: int
     sliding_windows: tuple[int | None, ...]
     cached_layers: range | None = None
+    hybrid: bool = True
 
     @property
     def layers(self) -> range:
         return self.cached_layers if self.cached_layers is not None else range(self.num_layers)
 
+    @functools.cached_property
+    def groups(self) -> tuple[KVCacheGroup, ...]:
+        return kv_cache_groups(self.sliding_windows, self.hybrid)
+
+    @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        return tuple(group.sliding_window for group in self.groups)
+
+    @functools.cached_property
+    def layer_slots(self) -> tuple[tuple[int, int], ...]:
+        """``(group, tensor slot)`` of every layer."""
+        return layer_slots(self.groups, self.num_layers)
+
+    @property
+    def cached_slots(self) -> list[int]:
+        """The cache tensors this rank holds: the slots its layers use."""
+        return sorted({self.layer_slots[layer][1] for layer in self.layers})
+
     def block_bytes(self, block_size: int, dtype: torch.dtype) -> int:
-        """Bytes one block takes across the cached layers (keys and values)."""
+        """Bytes one block takes across this rank's cache tensors (keys and values)."""
         itemsize = torch.empty((), dtype=dtype).element_size()
-        return 2 * len(self.layers) * block_size * self.num_kv_heads * self.head_dim * itemsize
+        return 2 * len(self.cached_slots) * block_size * self.num_kv_heads * self.head_dim * itemsize
 
 
 def kv_cache_spec(hf_config, tensor_parallel_size: int = 1,
-                  cached_layers: range | None = None) -> KVCacheSpec:
+                  cached_layers: range | None = None, hybrid: bool = True) -> KVCacheSpec:
     """The cache layout the model built from ``hf_config`` uses (its architecture decides
     which layers slide); under tensor parallelism, one rank's (its share of the key/value
     heads, at least one); for a pipeline stage, of its ``cached_layers``."""
@@ -68,7 +91,7 @@ def kv_cache_spec(hf_config, tensor_parallel_size: int = 1,
     num_kv_heads = max(1, num_kv_heads // tensor_parallel_size)
     windows = get_model_class(hf_config).sliding_windows(hf_config)
     return KVCacheSpec(hf_config.num_hidden_layers, num_kv_heads, head_dim_of(hf_config),
-                       tuple(windows), cached_layers)
+                       tuple(windows), cached_layers, hybrid)
 
 
 # ---------------------------------------------------------------- model paths

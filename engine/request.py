@@ -85,9 +85,10 @@ class Request:
         # host): 0 or 1. The scheduler may schedule it already; the runner then takes its
         # id from the device (engine/engine.py, "Pipelining").
         self.num_inflight_tokens = 0
-        self.block_ids: list[int] = []
+        self.block_ids: list[int] = []        # block table of KV-cache group 0
+        self.group_block_ids: list[list[int]] = []   # groups 1.. (hybrid models: kv_groups.py)
         self.num_registered_blocks = 0        # leading full blocks registered in the prefix cache
-        self.num_dropped_blocks = 0           # leading blocks released behind a sliding window
+        self.num_dropped_blocks = [0]         # per group: leading blocks released behind its window
         self.block_hashes: list[int] = []     # prefix-cache hash chain of full blocks
         self.num_cached_tokens = 0            # prompt tokens served by the prefix cache
         self.cache_salt: str | None = None    # prefix-cache hits only among equal salts

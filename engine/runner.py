@@ -1,7 +1,8 @@
 """The model runner: owns the model and the KV tensors, turns a scheduled step into logits.
 
 It knows nothing of requests' history: each ``ScheduledRequest`` says which tokens to
-compute (``token_ids`` at positions ``start..``), where their KV goes (``block_ids``),
+compute (``token_ids`` at positions ``start..``), where their KV goes (``block_ids``, and
+``group_block_ids`` for the other KV-cache groups of a hybrid model: ``kv_groups.py``),
 whether the step samples it, and how many prompt-logprob rows it wants. One step::
 
     prepare_inputs(batch, inflight)
@@ -27,6 +28,7 @@ profiling forward pass of a full token budget. Never more blocks than
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -50,6 +52,8 @@ class ModelInputs:
     logits_indices: torch.Tensor      # int64 [S]: rows of hidden whose logits sample
     prompt_rows: list[tuple[int, int, int]] = field(default_factory=list)
     # (index in batch.scheduled, first row in hidden, number of rows) for prompt logprobs
+    group_metadata: list[AttentionMetadata] | None = None
+    # one per KV-cache group (block tables and slots differ), [0] being attn_metadata
 
 
 @dataclass
@@ -78,7 +82,10 @@ class ModelRunner:
             calculate_on_first_prefill(self.model, config.kv_cache_dtype)
         self.model_dir = self.model.model_dir
         self.dtype = getattr(self.model, "dtype", None) or resolve_dtype(config.dtype, device, self.hf_config)
-        self.kv_spec = kv_cache_spec(self.hf_config)
+        self.hybrid_kv = not getattr(config, "disable_hybrid_kv_cache_manager", False)
+        self.kv_spec = kv_cache_spec(self.hf_config, hybrid=self.hybrid_kv)
+        self.num_kv_groups = len(self.kv_spec.groups)
+        assign_kv_groups(self.model, self.kv_spec)
         self.block_size = config.block_size
         self.vocab_size = int(self.hf_config.vocab_size)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype, device)
@@ -91,14 +98,23 @@ class ModelRunner:
                             max_num_batched_tokens: int) -> int:
         """Sizes and allocates the per-layer KV tensors; returns the number of blocks."""
         num_blocks = self.determine_num_blocks(max_model_len, max_num_seqs, max_num_batched_tokens)
-        shape = (2, num_blocks, self.block_size, self.kv_spec.num_kv_heads, self.kv_spec.head_dim)
+        self.kv_caches = self.allocate_kv_tensors(num_blocks)
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB), %d group(s) of layers",
+                    num_blocks, self.block_size, num_blocks * self.block_bytes / 2**20,
+                    self.num_kv_groups)
+        return num_blocks
+
+    def allocate_kv_tensors(self, num_blocks: int) -> list[torch.Tensor | None]:
+        """One tensor per cache slot this rank holds (``kv_groups.py``); returns each
+        layer's (the same tensor for the layers of one slot, None for another stage's)."""
+        spec = self.kv_spec
+        shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         # Zeros, not garbage: padded rows of a block table read block contents that the
         # attention masks out, and masked NaNs would still poison the weighted sum.
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-                          for _ in range(self.kv_spec.num_layers)]
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", num_blocks, self.block_size,
-                    num_blocks * self.block_bytes / 2**20)
-        return num_blocks
+        tensors = {slot: torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+                   for slot in spec.cached_slots}
+        return [tensors[spec.layer_slots[layer][1]] if layer in spec.layers else None
+                for layer in range(spec.num_layers)]
 
     @property
     def block_bytes(self) -> int:
@@ -112,7 +128,7 @@ class ModelRunner:
         if budget is None:
             budget = (self.profile_kv_budget(max_num_batched_tokens) if self.device.type == "cuda"
                       else DEFAULT_CPU_KV_CACHE_BYTES)
-        useful = max_num_seqs * -(-max_model_len // self.block_size)
+        useful = max_num_seqs * -(-max_model_len // self.block_size) * self.num_kv_groups
         num_blocks = min(budget // self.block_bytes, useful)
         if num_blocks < 1:
             raise ValueError(f"the KV cache budget ({budget} bytes) holds no block of "
@@ -153,18 +169,20 @@ class ModelRunner:
                        inflight: InflightTokens | None = None) -> ModelInputs:
         """Flattens the scheduled chunks, request after request (layout in attention/metadata.py)."""
         bs = self.block_size
+        num_groups = self.num_kv_groups
         token_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        group_slots: list[list[int]] = [[] for _ in range(num_groups)]
         query_lens, seq_lens, sample_rows = [], [], []
         prompt_rows: list[tuple[int, int, int]] = []
         for index, item in enumerate(batch.scheduled):
             first_row = len(token_ids)
-            block_ids = item.block_ids
             span = range(item.start, item.start + item.num_new_tokens)
             token_ids.extend(item.token_ids)
             positions.extend(span)
-            slots.extend(block_ids[p // bs] * bs + p % bs for p in span)
+            tables = (item.block_ids, *item.group_block_ids) if num_groups > 1 else (item.block_ids,)
+            for slots, block_ids in zip(group_slots, tables):
+                slots.extend(block_ids[p // bs] * bs + p % bs for p in span)
             query_lens.append(item.num_new_tokens)
             seq_lens.append(item.start + item.num_new_tokens)
             if item.num_prompt_logprob_rows:
@@ -173,12 +191,19 @@ class ModelRunner:
                 sample_rows.append(len(token_ids) - 1)
         max_blocks = max(len(item.block_ids) for item in batch.scheduled)
         tables = [item.block_ids + [0] * (max_blocks - len(item.block_ids)) for item in batch.scheduled]
-        meta = self._attention_metadata(query_lens, seq_lens, tables, slots)
+        group_metadata = [self._attention_metadata(query_lens, seq_lens, tables, group_slots[0])]
+        for g in range(1, num_groups):   # other groups: the same layout over their own blocks
+            tables = [table + [0] * (max_blocks - len(table))
+                      for table in (item.group_block_ids[g - 1] for item in batch.scheduled)]
+            group_metadata.append(dataclasses.replace(
+                group_metadata[0], block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
+                slot_mapping=torch.tensor(group_slots[g], dtype=torch.int64, device=self.device)))
         as_long = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
         input_ids = as_long(token_ids)
         if inflight is not None:
             input_ids[as_long(inflight.rows)] = inflight.source[as_long(inflight.source_rows)]
-        return ModelInputs(input_ids, as_long(positions), meta, as_long(sample_rows), prompt_rows)
+        return ModelInputs(input_ids, as_long(positions), group_metadata[0], as_long(sample_rows),
+                           prompt_rows, group_metadata)
 
     def _attention_metadata(self, query_lens: list[int], seq_lens: list[int],
                             tables: list[list[int]], slots: list[int]) -> AttentionMetadata:
@@ -193,7 +218,7 @@ class ModelRunner:
             query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
 
     def forward(self, inputs: ModelInputs) -> torch.Tensor:
-        with forward_context(inputs.attn_metadata, self.kv_caches):
+        with forward_context(inputs.attn_metadata, self.kv_caches, inputs.group_metadata):
             return self.model(inputs.input_ids, inputs.positions)
 
     def compute_logits(self, hidden: torch.Tensor, inputs: ModelInputs) -> RunnerOutput:
@@ -227,6 +252,15 @@ class ModelRunner:
                bitmask_rows: list[int] | None = None) -> SampledTokens:
         """Samples on the device; ``.result()`` of the return value waits for the ids."""
         return SampledTokens(*self.sampler.sample_on_device(logits, meta, bitmask, bitmask_rows))
+
+
+def assign_kv_groups(model: torch.nn.Module, spec) -> None:
+    """Tells each attention layer its KV-cache group, whose metadata (block table, slots)
+    it reads (``kv_groups.py``)."""
+    from tamis.engine.layers.attention import Attention
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.kv_group = spec.layer_slots[module.layer_idx][0]
 
 
 def make_runner(config: EngineConfig, device: torch.device) -> ModelRunner:

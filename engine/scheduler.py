@@ -57,6 +57,11 @@ class ScheduledRequest:
     def block_ids(self) -> list[int]:
         return self.request.block_ids
 
+    @property
+    def group_block_ids(self) -> list[list[int]]:
+        """The block tables of KV-cache groups 1.. (empty for a model of one group)."""
+        return self.request.group_block_ids
+
 
 @dataclass
 class SchedulerOutput:
@@ -194,6 +199,7 @@ class Scheduler:
         releases blocks that fell behind a sliding window."""
         kv = self.kv_cache
         caching, block_size = kv.enable_prefix_caching, kv.block_size
+        drops = bool(kv.sliding_groups)
         for item in output.scheduled:
             request = item.request
             if request.status != RequestStatus.RUNNING:
@@ -203,7 +209,7 @@ class Scheduler:
             if caching and (min(end, len(request.all_token_ids)) // block_size
                             > request.num_registered_blocks):
                 kv.cache_computed_blocks(request)
-            if kv.sliding_window is not None:
+            if drops:
                 kv.drop_blocks_outside_window(request)
 
 

@@ -12,6 +12,8 @@ The KV cache of one layer is one tensor ``[2, num_blocks, block_size, num_kv_hea
 (index 0 = keys, 1 = values). A token's slot is ``block_id * block_size + offset``;
 ``slot_mapping[t] == -1`` marks a padding token whose K/V must not be stored.
 ``block_tables[b, i]`` is the i-th block of sequence b (rows padded with 0 past the end).
+A hybrid model's KV-cache groups (``engine/kv_groups.py``) each have their own block
+tables and slots over the same layout: one ``AttentionMetadata`` per group.
 """
 from __future__ import annotations
 
@@ -46,22 +48,27 @@ class AttentionMetadata:
 
 @dataclass
 class ForwardContext:
-    """What attention layers need during one forward pass; set once, never nested."""
+    """What attention layers need during one forward pass; set once, never nested.
+    ``group_metadata[g]`` is KV-cache group g's (its block tables and slots; the rest as
+    ``attn_metadata``, which is group 0's): a layer of group g reads it."""
     attn_metadata: AttentionMetadata | None
     kv_caches: list[torch.Tensor]   # one per layer, indexed by layer_idx
+    group_metadata: list[AttentionMetadata | None] = field(default_factory=list)
 
 
 _current: ForwardContext | None = None
 
 
 @contextlib.contextmanager
-def forward_context(attn_metadata: AttentionMetadata | None,
-                    kv_caches: list[torch.Tensor]) -> Iterator[ForwardContext]:
-    """Installs the context for one forward pass. Nesting is a bug and raises."""
+def forward_context(attn_metadata: AttentionMetadata | None, kv_caches: list[torch.Tensor],
+                    group_metadata: list[AttentionMetadata] | None = None
+                    ) -> Iterator[ForwardContext]:
+    """Installs the context for one forward pass (``group_metadata``: one per KV-cache
+    group, ``[attn_metadata]`` by default). Nesting is a bug and raises."""
     global _current
     if _current is not None:
         raise RuntimeError("forward_context is already set: forward passes must not nest")
-    _current = ForwardContext(attn_metadata, kv_caches)
+    _current = ForwardContext(attn_metadata, kv_caches, group_metadata or [attn_metadata])
     try:
         yield _current
     finally:

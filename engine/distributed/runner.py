@@ -50,7 +50,8 @@ class ShardRunner(ModelRunner):
         with model_parallel(tp, pp):
             super().__init__(config, device)
         num_layers = self.hf_config.num_hidden_layers
-        self.kv_spec = kv_cache_spec(self.hf_config, tp.size, pp.layer_range(num_layers))
+        self.kv_spec = kv_cache_spec(self.hf_config, tp.size, pp.layer_range(num_layers),
+                                     hybrid=self.hybrid_kv)
 
     # --- KV cache ---------------------------------------------------------------------------
 
@@ -63,10 +64,7 @@ class ShardRunner(ModelRunner):
                             max_num_batched_tokens: int) -> int:
         """The KV tensors of this rank's layers (None for another stage's layers)."""
         num_blocks = self.determine_num_blocks(max_model_len, max_num_seqs, max_num_batched_tokens)
-        spec = self.kv_spec
-        shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-                          if layer in spec.layers else None for layer in range(spec.num_layers)]
+        self.kv_caches = self.allocate_kv_tensors(num_blocks)
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB on this rank)", num_blocks,
                     self.block_size, num_blocks * self.block_bytes / 2**20)
         return num_blocks
@@ -86,7 +84,7 @@ class ShardRunner(ModelRunner):
         pp = self.pp
         if pp.num_stages == 1:
             return super().forward(inputs)
-        with forward_context(inputs.attn_metadata, self.kv_caches):
+        with forward_context(inputs.attn_metadata, self.kv_caches, inputs.group_metadata):
             received = None if pp.is_first else self._receive(inputs.input_ids.numel())
             out = self.model(inputs.input_ids, inputs.positions, received)
         if pp.is_last:

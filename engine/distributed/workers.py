@@ -68,6 +68,7 @@ class ScheduledChunk:
     block_ids: list[int]
     samples: bool
     num_prompt_logprob_rows: int
+    group_block_ids: list[list[int]] = field(default_factory=list)   # KV-cache groups 1..
 
 
 @dataclass
@@ -81,7 +82,8 @@ class StepMessage:
     def of(cls, batch, has_inflight: bool) -> "StepMessage":
         return cls([ScheduledChunk(item.token_ids, item.start, item.num_new_tokens,
                                    list(item.block_ids), bool(item.samples),
-                                   item.num_prompt_logprob_rows)
+                                   item.num_prompt_logprob_rows,
+                                   [list(table) for table in item.group_block_ids])
                     for item in batch.scheduled], has_inflight)
 
 

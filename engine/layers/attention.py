@@ -1,7 +1,8 @@
 """The attention layer of a decoder block: reshapes heads and calls the backend.
 
 The KV cache of layer ``layer_idx`` is ``get_forward_context().kv_caches[layer_idx]``;
-the metadata is the context's ``attn_metadata``. With ``attn_metadata is None`` (a
+the metadata is the context's ``group_metadata[kv_group]`` (``attn_metadata`` for group 0:
+every layer of most models). With ``attn_metadata is None`` (a
 profiling pass or a plain forward) the T tokens are one sequence attended causally,
 with no cache.
 
@@ -47,6 +48,7 @@ class Attention(nn.Module):
                              f"num_key_value_heads ({num_kv_heads})")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.layer_idx = layer_idx
+        self.kv_group = 0      # its KV-cache group: whose block tables it reads (kv_groups.py)
         self.scale = scale
         self.backend = backend
         self.sliding_window = sliding_window
@@ -61,6 +63,8 @@ class Attention(nn.Module):
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
         ctx = get_forward_context()
         meta = ctx.attn_metadata
+        if self.kv_group and meta is not None:
+            meta = ctx.group_metadata[self.kv_group]
         kv_cache = ctx.kv_caches[self.layer_idx] if meta is not None and ctx.kv_caches else None
         rotation = self.kv_rotation
         if rotation is not None:

@@ -7,9 +7,9 @@
   ``attn_logit_softcapping``; the final logits soft-capped at ``final_logit_softcapping``;
 - sliding-window layers alternating with global ones (``config.layer_types``).
 
-KV blocks: every layer shares one block table and the global layers read every token,
-so the blocks that fall out of the sliding layers' window stay allocated; the sliding
-layers only skip them. Freeing them would take a block table per group of layers.
+KV blocks: the sliding layers and the global ones form separate KV-cache groups, each
+with its own block table (``engine/kv_groups.py``); the sliding groups release the blocks
+that fall out of their window, the global group keeps every block.
 """
 from __future__ import annotations
 

@@ -17,13 +17,17 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _item(num_tokens: int, start: int, n: int, block_size: int = 4, prompt_len: int | None = None,
-          prompt_logprobs: bool = False) -> ScheduledRequest:
-    """A request with ``num_tokens`` tokens, scheduled for tokens start..start+n-1."""
-    blocks = list(np.random.permutation(100)[:-(-(start + n) // block_size)] + 1)
+          prompt_logprobs: bool = False, num_groups: int = 1) -> ScheduledRequest:
+    """A request with ``num_tokens`` tokens, scheduled for tokens start..start+n-1, with a
+    block table in each of ``num_groups`` KV-cache groups (distinct ids)."""
+    num_blocks = -(-(start + n) // block_size)
+    ids = np.random.permutation(100 * num_groups)[:num_blocks * num_groups] + 1
+    tables = [[int(b) for b in ids[g * num_blocks:(g + 1) * num_blocks]] for g in range(num_groups)]
     request = SimpleNamespace(
-        all_token_ids=list(np.random.randint(0, 1000, num_tokens)), block_ids=[int(b) for b in blocks],
-        num_tokens=num_tokens, num_prompt_tokens=prompt_len or num_tokens,
-        wants_prompt_logprobs=prompt_logprobs, num_preemptions=0)
+        all_token_ids=list(np.random.randint(0, 1000, num_tokens)), block_ids=tables[0],
+        group_block_ids=tables[1:], num_tokens=num_tokens,
+        num_prompt_tokens=prompt_len or num_tokens, wants_prompt_logprobs=prompt_logprobs,
+        num_preemptions=0)
     return ScheduledRequest(request, n, start)
 
 
@@ -51,10 +55,11 @@ def test_is_graph_step():
     assert not is_graph_step(SchedulerOutput([]))
 
 
-def _base_layout(batch, block_size):
+def _base_layout(batch, block_size, num_groups: int = 1):
     """The plain runner's prepare_inputs on CPU: the layout the GPU runner must reproduce."""
     runner = object.__new__(ModelRunner)
     runner.block_size, runner.device = block_size, torch.device("cpu")
+    runner.num_kv_groups = num_groups
     return ModelRunner.prepare_inputs(runner, batch)
 
 
@@ -76,6 +81,32 @@ def test_host_batch_matches_plain_runner(block_size):
     assert hb.prompt_rows == want.prompt_rows
     assert (hb.query_lens, hb.seq_lens_list) == (meta.query_lens_cpu, meta.seq_lens_cpu)
     assert hb.num_tokens == 55 and hb.num_seqs == 4
+
+
+@pytest.mark.parametrize("pad_to", [None, 8])
+def test_host_batch_of_kv_groups_matches_plain_runner(pad_to):
+    """A hybrid model's groups 1..: their tables and slots, kept across steps or rebuilt,
+    are the plain runner's per-group metadata (group 0 stays in block_tables)."""
+    num_groups = 3
+    decode = pad_to is not None
+    batch = SchedulerOutput([_item(37, 36 if decode else 0, 1 if decode else 37, num_groups=num_groups),
+                             _item(40, 39, 1, num_groups=num_groups),
+                             _item(9, 8, 1, num_groups=num_groups)])
+    want = _base_layout(batch, 4, num_groups)
+    rows = [BlockTableRows(8, 16, g) for g in range(1, num_groups)]
+    for group_rows in (None, rows, rows):   # rebuilt, then kept rows twice
+        hb = build_host_batch(batch, 4, pad_to, BlockTableRows(8, 16) if group_rows else None,
+                              group_rows or [BlockTableRows(8, 16, g) for g in range(1, num_groups)])
+        seqs, tokens = hb.num_seqs, hb.num_tokens
+        assert len(hb.group_block_tables) == len(hb.group_slot_mappings) == num_groups - 1
+        assert hb.block_tables[:seqs].tolist() == want.group_metadata[0].block_tables.tolist()
+        for g in range(1, num_groups):
+            meta = want.group_metadata[g]
+            assert hb.group_block_tables[g - 1][:seqs].tolist() == meta.block_tables.tolist()
+            assert hb.group_slot_mappings[g - 1][:tokens].tolist() == meta.slot_mapping.tolist()
+            assert (hb.group_slot_mappings[g - 1][tokens:] == -1).all()
+            assert meta.seq_lens is want.attn_metadata.seq_lens   # shared layout
+        assert hb.slot_mapping[:tokens].tolist() != hb.group_slot_mappings[0][:tokens].tolist()
 
 
 def test_decode_padding_rows():

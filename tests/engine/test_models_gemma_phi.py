@@ -23,6 +23,7 @@ from test_models import (Case, test_chunked_prefill_matches_transformers,  # noq
                          test_single_prefill_matches_transformers)
 from test_preemption import _alone, _mixed_prompts
 from tiny_models import LONGROPE
+from tamis.engine.kv_groups import num_tensors
 from tamis.engine.layers.layernorm import GemmaRMSNorm
 from tamis.engine.layers.rotary import get_rope
 from tamis.engine.loader import kv_cache_spec
@@ -67,12 +68,15 @@ def test_batch_invariance_and_preemption(tiny_checkpoint, name):
     alone = _alone(make_engine(path), prompts)
     together = run_to_completion(make_engine(path), prompts, GREEDY)
     assert [o.outputs[0].token_ids for o in together] == alone
-    small = make_engine(path, num_gpu_blocks_override=8, max_model_len=128, max_num_seqs=12,
-                        max_num_batched_tokens=48)
+    # The bytes of 8 blocks of every layer (a hybrid model's blocks hold fewer layers).
+    spec = make_engine(path).runner.kv_spec
+    num_blocks = 8 * spec.num_layers // num_tensors(spec.groups)
+    small = make_engine(path, num_gpu_blocks_override=num_blocks, max_model_len=128,
+                        max_num_seqs=12, max_num_batched_tokens=48)
     squeezed = run_to_completion(small, prompts, GREEDY)
     assert small.get_stats().num_preemptions > 0
     assert [o.outputs[0].token_ids for o in squeezed] == alone
-    assert small.kv_cache.num_free_blocks == 8
+    assert small.kv_cache.num_free_blocks == num_blocks
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
