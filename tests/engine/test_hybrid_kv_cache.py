@@ -124,6 +124,22 @@ def test_blocks_a_sliding_group_releases_serve_another_request():
     assert keeping.allocate(_request(range(40)), 40) is None
 
 
+def test_free_releases_every_groups_tail_first():
+    """A finished request's blocks join the free queue position by position from its tail,
+    every group's block of a position together, so eviction takes prefixes' tails first."""
+    manager = KVCacheManager(num_blocks=40, block_size=4, group_windows=(None, 8))
+    request = _request(range(24))
+    _compute(manager, request, 24)
+    full, sliding = list(request.block_ids), list(request.group_block_ids[0])
+    first = request.num_dropped_blocks[1]   # the sliding group's earlier blocks went already
+    manager.free(request)
+    tail = list(manager.pool.free_queue)[-(len(full) + len(sliding) - first):]
+    want = []
+    for i in reversed(range(len(full))):
+        want += [full[i]] + ([sliding[i]] if i >= first else [])
+    assert tail == want
+
+
 def test_prefix_hit_needs_the_global_prefix_and_the_sliding_window():
     manager = KVCacheManager(num_blocks=64, block_size=4, group_windows=(None, 8))
     a = _request(range(40), "a")
