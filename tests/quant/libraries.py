@@ -11,7 +11,8 @@ about a minute). The cache outlives the environment that made it (a clone delete
 checkout moved), so every call rewrites the .pth to name the running environment's
 packages: a .pth naming a gone environment hid torch from the scripts once in CI.
 ``run_library(kind, model_dir, out_dir)`` runs library_quantize.py there, caching each
-(kind, model) result under the same cache for the session; ``transformers_forward``
+(kind, model) result under the same cache for the session (``run_library_moe``: every
+mixture-of-experts kind in one run); ``transformers_forward``
 loads a checkpoint there with transformers + compressed-tensors.
 
 A test that needs the venv calls ``library_python_or_skip()``: where the venv cannot be
@@ -138,3 +139,15 @@ def run_library(kind: str, model_dir: Path, out_dir: Path, *extra: str) -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} failed in the library venv:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return out_dir
+
+
+def run_library_moe(model_dir: Path, out_root: Path) -> Path:
+    """Every llm-compressor MoE kind of library_quantize.py on ``model_dir`` in one venv
+    run (``moe-all``), once per out_root; returns out_root, which holds one folder per
+    kind. Raises as ``run_library``."""
+    from library_quantize import MOE_KINDS
+
+    if all((out_root / kind / "reference" / "dequantized.safetensors").exists()
+           for kind in MOE_KINDS):
+        return out_root
+    return run_library("moe-all", model_dir, out_root)
