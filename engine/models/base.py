@@ -16,6 +16,9 @@ of the checkpoint's per-expert tensors, the stack and shard it goes to
 
 ``...experts.5.w3.weight`` is loaded into ``...experts.w13_weight`` with shard id (5, 1);
 a quantized checkpoint's ``...experts.5.w3.qweight`` into ``...experts.w13_qweight``.
+Some writers name the same projections otherwise; ``expert_weight_aliases`` maps such a
+name to the declared one (llm-compressor's Mixtral: ``{"gate_proj": "w1", ...}``), and
+the checkpoint then counts as holding the declared names.
 """
 from __future__ import annotations
 
@@ -64,6 +67,7 @@ class CausalLMBase(nn.Module):
 
     packed_modules_mapping: dict[str, list[str]] = {}
     expert_weight_names: dict[str, tuple[str, int]] = {}   # proj -> ("w13" | "w2", shard)
+    expert_weight_aliases: dict[str, str] = {}   # another writer's proj -> a declared proj
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> float32 logits [N, vocab]."""
@@ -73,9 +77,17 @@ class CausalLMBase(nn.Module):
         """input_ids, positions int64 [T] -> hidden [T, H] (attention reads the forward context)."""
         return self.model(input_ids, positions)
 
+    def _declared_name(self, name: str) -> str:
+        """``name`` with an aliased expert projection renamed to the declared one."""
+        expert = _EXPERT_TENSOR.fullmatch(name)
+        if expert is None or expert["proj"] not in self.expert_weight_aliases:
+            return name
+        proj = self.expert_weight_aliases[expert["proj"]]
+        return f"{expert['block']}.{expert['expert']}.{proj}.{expert['tensor']}"
+
     def _target(self, name: str) -> tuple[str, int | tuple[int, int] | None]:
         """(parameter name, shard id) for a checkpoint tensor name."""
-        expert = _EXPERT_TENSOR.fullmatch(name)
+        expert = _EXPERT_TENSOR.fullmatch(self._declared_name(name))
         if expert and expert["proj"] in self.expert_weight_names:
             stack, shard = self.expert_weight_names[expert["proj"]]
             param = f"{stack}_{expert['tensor']}"
@@ -144,7 +156,7 @@ class CausalLMBase(nn.Module):
                     loader(param, tensor, shard_id)
             except ValueError as exc:
                 raise ValueError(f"cannot load tensor {name!r}: {exc}") from exc
-            loaded.add(name)
+            loaded.add(self._declared_name(name))
         return loaded
 
     def check_all_loaded(self, loaded: set[str]) -> None:

@@ -10,6 +10,9 @@ class MixtralForCausalLM(MistralForCausalLM):
     mlp_name = "block_sparse_moe"
     expert_weight_names = {"w1": ("w13", 0), "w3": ("w13", 1),
                            "w2": ("w2", 0)}
+    # llm-compressor saves the per-expert linears it splits from transformers 5's fused
+    # experts under these names.
+    expert_weight_aliases = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
     @staticmethod
     def make_mlp(config, layer_idx: int, quant_config, prefix: str) -> SparseMoeBlock:

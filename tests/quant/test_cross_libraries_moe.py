@@ -22,9 +22,7 @@ experts' tensors ``block_sparse_moe.experts.<e>.{gate,up,down}_proj`` where Mixt
 checkpoints say ``w1`` / ``w3`` / ``w2``. transformers cannot read such a folder back by
 itself: the reference loads it through llm-compressor's ``load_context`` (Mixtral with
 ``patch_moe_mappings`` declaring that layout) and lets compressed-tensors decompress it.
-tamis's Mixtral reads only ``w1`` / ``w3`` / ``w2`` and refuses those tensors by name
-("unexpected tensor ...experts.0.down_proj.weight_packed"): its cases are expected
-failures (``MIXTRAL_NAMES``) until the model takes the other names too.
+tamis's Mixtral reads both names (``expert_weight_aliases``).
 
 The reference runs each prompt with the activations handled as tamis handles them on this
 CPU, so logits agree to fp32 rounding (``ATOL``) and greedy tokens are equal:
@@ -79,18 +77,7 @@ KINDS = {
 # Decoder linears each checkpoint quantizes: 4 attention + 4 experts x 3 per MoE layer,
 # + 3 for Qwen3-MoE's dense first layer.
 QUANTIZED_LINEARS = {"mixtral": 2 * (4 + 12), "qwen3_moe": (4 + 3) + (4 + 12)}
-# tamis reads Mixtral's experts as w1 / w3 / w2 only (engine/models/mixtral.py), so the
-# library's gate_proj / up_proj / down_proj names are refused as unexpected tensors.
-MIXTRAL_NAMES = pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "tamis's Mixtral does not read the experts.<e>.{gate,up,down}_proj names llm-compressor "
-    "writes"))
-
-
-def _case(arch: str, kind: str):
-    return pytest.param(arch, kind, marks=MIXTRAL_NAMES) if arch == "mixtral" else (arch, kind)
-
-
-CASES = [_case(arch, kind) for arch in QUANTIZED_LINEARS for kind in KINDS]
+CASES = [(arch, kind) for arch in QUANTIZED_LINEARS for kind in KINDS]
 EXPERT = re.compile(r"(?P<block>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+)")
 EXPERT_ROWS = {"gate_proj": ("w13", 0), "up_proj": ("w13", 1), "down_proj": ("w2", None)}
 
