@@ -13,11 +13,13 @@ import random
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from engine_helpers import hf_greedy, make_engine, random_prompts, run_to_completion
 from tamis.engine.kv_cache import PLACEHOLDER_BLOCK, KVCacheManager
 from tamis.engine.kv_groups import (blocks_per_request, kv_cache_groups, layer_slots,
                                     max_tokens_per_request, num_tensors)
+from tamis.engine.loader import kv_cache_spec
 from tamis.engine.request import Request
 from tamis.engine.sampling_params import SamplingParams
 
@@ -219,8 +221,9 @@ def test_more_long_requests_run_at_once_than_with_every_block_kept(tiny_checkpoi
     prompts = random_prompts(lengths=(120,) * 5, seed=5)
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     runs = {}
+    config = AutoConfig.from_pretrained(path)
     for hybrid in (True, False):
-        spec = make_engine(path, disable_hybrid_kv_cache_manager=not hybrid).runner.kv_spec
+        spec = kv_cache_spec(config, hybrid=hybrid)
         # bytes of 2 requests' 8 blocks over every layer (a hybrid block holds fewer layers)
         num_blocks = 2 * 8 * spec.num_layers // num_tensors(spec.groups)
         engine = make_engine(path, num_gpu_blocks_override=num_blocks, max_model_len=128,
@@ -241,8 +244,9 @@ def test_prefix_hits_and_preemption_keep_the_tokens(tiny_checkpoint):
     rng = random.Random(3)
     prefix = [rng.randrange(100, 49152) for _ in range(100)]
     prompts = [prefix + [rng.randrange(100, 49152) for _ in range(n)] for n in (7, 30, 50)]
-    alone = [run_to_completion(make_engine(path, enable_prefix_caching=False), [p], GREEDY)[0]
-             .outputs[0].token_ids for p in prompts]
+    cold = make_engine(path, enable_prefix_caching=False)
+    alone = [run_to_completion(cold, [p], GREEDY, prefix=f"alone{i}-")[0].outputs[0].token_ids
+             for i, p in enumerate(prompts)]
     warm = make_engine(path, block_size=4)
     run_to_completion(warm, prompts[:1], GREEDY, prefix="a")
     second = run_to_completion(warm, prompts[1:2], GREEDY, prefix="b")[0]
