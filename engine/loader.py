@@ -206,6 +206,9 @@ def load_model(config: Any, device: torch.device | str) -> tuple[torch.nn.Module
         loaded = model.load_weights(iter_safetensors(model_dir, lazy=lazy))
         model.check_all_loaded(loaded)
     model.process_weights_after_loading()
+    # Imported here: the pass reaches quant/, which imports this module.
+    from tamis.engine.models.act_order_fusion import fuse_act_order_permutations
+    fuse_act_order_permutations(model)   # act-order layers read x sorted from their producers
     model.dtype = dtype
     model.model_dir = model_dir
     return model.eval(), hf_config

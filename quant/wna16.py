@@ -11,11 +11,17 @@ g_idx)``. That stores, on the layer (see ``tamis.kernels.w4a16`` for the layout)
                                           else fp32
     wna16_zeros    [G, N]                 float zero points, same dtype
     wna16_perm     int64 [K] or absent    act-order: x[..., perm] feeds the kernel
+    wna16_input_permuted  bool            x arrives as x[..., perm] already: its producer
+                                          writes it so (``expect_permuted_input``)
     wna16_kernel                          the kernel chosen for the model's dtype and device
 
 removes the checkpoint's tensors, and chooses the layer's kernel
 (``tamis.quant.wna16_kernels``), which re-packs the weight once into its own layout.
 ``apply_wna16`` is then one call to that kernel.
+
+An act-order layer whose producer can write its output in the sorted order (a norm or an
+activation, ``tamis.engine.models.act_order_fusion``) is told so once after loading
+(``expect_permuted_input``): its kernel then skips the per-call gather ``x[..., perm]``.
 
 A layer moved to another device or dtype after loading chooses again, explicitly:
 ``select_wna16_kernel(layer, act_dtype)``. Until then ``apply_wna16`` refuses
@@ -89,6 +95,7 @@ def finalize_wna16(layer: nn.Module, codes: torch.Tensor, scales: torch.Tensor,
     layer.wna16_in_features = k
     layer.wna16_dense = None
     layer.wna16_interleaved = False
+    layer.wna16_input_permuted = False
     layer.wna16_kernel = None
     select_wna16_kernel(layer, act_dtype or getattr(layer, "params_dtype", None)
                         or torch.get_default_dtype())
@@ -113,6 +120,27 @@ def select_wna16_kernel(layer: nn.Module, act_dtype: torch.dtype,
     chosen.process_weights(layer)
     layer.wna16_kernel = chosen
     return chosen
+
+
+def gathered_input_perm(layer: nn.Module) -> torch.Tensor | None:
+    """The permutation ``perm`` this layer's kernel gathers its input through on every
+    call (``x[..., perm]``), or None: no act-order, a producer already writes x sorted,
+    or the kernel reads x in the checkpoint's order (the CPU reference)."""
+    kernel = getattr(layer, "wna16_kernel", None)
+    perm = getattr(layer, "wna16_perm", None)
+    if kernel is None or perm is None or not kernel.reads_sorted_input \
+            or layer.wna16_input_permuted:
+        return None
+    return perm
+
+
+def expect_permuted_input(layer: nn.Module) -> None:
+    """From now on x reaches the layer as ``x[..., wna16_perm]`` (the caller has made its
+    producer write it so); the kernel no longer gathers. ValueError without act-order."""
+    require(getattr(layer, "wna16_perm", None) is not None, layer,
+            "has no act-order permutation to take its input in")
+    layer.wna16_input_permuted = True
+    layer.wna16_kernel.input_order_changed(layer)
 
 
 def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

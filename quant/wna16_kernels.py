@@ -86,10 +86,18 @@ class WNA16Kernel(ABC):
     def restore_weights(self, layer: nn.Module) -> None:
         """Undo ``process_weights``: the shared layout's canonical words again."""
 
+    # True where the weight's rows follow the act-order sort (``wna16_perm``), so that x
+    # must arrive as x[..., perm]: gathered by ``apply``, or written so by its producer.
+    reads_sorted_input = False
+
+    def input_order_changed(self, layer: nn.Module) -> None:
+        """``layer.wna16_input_permuted`` has changed: adapt what the layout depends on."""
+
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None) -> torch.Tensor:
-        """x [..., K] -> [..., N] in x's dtype."""
+        """x [..., K] -> [..., N] in x's dtype; x is already ``x[..., wna16_perm]`` where
+        the layer's ``wna16_input_permuted`` is set (its producer writes it so)."""
 
 
 class ReferenceKernel(WNA16Kernel):
@@ -101,30 +109,45 @@ class ReferenceKernel(WNA16Kernel):
         return True, None
 
     def process_weights(self, layer: nn.Module) -> None:
-        layer.wna16_dense = dequantized_weight(layer).to(self.spec.act_dtype).contiguous()
+        dense = dequantized_weight(layer)   # the checkpoint's column order: x as it comes
+        perm = getattr(layer, "wna16_perm", None)
+        if perm is not None and getattr(layer, "wna16_input_permuted", False):
+            dense = dense[:, perm]
+        layer.wna16_dense = dense.to(self.spec.act_dtype).contiguous()
 
     def restore_weights(self, layer: nn.Module) -> None:
         layer.wna16_dense = None
+
+    def input_order_changed(self, layer: nn.Module) -> None:
+        self.process_weights(layer)
 
     def apply(self, layer, x, bias):
         return torch.nn.functional.linear(x, layer.wna16_dense, bias)
 
 
 class _TritonWordsKernel(WNA16Kernel):
-    """A GPU kernel: x's columns permuted for act-order, then the launcher ``route``
-    names for the rows of x (``launchers``: name -> f(x2d, qweight, scales, zeros,
-    group_size))."""
+    """A GPU kernel: x in the weight's sorted row order (``sorted_input``), then the
+    launcher ``route`` names for the rows of x (``launchers``: name -> f(x2d, qweight,
+    scales, zeros, group_size))."""
 
     launchers: dict[str, Callable[..., torch.Tensor]]
+    reads_sorted_input = True
 
     @abstractmethod
     def route(self, m: int) -> str:
         """The launcher for m rows of x."""
 
-    def apply(self, layer, x, bias):
+    @staticmethod
+    def sorted_input(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x in the act-order sort: x itself without act-order or where the producer wrote
+        it sorted (``wna16_input_permuted``), else a gather ``x[..., wna16_perm]``."""
         perm = getattr(layer, "wna16_perm", None)
-        if perm is not None:
-            x = x[..., perm]
+        if perm is None or getattr(layer, "wna16_input_permuted", False):
+            return x
+        return x[..., perm]
+
+    def apply(self, layer, x, bias):
+        x = self.sorted_input(layer, x)
         x2 = x.reshape(-1, x.shape[-1])
         out = self.launchers[self.route(x2.shape[0])](
             x2, layer.wna16_qweight, layer.wna16_scales, layer.wna16_zeros,

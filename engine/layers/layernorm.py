@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tamis.kernels.columns import scatter_columns
+
 
 class RMSNorm(nn.Module):
     """``y = weight * x / sqrt(mean(x^2) + eps)``, computed in float32, returned in x's dtype.
@@ -13,6 +15,10 @@ class RMSNorm(nn.Module):
     returns ``(y, x + residual)``: the sum is the next block's residual stream.
     CUDA tensors go through the fused kernels of ``tamis.kernels.norm`` (same semantics)
     where ``fused_kernel`` is set.
+
+    After ``permute_output(perm)`` y is written as ``y[..., perm]`` (the input order of a
+    GPTQ act-order consumer, which then skips its own gather); the residual sum stays in
+    natural order.
     """
 
     fused_kernel = True
@@ -21,6 +27,15 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        # Column c of y goes to output column output_cols[c] (None: natural order).
+        self.register_buffer("output_cols", None, persistent=False)
+
+    def permute_output(self, perm: torch.Tensor) -> None:
+        """From now on y comes out as ``y[..., perm]``; perm: a permutation of the columns."""
+        if perm.shape != self.weight.shape:
+            raise ValueError(f"perm must have {self.weight.numel()} entries, got "
+                             f"{tuple(perm.shape)}")
+        self.output_cols = torch.argsort(perm).to(torch.int64)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Same operations and order as transformers' LlamaRMSNorm (bit-identical results),
@@ -37,16 +52,16 @@ class RMSNorm(nn.Module):
         if x.is_cuda and self.fused_kernel:
             return self.forward_fused(x, residual)
         if residual is None:
-            return self._norm(x)
+            return scatter_columns(self._norm(x), self.output_cols)
         x = x + residual
-        return self._norm(x), x
+        return scatter_columns(self._norm(x), self.output_cols), x
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``forward`` through the kernels subpackage (Triton on CUDA, its reference elsewhere)."""
         from tamis.kernels.norm import fused_add_rms_norm, rms_norm
         if residual is None:
-            return rms_norm(x, self.weight, self.eps)
-        return fused_add_rms_norm(x, residual, self.weight, self.eps)
+            return rms_norm(x, self.weight, self.eps, self.output_cols)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps, self.output_cols)
 
 
 class GemmaRMSNorm(RMSNorm):
