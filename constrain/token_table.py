@@ -7,6 +7,7 @@
     lengths[t]    byte length (0 = never allowed: special / missing ids)
     by_first      token ids with length >= 1 sorted by first byte; bucket of byte x =
                   by_first[first_start[x] : first_start[x + 1]]
+    trie          the same bytes as a prefix trie (``token_trie.VocabTrie``)
 
 ``ClassTokens`` (one per byte class C, cached on the table): what a DFA state that
 self-loops on C -- or moves along a chain of states on any byte of C -- needs to know about
@@ -25,6 +26,8 @@ import threading
 from collections import OrderedDict
 
 import numpy as np
+
+from .token_trie import VocabTrie
 
 PAD = 256
 _MAX_CLASSES = 128          # ~0.5 MB each (runlen + cached rows)
@@ -50,6 +53,8 @@ class TokenTable:
         self.first_start = np.searchsorted(first[order], np.arange(257))
         self._classes: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
+        # built here, with the tokenizer (0.2 s for 49,152 tokens), not inside a mask fill
+        self.trie = VocabTrie(self)
 
     def first_byte_tokens(self, first_bytes) -> np.ndarray:
         """Token ids whose first byte is in ``first_bytes`` (an iterable of ints)."""

@@ -14,6 +14,10 @@ tokens made only of C bytes and no longer than K are accepted with no walk at al
 cached per-(tokenizer, C, K) set, so a permissive state (inside a JSON string, free text)
 walks only the few hundred tokens that leave C.
 
+Tokens no chain settles (a state without a chain, a first byte whose target has none) are
+read through the vocabulary trie (``token_trie``): each prefix shared by many tokens is
+read once, one vectorised step per byte position.
+
 Exactness: the jump reads exactly the states the byte-by-byte walk would read (the chain
 is checked on every byte of C, and is cut where a row is not uniform on C), so a token is
 kept iff its walk is live: never over- or under-accepting.
@@ -26,6 +30,7 @@ import numpy as np
 
 from .automaton import DEAD
 from .token_table import PAD
+from .token_trie import trie_tokens, walk_trie
 
 # Counted chains (maxLength strings...) are followed this far at most: longer runs are rare
 # (token lengths: p99 = 14 bytes on SmolLM2) and each step builds a DFA row.
@@ -106,37 +111,44 @@ def _follow(dfa, state: int, members: np.ndarray, max_len: int, cap: int) -> np.
 def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
     """bool[V]: tokens whose bytes, read from ``state``, stay live. With ``ends`` (a list),
     also appends (token ids, k) array pairs: reading the first k bytes (1 <= k < length) of
-    the token from ``state`` reaches an accepting state."""
+    the token from ``state`` reaches an accepting state.
+
+    Tokens the chains cannot settle are read through the vocabulary trie
+    (``token_trie.walk_trie``: each shared prefix once); those a chain leaves mid-token
+    are walked on from there (``walk``)."""
     row = dfa.row(state)
+    chain = chain_of(table, dfa, state)
+    if chain is None or (ends is not None and chain.any_accepting):
+        return trie_tokens(table, walk_trie(table.trie, dfa, state, ends))
     result = np.zeros(table.vocab_size, dtype=bool)
     items: list = []
-    chain = chain_of(table, dfa, state)
-    first = row >= 0
-    if chain is not None and (ends is None or not chain.any_accepting):
-        k = chain.limit
-        result |= chain.tokens.upto(k)
-        if chain.loops_after_one:
-            ids, run = chain.tokens.rest_in.select(dfa.row(int(chain.states[1])) >= 0)
-        else:
-            # runs longer than k go on from s_k, where bytes outside exit_bytes may be live
-            longer_than = None if chain.stops else k
-            ids, run = chain.tokens.rest_in.select(chain.exit_bytes, longer_than)
-            run = np.minimum(run, k)
-            if not chain.stops:
-                longer = chain.tokens.longer_than(k)
-                items.append((longer, np.full(len(longer), k), chain.states[np.full(len(longer), k)]))
-        items.append((ids, run, chain.states[run]))
-        first &= ~chain.members
+    k = chain.limit
+    result |= chain.tokens.upto(k)
+    if chain.loops_after_one:
+        ids, run = chain.tokens.rest_in.select(dfa.row(int(chain.states[1])) >= 0)
+    else:
+        # runs longer than k go on from s_k, where bytes outside exit_bytes may be live
+        longer_than = None if chain.stops else k
+        ids, run = chain.tokens.rest_in.select(chain.exit_bytes, longer_than)
+        run = np.minimum(run, k)
+        if not chain.stops:
+            longer = chain.tokens.longer_than(k)
+            items.append((longer, np.full(len(longer), k), chain.states[np.full(len(longer), k)]))
+    items.append((ids, run, chain.states[run]))
+    first = (row >= 0) & ~chain.members
+    by_trie = np.zeros(256, dtype=bool)
     targets = row[first]
     for target in sorted(set(targets.tolist())):
         group = first.copy()
         group[first] = targets == target
-        _first_byte_group(table, dfa, state, target, group, ends, result, items)
-    if items:
-        tok = np.concatenate([i[0] for i in items])
-        pos = np.concatenate([i[1] for i in items]).astype(np.int64)
-        st = np.concatenate([i[2] for i in items]).astype(np.int64)
-        result[walk(table, dfa, tok, pos, st, ends)] = True
+        if not _first_byte_group(table, dfa, target, group, ends, result, items):
+            by_trie |= group
+    if by_trie.any():
+        result |= trie_tokens(table, walk_trie(table.trie, dfa, state, ends, by_trie))
+    tok = np.concatenate([i[0] for i in items])
+    pos = np.concatenate([i[1] for i in items]).astype(np.int64)
+    st = np.concatenate([i[2] for i in items]).astype(np.int64)
+    result[walk(table, dfa, tok, pos, st, ends)] = True
     return result
 
 
@@ -144,14 +156,17 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
 _TAIL_SPLIT_MIN = 256
 
 
-def _first_byte_group(table, dfa, state, target, group, ends, result, items) -> None:
-    """Tokens whose first byte (a ``group`` byte) moves ``state`` to ``target``: accepted
-    from a cache when the rest is a run of the target's chain class, else walk items."""
-    tokens = table.first_byte_tokens(np.flatnonzero(group).tolist())
-    chain = chain_of(table, dfa, target) if len(tokens) >= _TAIL_SPLIT_MIN else None
+def _first_byte_group(table, dfa, target, group, ends, result, items) -> bool:
+    """Tokens whose first byte (a ``group`` byte) moves the state to ``target``: accepted
+    from a cache when the rest is a run of the target's chain class, else walk items.
+    False when the target has no chain worth it (the caller reads them through the trie)."""
+    first_bytes = np.flatnonzero(group)
+    size = int((table.first_start[first_bytes + 1] - table.first_start[first_bytes]).sum())
+    if size < _TAIL_SPLIT_MIN:
+        return False
+    chain = chain_of(table, dfa, target)
     if chain is None or (ends is not None and (chain.any_accepting or chain.accepting[0])):
-        items.append((tokens, np.zeros(len(tokens), np.int64), np.full(len(tokens), state)))
-        return
+        return False
     tails = chain.tokens.after(group)
     result |= tails.upto(chain.limit)
     if chain.loops_after_one:
@@ -160,10 +175,11 @@ def _first_byte_group(table, dfa, state, target, group, ends, result, items) -> 
         items.append((ids, run + 1, np.full(len(ids), first)))
         ids, run = tails.exit_later.select(dfa.row(later) >= 0)
         items.append((ids, run + 1, np.full(len(ids), later)))
-        return
+        return True
     ids, run = tails.rest(chain.limit, chain.exit_bytes, chain.stops)
     run = np.minimum(run, chain.limit)
     items.append((ids, run + 1, chain.states[run]))
+    return True
 
 
 def walk(table, dfa, tok: np.ndarray, pos: np.ndarray, st: np.ndarray,
@@ -246,7 +262,7 @@ def _skip_runs(table, dfa, tok, at, st, ends):
         sel = np.flatnonzero(st == state) if len(states) > 1 else slice(None)
         if len(states) > 1 and len(sel) < _SKIP_MIN_ITEMS:
             continue
-        chain = chain_of(table, dfa, state)
+        chain = _skip_chain(table, dfa, state)
         if chain is None:
             continue
         run = np.minimum(chain.tokens.runlen.take(at[sel]), chain.limit).astype(np.int64)
@@ -255,6 +271,18 @@ def _skip_runs(table, dfa, tok, at, st, ends):
         st[sel] = chain.states[run]
         at[sel] += run
     return at, st
+
+
+def _skip_chain(table, dfa, state: int) -> Chain | None:
+    """The chain worth building for a state met inside tokens: one already built, or a
+    self-loop (its row alone); a counted chain costs a DFA row per state it follows, rows
+    the walk of these few items would mostly never read."""
+    chains = dfa.chains
+    if state in chains:
+        return chains[state]
+    if (dfa.row(state) == state).sum() < 2:
+        return None
+    return chain_of(table, dfa, state)
 
 
 def _record_run_ends(chain, tok, at, run, table, ends):
