@@ -1,7 +1,7 @@
 """JSON-schema coverage on ALL maskbench-dev schemas (model-free), with refusal reasons.
 
     python bench/maskbench_coverage.py --data DIR [--jobs 2] [--out /tmp/maskbench.jsonl]
-                                       [--limit N] [--every K]
+                                       [--limit N] [--every K] [--only FILE] [--compile-only]
 
 DIR holds the maskbench-dev schemas, one folder per subset (a checkout of the public
 jsonschemabench repository, its maskbench data grouped by subset); without ``--data`` the
@@ -13,7 +13,9 @@ its test instances is walked token by token (compact JSON, then EOS) through a f
 processes (``--jobs``, interleaved split) under a 4 GiB address-space limit; a worker silent
 for 60 s is killed and its schema counted as a timeout, then it resumes with the next one.
 Prints coverage per subset and overall, the valid-accepted share, every accepted-invalid
-instance, and the refusal reasons tallied by keyword.
+instance, and the refusal reasons tallied by keyword. ``--only FILE`` measures the schema paths
+listed in FILE (one a line, e.g. the refused ones of an earlier run, which ``--refused`` prints
+from ``--out`` files); ``--compile-only`` skips the instance walks (coverage and reasons only).
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def reason_of(exc: Exception) -> str:
     return m.group(1) or (f"format:{m.group(2)}" if m.group(2) else m.group(3))
 
 
-def worker(list_file: str, start: int, out_file: str) -> None:
+def worker(list_file: str, start: int, out_file: str, walk_instances: bool = True) -> None:
     """Processes schemas from index ``start``; writes a "start" line then a result line each."""
     import resource
     resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
@@ -67,7 +69,7 @@ def worker(list_file: str, start: int, out_file: str) -> None:
             except (ConstraintError, MemoryError) as exc:
                 row["reason"] = reason_of(exc) if isinstance(exc, ConstraintError) else "MemoryError"
                 compiled = None
-            if compiled is not None:
+            if compiled is not None and walk_instances:
                 row.update(valid=0, valid_ok=0, invalid=0, invalid_accepted=[])
                 for k, test in enumerate(doc["tests"]):
                     try:
@@ -87,13 +89,14 @@ def worker(list_file: str, start: int, out_file: str) -> None:
             out.flush()
 
 
-def supervise(paths: list[str], out_file: str) -> None:
+def supervise(paths: list[str], out_file: str, walk_instances: bool) -> None:
     """Runs workers over ``paths`` until every schema has a result line."""
     list_file = out_file + ".paths"
     Path(list_file).write_text("\n".join(paths))
     start = 0
     while start < len(paths):
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", list_file, str(start), out_file])
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", list_file, str(start), out_file,
+                                 str(int(walk_instances))])
         last, last_t = None, time.time()
         while proc.poll() is None:
             time.sleep(2)
@@ -135,9 +138,9 @@ def report(out_files: list[str]) -> None:
             continue
         c["compiled"] += 1
         for key in ("valid", "valid_ok", "invalid"):
-            c[key] += row[key]
-        c["invalid_accepted"] += len(row["invalid_accepted"])
-        bad += [(f"{subset}/{Path(row['path']).name}", k) for k in row["invalid_accepted"]]
+            c[key] += row.get(key, 0)
+        c["invalid_accepted"] += len(row.get("invalid_accepted", []))
+        bad += [(f"{subset}/{Path(row['path']).name}", k) for k in row.get("invalid_accepted", [])]
     total = Counter()
     print(f"{'subset':24s} {'compiled':>14s} {'valid accepted':>16s} {'invalid accepted':>17s}")
     for subset, c in sorted(per.items()):
@@ -154,9 +157,18 @@ def report(out_files: list[str]) -> None:
         print(f"  {n:5d}  {reason}   (e.g. {examples[reason]})")
 
 
+def refused(out_files: list[str]) -> None:
+    """Prints the path of every refused schema in ``out_files`` (input for ``--only``)."""
+    for name in out_files:
+        for line in Path(name).read_text().splitlines():
+            row = json.loads(line)
+            if "path" in row and row["reason"] is not None:
+                print(row["path"])
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1")
         return
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default=None,
@@ -167,19 +179,26 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N schemas only (smoke run)")
     parser.add_argument("--every", type=int, default=1,
                         help="every K-th schema of the sorted list: a spread sample of all subsets")
+    parser.add_argument("--only", default=None,
+                        help="file listing the schema paths to measure, one a line")
+    parser.add_argument("--compile-only", action="store_true", help="no instance walks")
     parser.add_argument("--report-only", action="store_true", help="re-print from --out files")
+    parser.add_argument("--refused", action="store_true",
+                        help="print the refused schema paths of --out files")
     args = parser.parse_args()
     if args.data:   # read by tests/constrain/conformance.py here and in the worker processes
         os.environ["TAMIS_MASKBENCH_DIR"] = str(Path(args.data).resolve())
     outs = [f"{args.out}.{k}.jsonl" for k in range(args.jobs)]
-    if args.report_only:
-        report(outs)
+    if args.report_only or args.refused:
+        (refused if args.refused else report)(outs)
         return
     for name in outs:
         if os.path.exists(name):
             os.remove(name)
+    only = str(Path(args.only).resolve()) if args.only else ""
     procs = [subprocess.Popen([sys.executable, __file__, "--supervise", outs[k], str(k), str(args.jobs),
-                               str(args.every), str(args.limit or 0)]) for k in range(args.jobs)]
+                               str(args.every), str(args.limit or 0), only,
+                               str(int(not args.compile_only))]) for k in range(args.jobs)]
     for proc in procs:
         proc.wait()
     report(outs)
@@ -188,6 +207,7 @@ def main() -> None:
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--supervise":
     out, part, parts, every = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     limit = int(sys.argv[6]) or None
-    supervise(all_schemas()[::every][:limit][part::parts], out)
+    chosen = Path(sys.argv[7]).read_text().split() if sys.argv[7] else all_schemas()
+    supervise(chosen[::every][:limit][part::parts], out, sys.argv[8] == "1")
 elif __name__ == "__main__":
     main()
