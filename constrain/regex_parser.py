@@ -5,11 +5,10 @@ ECMAScript (what JSON-schema ``pattern`` uses):
   (ASCII meaning) and their negations, ``.``, ``[...]`` with ranges and negation;
 - groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, ``(?<name>...)``; alternation ``|``;
 - quantifiers ``* + ? {m} {m,} {m,n}`` with an optional lazy ``?`` (same language);
-- ``^`` at the start and ``$`` at the end of the whole pattern or of a top-level branch, also
-  inside a group that is a whole top-level branch (``^$|(^a+$)``).
+- ``^`` and ``$`` anywhere (``^([^,]|$)``, ``(a|^b)c``): ``regex_anchors`` removes them.
 
 Refused with a ``RegexError`` naming the construct (a matcher over a regular language cannot
-enforce them): backreferences, look-ahead/look-behind, word boundaries, mid-pattern anchors,
+enforce them): backreferences, look-ahead/look-behind, word boundaries,
 possessive quantifiers, atomic groups, inline flags other than ``(?i)``/``(?s)`` at the start.
 
 ``parse_regex(text, universe=...)``: ``universe`` is the set of code points that ``.`` and
@@ -23,6 +22,7 @@ from functools import lru_cache
 
 from . import regex_ast as ra
 from .errors import RegexError
+from .regex_anchors import BOS, EOS, drop_anchors
 
 ANY = ((0, ra.MAX_CODE_POINT),)
 DIGIT = ((48, 57),)
@@ -68,7 +68,7 @@ class _Parser:
                 self.pos += 1
                 continue
             self._fail("unbalanced ')'")
-        return ra.alt(*branches)
+        return drop_anchors(ra.alt(*branches))
 
     def _leading_flags(self):
         while self.text.startswith("(?", self.pos) and self.pos + 2 < len(self.text) \
@@ -120,9 +120,12 @@ class _Parser:
                 if top and (self.pos >= len(self.text) or self.text[self.pos] == "|"):
                     items.append("$")
                     break
-                self._fail("'$' anchor in the middle of the pattern is not supported", self.pos - 1)
+                items.append(EOS)          # removed by regex_anchors once the pattern is read
+                continue
             if self.text[self.pos] == "^":
-                self._fail("'^' anchor in the middle of the pattern is not supported")
+                self.pos += 1
+                items.append(BOS)
+                continue
             atom = self._atom()
             items.append(self._quantified(atom))
         return items
