@@ -17,8 +17,8 @@ Both branches only constrain objects, so other values pass as the keywords say.
 (an under-approximation of the negation; exact for what real schemas put in ``if``:
 ``type``, ``const``/``enum``, ``required``, ``properties`` of those, string and number bounds,
 ``minItems``/``maxItems``, ``items`` (without prefixItems), ``contains`` (one match wanted),
-``patternProperties`` and ``propertyNames`` (a member that fails them: ``_some``, see
-json_witnesses), ``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
+``patternProperties``, ``propertyNames`` and ``additionalProperties`` without
+``patternProperties`` (a member that fails them: ``_some``, see json_witnesses), ``anyOf``, ``not``; ``oneOf`` is negated as ``anyOf``, whose
 negation is contained in its own). Any other keyword is *dropped* before negating:
 dropping an assertion weakens the schema, so its negation only shrinks (sound; the
 else-branch may then refuse some valid instances). ``format`` is dropped too, so the result
@@ -141,6 +141,8 @@ def negate(schema, deref, path: str, depth: int = 0):
             arms += _negate_elements(schema, key, deref, where, depth)
         elif key in ("patternProperties", "propertyNames"):
             arms += _negate_names(key, value, deref, where, depth)
+        elif key == "additionalProperties":
+            arms += _negate_additional(schema, deref, where, depth)
         # any other keyword is dropped (see module doc: sound)
     leaves += _negate_group(schema, STRING_KEYWORDS, "string", path)
     leaves += _negate_group(schema, NUMBER_KEYWORDS, "number", path)
@@ -184,6 +186,21 @@ def _negate_names(key: str, value, deref, where: str, depth: int) -> list:
         if negated is not False:
             arms.append({"type": "object", "_some": [{"name": {"pattern": pattern}, "value": negated}]})
     return arms
+
+
+def _negate_additional(schema: dict, deref, where: str, depth: int) -> list:
+    """Objects with an additional member (a key outside ``properties``) whose value fails
+    ``additionalProperties`` (any value, when it is false), as ``_some``; none beside
+    ``patternProperties`` (dropped: sound)."""
+    props = schema.get("properties", {})
+    if schema.get("patternProperties") or not isinstance(props, dict):
+        return []
+    extra = schema["additionalProperties"]
+    negated = True if extra is False else _negate_part(extra, deref, where, depth)
+    if negated is False:
+        return []
+    name = {"not": {"enum": list(props)}} if props else {"type": "string"}
+    return [{"type": "object", "_some": [{"name": name, "value": negated}]}]
 
 
 def _negate_part(schema, deref, path: str, depth: int):

@@ -6,8 +6,11 @@ parts are dot-atoms (no quoted local parts); ``hostname`` checks label syntax an
 refuses labels with "--" as their 3rd and 4th characters (A-labels such as ``xn--...``, whose
 IDNA/Punycode rules it cannot check).
 
+``regex`` is enforced as a regular subset of ECMAScript regexes (a documented narrowing: see
+``REGEX_SUBSET``); ``iri``, ``iri-reference`` (RFC 3987) and ``uri-template`` (RFC 6570) exactly.
+
 Formats tamis has no regex for: a format the JSON Schema specification defines
-(``STANDARD_FORMATS``: idn-email, iri, uri-template, regex...) is a compile error naming it,
+(``STANDARD_FORMATS``: idn-email, idn-hostname) is a compile error naming it,
 because a user asking for it expects it enforced and tamis cannot; any other name
 (``url``, ``path``, ``semver``, ``int32`` on a string...) is an annotation and asserts nothing,
 as JSON Schema 2020-12 says for formats by default and as vLLM's backends (xgrammar,
@@ -71,6 +74,35 @@ _HIER = rf"(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ}(/{_SEGM
 URI = rf"[A-Za-z][A-Za-z0-9+.\-]*:{_HIER}(\?{_QUERY})?(#{_QUERY})?"
 _RELATIVE = rf"(//{_AUTHORITY}{_PATH_ABEMPTY}|{_PATH_ABSOLUTE}|{_SEGMENT_NZ_NC}(/{_SEGMENT})*)?"
 URI_REFERENCE = rf"({URI}|{_RELATIVE}(\?{_QUERY})?(#{_QUERY})?)"
+# RFC 3987: an IRI is a URI whose unreserved characters also take ``ucschar`` (and whose query
+# ``iprivate``); the same grammar with those classes widened.
+_UCSCHAR = (r"\u00A0-\uD7FF\uF900-\uFDCF\uFDF0-\uFFEF" + "".join(
+    rf"\u{{{p:X}0000}}-\u{{{p:X}FFFD}}" for p in range(1, 14)) + r"\u{E1000}-\u{EFFFD}")
+_IPRIVATE = r"\uE000-\uF8FF\u{F0000}-\u{FFFFD}\u{100000}-\u{10FFFD}"
+
+
+def _iri(uri: str) -> str:
+    """``uri`` with ``iunreserved`` for ``unreserved``, except in IPvFuture (ASCII in IRIs)."""
+    future = rf"v[0-9a-fA-F]+\.[{_UNRESERVED}"
+    return uri.replace(future, "\0").replace(_UNRESERVED, _UNRESERVED + _UCSCHAR).replace("\0", future)
+
+
+_IQUERY = rf"(\?({_iri(_PCHAR)}|[/?{_IPRIVATE}])*)"
+IRI = _iri(URI).replace(rf"(\?{_QUERY})", _IQUERY)
+IRI_REFERENCE = _iri(URI_REFERENCE).replace(rf"(\?{_QUERY})", _IQUERY)
+# RFC 6570 (level 4): literals and {expressions}.
+_TEMPLATE_LITERAL = rf"([!#$&(-;=?-\[\]_a-z~{_UCSCHAR}{_IPRIVATE}]|{_PCT})"
+_VARCHAR = rf"([A-Za-z0-9_]|{_PCT})"
+_VARSPEC = rf"{_VARCHAR}(\.?{_VARCHAR})*(:[1-9][0-9]{{0,3}}|\*)?"
+URI_TEMPLATE = rf"({_TEMPLATE_LITERAL}|\{{[+#./;?&=,!@|]?{_VARSPEC}(,{_VARSPEC})*\}})*"
+# ``regex`` (ECMA-262) is not a regular language (nested groups): enforced as a regular subset
+# (a documented narrowing), valid with and without the ``u`` flag and for Python's ``re``:
+# optional ^, then atoms, each optionally quantified (* + ? {n} {n,}), then optional $. An atom
+# is a letter, digit, space, one of _ - / : , or ".", or a class of such characters and the
+# ranges a-z, A-Z, 0-9, "-" last (no backslash: string formats are written without JSON escapes).
+_REGEX_CLASS_ITEM = r"([A-Za-z0-9 _:/.,]|a-z|A-Z|0-9)"
+_REGEX_ATOM = rf"([A-Za-z0-9 _\-/:,.]|\[\^?{_REGEX_CLASS_ITEM}+-?\])"
+REGEX_SUBSET = rf"\^?({_REGEX_ATOM}([*+?]|\{{[0-9]{{1,3}},?\}})?)*\$?"
 _ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~\-]+"
 EMAIL = rf"{_ATOM}(\.{_ATOM})*@({HOSTNAME}|\[{IPV4}\]|\[IPv6:{IPV6}\])"
 JSON_POINTER = r"(/([^/~\"\\\x00-\x1f]|~[01])*)*"
@@ -80,7 +112,8 @@ FORMATS = {
     "date-time": DATE_TIME, "date": DATE, "time": TIME, "duration": DURATION,
     "email": EMAIL, "uuid": UUID, "ipv4": IPV4, "ipv6": IPV6, "hostname": HOSTNAME,
     "uri": URI, "uri-reference": URI_REFERENCE, "json-pointer": JSON_POINTER,
-    "relative-json-pointer": RELATIVE_JSON_POINTER,
+    "relative-json-pointer": RELATIVE_JSON_POINTER, "iri": IRI, "iri-reference": IRI_REFERENCE,
+    "uri-template": URI_TEMPLATE, "regex": REGEX_SUBSET,
 }
 # Formats defined by the JSON Schema specification (draft 2020-12, section 7.3).
 STANDARD_FORMATS = {

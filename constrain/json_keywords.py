@@ -21,8 +21,8 @@ HANDLED = {
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
     "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "anyOf", "oneOf",
     "allOf", "$ref", "nullable", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
-    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "_some", "_contains_all", "contains", "minContains",
-    "maxContains", *CONDITIONAL_KEYWORDS,
+    "_patterns", "not", "propertyNames", "patternProperties", "_negate", "_some", "_contains_all",
+    "_anyofs", "_oneofs", "contains", "minContains", "maxContains", *CONDITIONAL_KEYWORDS,
 }
 UNSUPPORTED = {
     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef",
@@ -84,7 +84,8 @@ def json_equal(x, y) -> bool:
 def as_json_schema(schema):
     """``schema`` with tamis's internal keywords (``_patterns``: more patterns that must all
     match; ``_negate``: a value of the leaves' type meeting none of them; ``_some``: members
-    the object must contain; ``_contains_all``: schemas an element must meet, each) spelled
+    the object must contain; ``_contains_all``: schemas an element must meet, each;
+    ``_anyofs``/``_oneofs``: more anyOf/oneOf lists that must each hold) spelled
     in JSON Schema, for a validator that would otherwise ignore them (and accept too much)."""
     if isinstance(schema, list):
         return [as_json_schema(part) for part in schema]
@@ -100,6 +101,8 @@ def as_json_schema(schema):
             more += [_member_as_json_schema(req) for req in value]
         elif key == "_contains_all":
             more += [{"contains": as_json_schema(sub)} for sub in value]
+        elif key in ("_anyofs", "_oneofs"):
+            more += [{key[1:-1].replace("of", "Of"): as_json_schema(b)} for b in value]
         elif key in ("enum", "const", "default", "examples", "required"):
             out[key] = value                      # values, not schemas
         elif key in SCHEMA_MAPS and isinstance(value, dict):

@@ -1,6 +1,7 @@
 """``allOf``: schemas merged keyword by keyword into one (``properties`` joined, bounds
 tightened, ``type`` and ``enum`` intersected, ``multipleOf`` steps combined into their least
-common multiple, a second ``pattern`` kept beside the first), and the ``$ref``s at the top of
+common multiple, a second ``pattern`` kept beside the first, a second ``anyOf``/``oneOf`` list
+kept pending, ``propertyNames`` joined by allOf), and the ``$ref``s at the top of
 a subschema followed so that its content can be merged or analysed.
 
 Two values of a keyword that cannot be combined raise ``SchemaError`` naming the keyword; a
@@ -11,6 +12,7 @@ import json
 import math
 from fractions import Fraction
 
+from . import deadline
 from .errors import SchemaError
 from .json_conditionals import has_conditionals, rewrite_conditionals
 from .json_keywords import ANNOTATIONS, HANDLED, MAX_DEPTH, UNSUPPORTED, json_equal
@@ -105,6 +107,7 @@ class SchemaMerging:
         raise SchemaError("$ref chain too long", path)
 
     def _merge(self, a: dict, b: dict, path: str):
+        deadline.check()
         a, b = self._rewrite(a, path), self._rewrite(b, path)
         a, b = _items_at_every_position(a, b, path), _items_at_every_position(b, a, path)
         a, b = _contains_as_list(a, b), _contains_as_list(b, a)
@@ -211,13 +214,21 @@ def _merge_keyword(key, x, y, merged, path):
             if x is False or y is False:
                 return False
             return _both(x, y)
-    if key == "anyOf":
-        return [{"allOf": [p, q]} for p in x for q in y]
+    if key in ("anyOf", "oneOf") and not json_equal(x, y):
+        # both must hold: the second list waits in ``_anyofs``/``_oneofs`` until the first is
+        # compiled (json_schema), each of its branches merged with the rest: pairs are met
+        # only where they merge (a cross product here doubles with every conditional of an
+        # allOf, and two oneOf lists have no cross product)
+        pending = f"_{key.lower()}s"
+        merged[pending] = merged.get(pending, []) + [y]
+        return x
     if key == "allOf":
         return list(x) + list(y)
     if key == "not":
         return {"anyOf": [x, y]}
-    if key in ("_negate", "_patterns", "_some", "_contains_all"):
+    if key == "propertyNames":
+        return _both(x, y)
+    if key in ("_negate", "_patterns", "_some", "_contains_all", "_anyofs", "_oneofs"):
         return list(x) + list(y)
     if key == "patternProperties":
         out = dict(x)
@@ -245,13 +256,24 @@ def _merge_patterns(out, x, y):
 
 
 def _apply_additional(out: dict, side: dict, other: dict) -> None:
-    """allOf: a side's additionalProperties also governs the other side's extra property names."""
+    """allOf: a side's additionalProperties also governs the other side's extra property names
+    (those of its properties, required names and patternProperties that ``side`` declares
+    neither as a property nor as a pattern)."""
     extra = side.get("additionalProperties", True)
     if extra is True:
         return
-    if set(other.get("patternProperties", {})) - set(side.get("patternProperties", {})):
-        raise SchemaError("allOf: additionalProperties in one branch and patternProperties in "
-                          "another cannot be combined")
+    foreign = set(other.get("patternProperties", {})) - set(side.get("patternProperties", {}))
+    if foreign and extra is False:
+        # every key is one of side's properties or matches one of its patterns: said exactly
+        # as propertyNames (out's own additionalProperties, false, then adds nothing)
+        allowed = [{"pattern": p} for p in side.get("patternProperties", {})]
+        if side.get("properties"):
+            allowed.append({"enum": list(side["properties"])})
+        names = {"anyOf": allowed} if allowed else False
+        out["propertyNames"] = _both(out["propertyNames"], names) if "propertyNames" in out else names
+        return
+    if foreign:
+        _govern_patterns(out, side, foreign, extra)
     own = set(side.get("properties", {}))
     props = dict(out.get("properties", {}))
     for name in other.get("properties", {}):
@@ -262,3 +284,23 @@ def _apply_additional(out: dict, side: dict, other: dict) -> None:
             props[name] = extra
     if props:
         out["properties"] = props
+
+
+def _govern_patterns(out: dict, side: dict, patterns: set, extra) -> None:
+    """The other side's ``patterns`` also take ``side``'s additionalProperties: exact when
+    ``side`` has no patternProperties of its own and none of its property names matches one
+    of them (the keys they match are then all additional for ``side``); otherwise refused."""
+    import re
+    names = list(side.get("properties", {}))
+    try:
+        overlap = side.get("patternProperties") or any(
+            re.search(p, n) for p in patterns for n in names)
+    except re.error:
+        overlap = True
+    if overlap:
+        raise SchemaError("allOf: additionalProperties in one branch and patternProperties in "
+                          "another cannot be combined")
+    props = dict(out.get("patternProperties", {}))
+    for pattern in patterns:
+        props[pattern] = _both(props[pattern], extra)
+    out["patternProperties"] = props

@@ -25,6 +25,8 @@ class SchemaReferences:
         self._anchors: dict[str, object] = {}
         self._base_of: dict[int, str] = {}
         root = self.root
+        declared = root.get("$schema", "") if isinstance(root, dict) else ""
+        self._draft4 = isinstance(declared, str) and ("draft-04" in declared or "draft-03" in declared)
         self._index(root, root.get("$id", "") if isinstance(root, dict) else "")
 
     def _index(self, schema, base: str, is_schema: bool = True) -> None:
@@ -37,6 +39,10 @@ class SchemaReferences:
                 self._ids[urldefrag(base)[0]] = schema
             if is_schema and isinstance(schema.get("$anchor"), str):
                 self._anchors[urldefrag(base)[0] + "#" + schema["$anchor"]] = schema
+            legacy = schema.get("id") if self._draft4 else None
+            if is_schema and isinstance(legacy, str) and legacy.startswith("#") and len(legacy) > 1:
+                # draft 4's plain-name fragment ("id": "#name"), what $anchor became
+                self._anchors.setdefault(urldefrag(base)[0] + legacy, schema)
             self._base_of[id(schema)] = base
             for key, sub in schema.items():
                 if key in ("enum", "const", "default", "examples"):

@@ -109,6 +109,9 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         self._check_keywords(schema, path)
         if has_conditionals(schema):
             return self.value(self._rewrite(schema, path), path, depth + 1)
+        for pending, keyword in (("_anyofs", "anyOf"), ("_oneofs", "oneOf")):
+            if pending in schema and keyword not in schema:   # see json_merge
+                schema = _next_alternatives(schema, pending, keyword)
         if "$ref" in schema:
             return self._ref(schema, path, depth)
         if "not" in schema:
@@ -264,6 +267,18 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
                 member, ra.rep(ra.seq(sep, member), 0, None))), self.ws, ra.char("}"))
             self.rules["$any"] = ra.alt(SCALARS, ("rule", "$any_array"), ("rule", "$any_object"))
         return ("rule", name)
+
+
+def _next_alternatives(schema: dict, pending: str, keyword: str) -> dict:
+    """``schema`` with the first of its ``pending`` lists (an allOf of several anyOf or oneOf,
+    json_merge) as its ``keyword``; each branch is then merged with the rest, the others
+    still pending."""
+    first, *rest = schema[pending]
+    out = {k: v for k, v in schema.items() if k != pending}
+    out[keyword] = first
+    if rest:
+        out[pending] = rest
+    return out
 
 
 __all__ = ["compile_json_schema", "DEFAULT_WHITESPACE", "MAX_STRING_LENGTH", "MAX_ARRAY_ITEMS",

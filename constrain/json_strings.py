@@ -2,12 +2,14 @@
 ``pattern``, ``format`` through ``json_formats``), literal strings and the keys an object's
 extra members may use.
 
-Policy: a string constrained by ``pattern`` or ``format`` is written without escape
-sequences; ``maxLength`` above ``MAX_STRING_LENGTH`` is enforced as ``MAX_STRING_LENGTH``
+Policy: a string constrained by ``pattern`` or ``format`` is written without optional escape
+sequences (a pattern's '"' and '\\' take the escapes JSON requires; control characters are
+refused); ``maxLength`` above ``MAX_STRING_LENGTH`` is enforced as ``MAX_STRING_LENGTH``
 (sound: outputs still satisfy the schema; longer valid values are refused)."""
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 
 from . import regex_ast as ra
 from .errors import ConstraintError, SchemaError
@@ -18,6 +20,8 @@ from .regex_parser import parse_regex
 # String content characters that need no escape: everything but '"', '\' and controls.
 SAFE_CHARS = ra.normalize_ranges(((0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)))
 SAFE_CHAR = ("chars", SAFE_CHARS)
+# What a ``pattern`` may produce: the safe characters, '"' and '\\' (written escaped).
+PATTERN_CHARS = ra.normalize_ranges(SAFE_CHARS + ((0x22, 0x22), (0x5C, 0x5C)))
 # A \u escape names one code point: a surrogate only as a high-low pair (one character for
 # minLength/maxLength, as JSON Schema counts code points); a lone surrogate is refused, since
 # the text it decodes to is not valid Unicode (pydantic, for one, rejects it).
@@ -44,7 +48,7 @@ def string_schema(schema: dict, path: str) -> tuple:
         if not isinstance(pattern, str):
             raise SchemaError("pattern must be a string", f"{path}/pattern")
         try:
-            node = parse_regex(pattern, universe=SAFE_CHARS, anchored=False)
+            node = parse_regex(pattern, universe=PATTERN_CHARS, anchored=False)
         except ConstraintError as exc:
             raise SchemaError(f"unsupported pattern: {exc}", f"{path}/pattern") from None
         content = node if content is None else ("and", content, node)
@@ -61,8 +65,33 @@ def string_schema(schema: dict, path: str) -> tuple:
     if content is None:
         return ra.seq(QUOTE, ra.rep(STRING_UNIT, lo, hi), QUOTE)
     if lo or hi is not None:
-        content = ("and", content, ra.rep(SAFE_CHAR, lo, hi))
-    return ra.seq(QUOTE, content, QUOTE)
+        content = ("and", content, ra.rep(("chars", PATTERN_CHARS), lo, hi))
+    return ra.seq(QUOTE, escaped(content) if patterns else content, QUOTE)
+
+
+def escaped(node, memo: dict | None = None) -> tuple:
+    """String content (characters of ``PATTERN_CHARS``) as JSON text: '"' and '\\' written as
+    the escapes JSON requires, every other character as itself. The map is one-to-one, so
+    it keeps intersections and differences (``and``/``diff`` nodes) exact."""
+    memo = {} if memo is None else memo
+    found = memo.get(id(node))
+    if found is not None:
+        return found[0]
+    kind = node[0]
+    if kind == "chars":
+        out = ra.alt(("chars", ra.intersect_ranges(node[1], SAFE_CHARS)),
+                     *(ra.literal(json.dumps(chr(c))[1:-1]) for c in (0x22, 0x5C)
+                       if any(lo <= c <= hi for lo, hi in node[1])))
+    elif kind in ("seq", "alt"):
+        out = (kind, tuple(escaped(child, memo) for child in node[1]))
+    elif kind == "rep":
+        out = ("rep", escaped(node[1], memo), node[2], node[3])
+    elif kind in ("and", "diff"):
+        out = (kind, escaped(node[1], memo), escaped(node[2], memo))
+    else:
+        raise ValueError(f"escaped() of a {kind!r} node")
+    memo[id(node)] = (out, node)
+    return out
 
 
 def json_string_literal(text: str) -> tuple:
@@ -71,13 +100,19 @@ def json_string_literal(text: str) -> tuple:
 
 def string_not_in(names: list, path: str) -> tuple:
     """String content (escapes allowed) that is not the JSON form of any of ``names``."""
-    any_content = ra.rep(STRING_UNIT, 0, None)
-    encoded = [json.dumps(n, ensure_ascii=False)[1:-1] for n in names]
-    if not encoded:
-        return any_content
+    encoded = tuple(json.dumps(n, ensure_ascii=False)[1:-1] for n in names)
     if any("\\" in e for e in encoded):
         raise SchemaError("additional properties next to property names that need JSON escapes "
                           "are not supported", path)
+    return _content_not_in(encoded)
+
+
+@lru_cache(maxsize=256)
+def _content_not_in(encoded: tuple) -> tuple:
+    """Cached: the combinators compile the same object's extras once per branch they merge."""
+    any_content = ra.rep(STRING_UNIT, 0, None)
+    if not encoded:
+        return any_content
     trie: dict = {}
     for e in encoded:
         node = trie

@@ -14,6 +14,8 @@ reads bytes, which is what tokens are made of.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from . import deadline
 
 MAX_CODE_POINT = 0x10FFFF
@@ -28,12 +30,15 @@ def chars(ranges) -> tuple:
     return ("chars", normalize_ranges(ranges))
 
 
+@lru_cache(maxsize=4096)
 def char(c: str) -> tuple:
     return ("chars", ((ord(c), ord(c)),))
 
 
+@lru_cache(maxsize=65536)
 def literal(text: str) -> tuple:
-    """The exact string ``text``."""
+    """The exact string ``text`` (cached: enums and property names are spelled again and
+    again while schemas are merged, and one shared node is also deduplicated by identity)."""
     if len(text) == 1:
         return char(text)
     return ("seq", tuple(char(c) for c in text))
@@ -67,7 +72,7 @@ def alt(*nodes) -> tuple:
         for part in parts:
             if id(part) in seen or part == NOTHING:
                 continue
-            if is_small(part):
+            if part[0] == "chars" or is_small(part):   # a character set: one hashable node
                 if part in small:
                     continue
                 small.add(part)

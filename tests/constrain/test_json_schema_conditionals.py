@@ -139,7 +139,7 @@ def test_formats_outside_the_specification_are_annotations(fmt):
     _check({"type": "string", "format": fmt}, '"anything at all"', True)
 
 
-@pytest.mark.parametrize("fmt", ["iri", "uri-template", "regex", "idn-email"])
+@pytest.mark.parametrize("fmt", ["idn-email", "idn-hostname"])
 def test_specified_formats_tamis_cannot_enforce_are_errors(fmt):
     with pytest.raises(ConstraintError, match=fmt):
         _accepts({"type": "string", "format": fmt}, '"x"')

@@ -1,0 +1,134 @@
+"""Schema shapes compiled exactly (each compared with jsonschema on drawn instances): allOf of
+several anyOf/oneOf lists, allOf of different propertyNames, additionalProperties in one allOf
+branch beside patternProperties in another, oneOf over closed objects (negated
+additionalProperties), patterns asking for '"' or '\\', and the formats iri, uri-template
+and regex (a documented regular subset: whatever it accepts compiles), and draft 4's plain-name
+``id`` fragments as $ref targets."""
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+
+from conformance import compact, in_schema_order, smollm2, walk
+from tamis.constrain import StructuredOutputsParams, compile_constraint
+
+
+def compiled(schema):
+    return compile_constraint(StructuredOutputsParams(json=schema), smollm2()[1])
+
+
+def disagreements(schema, instances) -> list:
+    """Instances where the walk and jsonschema disagree (formats asserted)."""
+    c = compiled(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    return [(v, validator.is_valid(v)) for v in instances
+            if walk(c, compact(in_schema_order(v, schema)))[0] != validator.is_valid(v)]
+
+
+KEYS_AND_VALUES = (["a", "b", "c", "x-1"], [0, 1, "s", None, True])
+
+
+def drawn_objects(rng: random.Random, count: int) -> list:
+    keys, values = KEYS_AND_VALUES
+    out = [{}]
+    for _ in range(count):
+        chosen = sorted(rng.sample(keys, rng.randint(1, 3)))
+        out.append({k: rng.choice(values) for k in chosen})
+    return out
+
+
+ALL_OF_ALTERNATIVES = [
+    {"type": "object", "allOf": [
+        {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        {"oneOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                   {"required": ["c"]}]}]},
+    {"type": "object", "allOf": [
+        {"anyOf": [{"required": ["a"]}, {"required": ["b"]}]},
+        {"anyOf": [{"required": ["c"]}, {"properties": {"a": {"const": 1}}}]},
+        {"anyOf": [{"properties": {"b": {"type": "string"}}}, {"required": ["x-1"]}]}]},
+]
+
+
+@pytest.mark.parametrize("schema", ALL_OF_ALTERNATIVES, ids=["two oneOf", "three anyOf"])
+def test_all_of_several_alternative_lists_is_exact(schema):
+    schema = {**schema, "properties": {k: {} for k in KEYS_AND_VALUES[0]}}
+    wrong = disagreements(schema, drawn_objects(random.Random(1), 120))
+    assert not wrong, wrong[:5]
+
+
+def test_all_of_two_property_names_needs_both():
+    schema = {"type": "object", "allOf": [{"propertyNames": {"maxLength": 1}},
+                                          {"propertyNames": {"pattern": "^[a-b]"}}]}
+    wrong = disagreements(schema, drawn_objects(random.Random(2), 80))
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "allOf": [
+        {"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+        {"patternProperties": {"^x": {"minimum": 1}}}]},
+    {"type": "object", "allOf": [
+        {"properties": {"b": {"type": "string"}}, "patternProperties": {"^[ac]": {}},
+         "additionalProperties": False},
+        {"patternProperties": {"^x": {"type": "integer"}}}]},
+], ids=["integer extras", "closed with its own patterns"])
+def test_additional_properties_govern_the_other_branch_patterns(schema):
+    wrong = disagreements(schema, drawn_objects(random.Random(3), 120))
+    assert not wrong, wrong[:5]
+
+
+def test_one_of_closed_objects_keeps_each_branch_alone():
+    schema = {"type": "object", "oneOf": [
+        {"properties": {"a": {"type": "string"}}, "additionalProperties": False},
+        {"properties": {"b": {"type": "array"}}, "additionalProperties": False}]}
+    instances = drawn_objects(random.Random(4), 100) + [{"a": "x"}, {"b": []}, {"a": "x", "b": []}]
+    wrong = disagreements(schema, instances)
+    assert not wrong, wrong[:5]
+    assert walk(compiled(schema), '{"a":"x"}')[0]
+
+
+@pytest.mark.parametrize("value", ['\\d+/1', 'a"b', '\\"', "plain", "\\", '"'])
+def test_patterns_with_quote_and_backslash_use_json_escapes(value):
+    schema = {"type": "string", "pattern": '^(\\\\d\\+/[0-9]|a"b|\\\\"|plain)$', "maxLength": 5}
+    assert not disagreements(schema, [value])
+
+
+FORMAT_CASES = {
+    "iri": (["http://ex.ample/päth?q=ü#frag", "urn:isbn:0451450523", "https://例え.jp/"],
+            ["no scheme", "http://a b", "http://ex.ample/%zz"]),
+    "uri-template": (["http://example.com/{user}/{+path}{?q,lang}", "/v1/{id:3}/x{.fmt*}"],
+                     ["/{unclosed", "/{a b}", "/{}"]),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMAT_CASES))
+def test_iri_and_uri_template_formats(fmt):
+    c = compiled({"type": "string", "format": fmt})
+    good, bad = FORMAT_CASES[fmt]
+    assert all(walk(c, json.dumps(v, ensure_ascii=False))[0] for v in good)
+    assert not any(walk(c, json.dumps(v, ensure_ascii=False))[0] for v in bad)
+
+
+def test_regex_format_accepts_only_valid_regexes():
+    c = compiled({"type": "string", "format": "regex"})
+    pieces = ["a", "^", "$", "[", "]", "(", ")", "*", "+", "?", "{2}", "{2,}", "-", ".", "[a-z]",
+              "[^0-9_]", " ", "|", "{", "}", ":", "z-a"]
+    rng = random.Random(6)
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 5))) for _ in range(300)]
+    texts += ["^[a-z][a-z0-9_-]*$", "[a-z]+", "a{3}b?", "^v[0-9]+.[0-9]+$"]
+    accepted = [t for t in dict.fromkeys(texts) if walk(c, json.dumps(t))[0]]
+    for text in accepted:
+        re.compile(text)            # valid for Python's re (and the subset for ECMAScript)
+    assert {"^[a-z][a-z0-9_-]*$", "[a-z]+", "a{3}b?"} <= set(accepted)
+    assert "(a" not in accepted and "a**" not in accepted
+
+
+def test_draft4_plain_name_ids_are_anchors():
+    schema = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "object",
+              "definitions": {"gate": {"id": "#gate", "type": "integer"}},
+              "properties": {"g": {"$ref": "#gate"}}}
+    c = compiled(schema)
+    assert walk(c, '{"g":3}')[0]
+    assert not walk(c, '{"g":"3"}')[0]
