@@ -21,6 +21,7 @@ from tamis.kernels.kv_quant import (FP8_E4M3_MAX, dequantize_kv,  # noqa: F401  
 
 try:
     import triton.language as tl
+    from tamis.kernels.e4m3 import e4m3_code
 except ImportError:
     tl = None
 
@@ -57,9 +58,7 @@ if tl is not None:
                          values_offset, k_inv_scale, v_inv_scale, HEADS: tl.constexpr,
                          DIM: tl.constexpr, FP8: tl.constexpr):
         """FP8: ``cache_ptr`` is the cache's bytes (a uint8 view) and e4m3 is encoded with
-        integer ops, rounding to nearest-even as torch's cast does: Triton's interpreter
-        truncates in its float8 cast (126.4 -> 64), so this is the one path both the CPU
-        tests and the GPU run."""
+        integer ops (``kernels/e4m3.py``), as torch's cast rounds."""
         tok = tl.program_id(0).to(tl.int64)
         slot = tl.load(slot_ptr + tok).to(tl.int64)
         if slot >= 0:
@@ -71,15 +70,7 @@ if tl is not None:
                         mask=mask)
             if FP8:
                 x = tl.join(k.to(tl.float32) * k_inv_scale, v.to(tl.float32) * v_inv_scale)
-                x = tl.minimum(tl.maximum(x, -448.0), 448.0)
-                bits = x.to(tl.int32, bitcast=True)
-                mag = bits & 0x7FFFFFFF
-                # Normal (|x| >= 2^-6): keep 3 mantissa bits, rebias the exponent 127 -> 7.
-                normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
-                # Subnormal: a multiple of 2^-9; adding 1.5 * 2^23 rounds to an integer (RNE).
-                subnormal = ((tl.abs(x) * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)
-                code = tl.where(mag < 0x3C800000, subnormal, normal) | ((bits >> 24) & 0x80)
-                k, v = tl.split(code)
+                k, v = tl.split(e4m3_code(tl.minimum(tl.maximum(x, -448.0), 448.0)))
             dst = cache_ptr + slot * num_heads * head_dim + h * head_dim + d
             tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
             tl.store(dst + values_offset, v.to(cache_ptr.dtype.element_ty), mask=mask)

@@ -33,6 +33,7 @@ from tamis.kernels.scaled_mm import scaled_mm_triton
 
 if triton_available():
     import triton.language as tl
+    from tamis.kernels.e4m3 import e4m3_code
 
 GROUP_EPS = 1e-10  # amax floor: an all-zero group gets a tiny scale, not a division by zero
 
@@ -54,8 +55,11 @@ def per_token_group_quant_fp8_ref(x: torch.Tensor, group: int) -> tuple[torch.Te
 
 @kernel
 def _group_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s,
-                            FP8_MAX_C: tl.constexpr, EPS: tl.constexpr, GROUP: tl.constexpr):
-    """One program per (row, K group): the group's scale and its float8 codes."""
+                            FP8_MAX_C: tl.constexpr, EPS: tl.constexpr, GROUP: tl.constexpr,
+                            ENCODE: tl.constexpr):
+    """One program per (row, K group): the group's scale and its codes. ENCODE: ``q_ptr``
+    holds bytes (a uint8 view of the float8 codes), written by ``e4m3_code`` as torch's
+    cast rounds; else the clamped quotients themselves."""
     row = tl.program_id(0)
     group = tl.program_id(1)
     offs = group * GROUP + tl.arange(0, GROUP)
@@ -64,6 +68,8 @@ def _group_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s
     # div_rn: IEEE division as torch does it (Triton's "/" on fp32 is approximate).
     scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), EPS), FP8_MAX_C)
     q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_C, FP8_MAX_C)
+    if ENCODE:
+        q = e4m3_code(q)
     tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * stride_s + group, scale)
 
@@ -71,17 +77,18 @@ def _group_quant_fp8_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s
 def per_token_group_quant_fp8_triton(x: torch.Tensor, group: int,
                                      codes_dtype: torch.dtype = FP8_DTYPE
                                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton path of ``per_token_group_quant_fp8_ref`` (same contract; group a power of 2).
-    ``codes_dtype=torch.float32`` returns the clamped ``x / scale`` before the float8
-    rounding: the interpreter's fp32 -> e4m3 conversion is wrong near binade edges
-    (124.5 -> 64), so CPU tests round those with torch."""
+    """Triton path of ``per_token_group_quant_fp8_ref`` (same contract, the same codes bit
+    for bit; group a power of 2). ``codes_dtype=torch.float32`` returns the clamped
+    ``x / scale`` before the float8 rounding."""
     m, k = x.shape
     groups = -(-k // group)
     q = torch.empty((m, k), dtype=codes_dtype, device=x.device)
     scale = torch.empty((m, groups), dtype=torch.float32, device=x.device)
-    _group_quant_fp8_kernel[(m, groups)](x, q, scale, k, x.stride(0), q.stride(0),
-                                         scale.stride(0), FP8_MAX_C=FP8_MAX, EPS=GROUP_EPS,
-                                         GROUP=group)
+    encode = codes_dtype == FP8_DTYPE
+    _group_quant_fp8_kernel[(m, groups)](x, q.view(torch.uint8) if encode else q, scale, k,
+                                         x.stride(0), q.stride(0), scale.stride(0),
+                                         FP8_MAX_C=FP8_MAX, EPS=GROUP_EPS, GROUP=group,
+                                         ENCODE=encode)
     return q, scale
 
 
