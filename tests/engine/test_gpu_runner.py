@@ -13,7 +13,11 @@ from tamis.engine.gpu_runner import (BlockTableRows, build_host_batch, capture_s
 from tamis.engine.runner import ModelRunner
 from tamis.engine.scheduler import ScheduledRequest, SchedulerOutput
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+def needs_cuda(test):
+    """Skipped without CUDA, and selected by ``-m gpu``."""
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(),
+                                              reason="needs a CUDA device")(test))
 
 
 def _item(num_tokens: int, start: int, n: int, block_size: int = 4, prompt_len: int | None = None,

@@ -253,6 +253,7 @@ def test_greedy_output_stays_near_fp32(tiny_checkpoint):
         assert chosen in first and first[chosen].logprob >= best - 0.15, (chosen, first)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decode_graphs_are_captured_again_with_the_measured_scales(tmp_path):
     """Graphs captured before the first prefill hold unit scales: the runner steps eagerly
