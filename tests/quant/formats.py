@@ -135,10 +135,9 @@ def write_quantized_checkpoint(source, out, quantize, quantization_config: dict)
     return out
 
 
-def greedy_pair(model_dir, reference, prompts: list[list[int]], max_tokens: int = 8):
-    """(tamis's, ``reference``'s) greedy continuations of ``prompts``, EOS ignored: tamis
-    through its paged engine (fp32, all prompts batched), the transformers ``reference``
-    one prompt at a time."""
+def tamis_greedy(model_dir, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """tamis's greedy continuations of ``prompts`` (EOS ignored) through its paged engine,
+    fp32, all prompts batched."""
     from tamis import SamplingParams
     from tamis.engine.engine import LLMEngine
 
@@ -149,7 +148,13 @@ def greedy_pair(model_dir, reference, prompts: list[list[int]], max_tokens: int 
     finished = {}
     while engine.has_unfinished_requests():
         finished.update({out.request_id: out for out in engine.step() if out.finished})
-    ours = [finished[str(i)].outputs[0].token_ids for i in range(len(prompts))]
+    return [list(finished[str(i)].outputs[0].token_ids) for i in range(len(prompts))]
+
+
+def greedy_pair(model_dir, reference, prompts: list[list[int]], max_tokens: int = 8):
+    """(tamis's, ``reference``'s) greedy continuations of ``prompts``, EOS ignored: tamis's
+    from ``tamis_greedy``, the transformers ``reference`` one prompt at a time."""
+    ours = tamis_greedy(model_dir, prompts, max_tokens)
     theirs = []
     for prompt in prompts:
         ids = torch.tensor([prompt])

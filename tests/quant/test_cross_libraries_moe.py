@@ -59,6 +59,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from formats import tamis_greedy
 from libraries import LibraryUnavailable, run_library_moe
 from library_quantize import MOE_GREEDY_TOKENS, MOE_PROMPTS
 from test_roundtrip import _tamis_logits, _tamis_model, _tamis_weight
@@ -118,22 +119,6 @@ def _tamis_linear_weight(model, name: str) -> torch.Tensor:
     return (_tamis_expert_weight if EXPERT.fullmatch(name) else _tamis_weight)(model, name)
 
 
-def _tamis_greedy(folder: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """tamis's greedy continuations of ``prompts`` (EOS ignored) through its paged engine,
-    fp32, all prompts batched."""
-    from tamis import SamplingParams
-    from tamis.engine.engine import LLMEngine
-
-    engine = LLMEngine(model=str(folder), dtype="float32", kv_cache_memory_bytes="64MiB")
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add_request(str(i), prompt, params)
-    finished = {}
-    while engine.has_unfinished_requests():
-        finished.update({out.request_id: out for out in engine.step() if out.finished})
-    return [list(finished[str(i)].outputs[0].token_ids) for i in range(len(prompts))]
-
-
 def _moe_blocks(model):
     return [m for name, m in model.named_modules() if name.endswith(".experts")]
 
@@ -188,4 +173,4 @@ def test_library_moe_checkpoint_greedy_tokens(arch, kind, library_checkpoint):
     transformers + compressed-tensors' own."""
     folder = library_checkpoint(arch, kind)
     reference = torch.load(folder / "reference" / "transformers.pt")[KINDS[kind][1]]
-    assert _tamis_greedy(folder, MOE_PROMPTS, MOE_GREEDY_TOKENS) == reference["greedy"]
+    assert tamis_greedy(folder, MOE_PROMPTS, MOE_GREEDY_TOKENS) == reference["greedy"]
