@@ -72,15 +72,10 @@ PLACEHOLDER_BLOCK = 0
 class KVCacheManager:
     """Per-request block tables, one per KV-cache group, over a ``BlockPool`` (see the
     module docstring). ``group_windows[g]`` is group g's sliding window (None: global);
-    without it there is one group, of window ``sliding_window``."""
+    the default is one global group."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 sliding_window: int | None = None,
-                 group_windows: tuple[int | None, ...] | None = None) -> None:
-        if group_windows is None:
-            group_windows = (sliding_window,)
-        elif sliding_window is not None:
-            raise ValueError("give sliding_window or group_windows, not both")
+                 group_windows: tuple[int | None, ...] = (None,)) -> None:
         for window in group_windows:
             if window is not None and window < 1:
                 raise ValueError(f"sliding_window must be a positive token count, got {window}")

@@ -33,7 +33,7 @@ def _compute(manager: KVCacheManager, request: Request, num_tokens: int) -> None
 @pytest.mark.parametrize("caching", [True, False])
 def test_blocks_wholly_behind_the_window_are_released_front_first(caching):
     manager = KVCacheManager(num_blocks=10, block_size=4, enable_prefix_caching=caching,
-                             sliding_window=6)
+                             group_windows=(6,))
     request = _request(range(22))
     _compute(manager, request, 10)
     # next query at 10 sees keys 5..: block 0 (0-3) is behind, block 1 (4-7) is not
@@ -51,7 +51,7 @@ def test_blocks_wholly_behind_the_window_are_released_front_first(caching):
 def test_unregistered_blocks_are_kept_until_registered():
     """With prefix caching a block leaves only once hashed (its tokens known), so the
     table never loses a block the cache has yet to record."""
-    manager = KVCacheManager(num_blocks=10, block_size=4, sliding_window=2)
+    manager = KVCacheManager(num_blocks=10, block_size=4, group_windows=(2,))
     request = _request(range(12))
     manager.allocate(request, 12)
     request.num_computed_tokens = 12
@@ -63,7 +63,7 @@ def test_unregistered_blocks_are_kept_until_registered():
 
 
 def test_dropped_blocks_keep_their_hash_and_serve_a_later_prefix():
-    manager = KVCacheManager(num_blocks=10, block_size=4, sliding_window=4)
+    manager = KVCacheManager(num_blocks=10, block_size=4, group_windows=(4,))
     first = _request(range(20), "a")
     _compute(manager, first, 20)
     kept_ids = [manager.pool.blocks[i] for i in first.block_ids if i != PLACEHOLDER_BLOCK]
@@ -78,7 +78,7 @@ def test_dropped_blocks_keep_their_hash_and_serve_a_later_prefix():
 
 
 def test_the_scheduler_drops_after_each_step():
-    manager = KVCacheManager(num_blocks=64, block_size=4, sliding_window=4)
+    manager = KVCacheManager(num_blocks=64, block_size=4, group_windows=(4,))
     scheduler = Scheduler(manager, max_num_seqs=4, max_num_batched_tokens=64)
     request = _request(range(30))
     scheduler.add_request(request)
@@ -105,7 +105,7 @@ def test_each_kind_of_layer_gets_its_group(tiny_checkpoint):
     assert windows("gemma2") == (None, 16)       # sliding layers alternate with global ones
     assert windows("gemma2", hybrid=False) == (None,)   # every block kept
     with pytest.raises(ValueError, match="sliding_window must be a positive"):
-        KVCacheManager(num_blocks=4, block_size=4, sliding_window=0)
+        KVCacheManager(num_blocks=4, block_size=4, group_windows=(0,))
 
 
 def _generate(engine, prompts, max_tokens: int, check_held: bool):
