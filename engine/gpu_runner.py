@@ -157,26 +157,28 @@ class StepBuffers:
                              f"max_model_len's {self.max_blocks}")
         if self._copied is not None:
             self._copied.synchronize()   # the pinned memory is about to be rewritten
-        views = {}
-        for name in self._SPECS:
-            values = getattr(hb, name)
-            n = len(values)
-            self.host[name][:n].numpy()[:] = values
-            self.device[name][:n].copy_(self.host[name][:n], non_blocking=True)
-            views[name] = self.device[name][:n]
+        views = {name: self._upload_vector(self.host, self.device, name, getattr(hb, name))
+                 for name in self._SPECS}
         views["block_tables"] = self._upload_table(self.host, self.device, hb.block_tables)
         views["group_block_tables"], views["group_slot_mapping"] = [], []
         for host, device, table, slots in zip(self.group_host, self.group_device,
                                               hb.group_block_tables, hb.group_slot_mappings):
             views["group_block_tables"].append(self._upload_table(host, device, table))
-            n = len(slots)
-            host["slot_mapping"][:n].numpy()[:] = slots
-            device["slot_mapping"][:n].copy_(host["slot_mapping"][:n], non_blocking=True)
-            views["group_slot_mapping"].append(device["slot_mapping"][:n])
+            views["group_slot_mapping"].append(
+                self._upload_vector(host, device, "slot_mapping", slots))
         if self.on_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
         return views
+
+    @staticmethod
+    def _upload_vector(host: dict, device: dict, name: str, values: np.ndarray) -> torch.Tensor:
+        """``values`` into the pinned buffer ``host[name]``, then (async) into ``device[name]``;
+        returns the device view of its length."""
+        n = len(values)
+        host[name][:n].numpy()[:] = values
+        device[name][:n].copy_(host[name][:n], non_blocking=True)
+        return device[name][:n]
 
     @staticmethod
     def _upload_table(host: dict, device: dict, table: np.ndarray) -> torch.Tensor:

@@ -180,8 +180,7 @@ class ModelRunner:
             span = range(item.start, item.start + item.num_new_tokens)
             token_ids.extend(item.token_ids)
             positions.extend(span)
-            tables = (item.block_ids, *item.group_block_ids) if num_groups > 1 else (item.block_ids,)
-            for slots, block_ids in zip(group_slots, tables):
+            for slots, block_ids in zip(group_slots, (item.block_ids, *item.group_block_ids)):
                 slots.extend(block_ids[p // bs] * bs + p % bs for p in span)
             query_lens.append(item.num_new_tokens)
             seq_lens.append(item.start + item.num_new_tokens)
