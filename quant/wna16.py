@@ -34,7 +34,8 @@ from torch import nn
 
 from tamis.quant.base import replace_param, require
 from tamis.quant.packing import pack_int32
-from tamis.quant.wna16_kernels import WNA16Kernel, choose_wna16_kernel, wna16_spec
+from tamis.quant.wna16_kernels import (WNA16Kernel, choose_wna16_kernel, pending_gather,
+                                       wna16_spec)
 
 _CHECKPOINT_PARAMS = ("qweight", "qzeros", "scales", "g_idx", "weight_packed", "weight_scale",
                       "weight_zero_point", "weight_shape", "weight_g_idx")
@@ -127,11 +128,9 @@ def gathered_input_perm(layer: nn.Module) -> torch.Tensor | None:
     call (``x[..., perm]``), or None: no act-order, a producer already writes x sorted,
     or the kernel reads x in the checkpoint's order (the CPU reference)."""
     kernel = getattr(layer, "wna16_kernel", None)
-    perm = getattr(layer, "wna16_perm", None)
-    if kernel is None or perm is None or not kernel.reads_sorted_input \
-            or layer.wna16_input_permuted:
+    if kernel is None or not kernel.reads_sorted_input:
         return None
-    return perm
+    return pending_gather(layer)
 
 
 def expect_permuted_input(layer: nn.Module) -> None:

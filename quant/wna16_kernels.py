@@ -141,10 +141,8 @@ class _TritonWordsKernel(WNA16Kernel):
     def sorted_input(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x in the act-order sort: x itself without act-order or where the producer wrote
         it sorted (``wna16_input_permuted``), else a gather ``x[..., wna16_perm]``."""
-        perm = getattr(layer, "wna16_perm", None)
-        if perm is None or getattr(layer, "wna16_input_permuted", False):
-            return x
-        return x[..., perm]
+        perm = pending_gather(layer)
+        return x if perm is None else x[..., perm]
 
     def apply(self, layer, x, bias):
         x = self.sorted_input(layer, x)
@@ -154,6 +152,14 @@ class _TritonWordsKernel(WNA16Kernel):
             layer.wna16_group_size)
         out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if bias is None else out + bias
+
+
+def pending_gather(layer: nn.Module) -> torch.Tensor | None:
+    """``wna16_perm`` when a kernel that reads sorted input must still gather x through it
+    (act-order, and no producer writes x sorted), else None."""
+    if getattr(layer, "wna16_input_permuted", False):
+        return None
+    return getattr(layer, "wna16_perm", None)
 
 
 def _needs_triton_on_cuda(spec: WNA16Spec) -> str | None:
