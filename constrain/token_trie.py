@@ -86,7 +86,7 @@ def walk_trie(trie: VocabTrie, dfa, state: int, ends: list | None = None,
         total = int(counts.sum())
         if not total:
             break
-        children = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        children = _ranges(lo, counts, total)
         trans = dfa.ensure_rows(states)
         nxt = trans.ravel().take(np.repeat(states * 256, counts) + byte[children])
         live = nxt >= 0
@@ -112,8 +112,13 @@ def _record_ends(trie, nodes, states, inner, dfa, depth, ends) -> None:
     total = int(counts.sum())
     if not total:
         return
-    index = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
+    index = _ranges(lo, counts, total)
     ends.append((trie.by_bytes[index], np.full(total, depth, dtype=np.int64)))
+
+
+def _ranges(lo: np.ndarray, counts: np.ndarray, total: int) -> np.ndarray:
+    """The ranges lo[i] .. lo[i] + counts[i] - 1 one after the other (``total`` entries)."""
+    return np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(total)
 
 
 def trie_tokens(table, live_nodes: np.ndarray) -> np.ndarray:
