@@ -50,6 +50,7 @@ from .json_arrays import MAX_ARRAY_ITEMS, MAX_UNIQUE_ORDERINGS, ArraySchemas, un
 from .json_combinators import Combinators
 from .json_contains import ContainsSchemas
 from .json_conditionals import has_conditionals
+from .json_content import ContentIds
 from .json_keywords import (ALL_TYPES, ANNOTATIONS, MAX_DEPTH, TYPE_KEYWORDS, UNSUPPORTED,
                             as_json_schema, json_equal)
 from .json_merge import SchemaMerging
@@ -61,7 +62,8 @@ from .regex_parser import parse_regex
 
 DEFAULT_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
 SCALARS = ra.alt(ra.literal("null"), ra.literal("true"), ra.literal("false"), ANY_NUMBER, ANY_STRING)
-MAX_ENUM = 100_000           # an enum compiles in linear time; the compile time limit still holds
+MAX_ENUM = 100_000
+COMBINING = frozenset({"allOf", "anyOf", "oneOf", "not", "_anyofs", "_oneofs", "_negate"})           # an enum compiles in linear time; the compile time limit still holds
 
 
 def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
@@ -94,6 +96,10 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         self.rules: dict[str, tuple] = {}
         self._validator = None
         self._index_document()
+        # one base URI: a subschema's language depends on its content only (see _cache_key)
+        single_base = len(set(self._base_of.values())) <= 1
+        self._content_ids = ContentIds() if single_base else None
+        self._content_cache: dict[int, tuple] = {}
 
     # ---- dispatch --------------------------------------------------------------------------
     def value(self, schema, path: str, depth: int) -> tuple:
@@ -106,6 +112,24 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
             return ra.NOTHING
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, got {type(schema).__name__}", path)
+        key = self._cache_key(schema)
+        if key is not None and key in self._content_cache:
+            return self._content_cache[key]
+        node = self._value_of(schema, path, depth)
+        if key is not None:
+            self._content_cache[key] = node
+        return node
+
+    def _cache_key(self, schema: dict) -> int | None:
+        """The content of a combining subschema (allOf / anyOf / oneOf / not and what merges
+        leave pending): merges and $refs with siblings build equal ones afresh, and each costs
+        a full compile. None where there is no cache (several base URIs: a relative $ref
+        then resolves by where its subschema sits) or the subschema is cheap."""
+        if self._content_ids is None or not COMBINING.intersection(schema):
+            return None
+        return self._content_ids.of(schema)
+
+    def _value_of(self, schema: dict, path: str, depth: int) -> tuple:
         self._check_keywords(schema, path)
         if has_conditionals(schema):
             return self.value(self._rewrite(schema, path), path, depth + 1)
