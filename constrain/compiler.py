@@ -32,6 +32,7 @@ from .structural_tag import compile_structural_tag
 from .grammar import build_grammar
 from .grammar_matcher import CompiledGrammar
 from .json_schema import DEFAULT_WHITESPACE, compile_json_schema
+from .unique_items import CompiledUniqueItems
 from .lark_grammar import parse_lark
 from .params import StructuredOutputsParams
 from .regex_parser import parse_regex
@@ -128,9 +129,11 @@ def _compile(params: StructuredOutputsParams, info):
         schema = {"type": "object"} if kind == "json_object" else params.json
         if isinstance(schema, str):
             schema = json.loads(schema)
+        unique_strings: list = []
         node, rules = compile_json_schema(schema, _whitespace(params),
-                                          not params.disable_additional_properties)
-        return _from_rules(node, rules, info, kind)
+                                          not params.disable_additional_properties, unique_strings)
+        compiled = _from_rules(node, rules, info, kind)
+        return CompiledUniqueItems(compiled, unique_strings[0]) if unique_strings else compiled
     if kind == "grammar":
         return _compile_grammar(params.grammar, info)
     raise ConstraintError(f"structured_outputs.{kind} is not supported yet by tamis")

@@ -5,7 +5,8 @@ Policies: ``maxItems`` above ``MAX_ARRAY_ITEMS`` is enforced as ``MAX_ARRAY_ITEM
 longer valid arrays are refused); ``uniqueItems: true`` is enforced for arrays of at most
 one item, and for items drawn from enumerated scalars whose arrays of distinct values have at
 most ``MAX_UNIQUE_ORDERINGS`` prefixes (6 values with any maxItems, 70 with maxItems 2: every
-ordering spelled out); elsewhere it is refused (``json_schema``)."""
+ordering spelled out); over strings of unbounded length it is left to ``unique_items``;
+elsewhere it is refused (``json_schema``)."""
 from __future__ import annotations
 
 import itertools

@@ -32,8 +32,11 @@ Policies (each tested in tests/constrain/test_json_policies.py):
 - **long bounds**: ``maxLength`` above 256 and ``maxItems`` above 128 are enforced as 256 / 128
   (sound: outputs still satisfy the schema; longer valid values are refused).
 
-Keywords that constrain values but cannot be enforced (``uniqueItems: true`` beyond arrays of
-one item or enumerated items with at most ``MAX_UNIQUE_ORDERINGS`` orderings, ``contains`` where
+``uniqueItems: true`` is spelled out in the automaton for arrays of one item and enumerated
+items with at most ``MAX_UNIQUE_ORDERINGS`` orderings, and enforced beside the matcher
+(``unique_items``) for strings of unbounded length.
+
+Keywords that constrain values but cannot be enforced (``uniqueItems: true`` elsewhere, ``contains`` where
 ``json_contains`` cannot build it, ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats
 of the specification tamis has no regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
 annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
@@ -56,6 +59,7 @@ from .json_keywords import (ALL_TYPES, ANNOTATIONS, MAX_DEPTH, TYPE_KEYWORDS, UN
 from .json_merge import SchemaMerging
 from .json_numbers import ANY_NUMBER, number_schema
 from .json_objects import ObjectSchemas
+from .json_positions import SchemaPositions
 from .json_refs import SchemaReferences
 from .json_strings import ANY_STRING, MAX_STRING_LENGTH, json_string_literal, string_schema
 from .regex_parser import parse_regex
@@ -67,8 +71,13 @@ COMBINING = frozenset({"allOf", "anyOf", "oneOf", "not", "_anyofs", "_oneofs", "
 
 
 def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
-                        allow_additional_properties: bool = True):
-    """Returns (root_node, rules). ``whitespace=None`` means no whitespace at all."""
+                        allow_additional_properties: bool = True, unique_strings: list | None = None):
+    """Returns (root_node, rules). ``whitespace=None`` means no whitespace at all.
+
+    ``uniqueItems`` over strings of unbounded length is left out of the automaton when the
+    caller passes a list as ``unique_strings`` and enforces it beside the matcher
+    (``unique_items``): the list then receives the document's ``SchemaPositions``. Without
+    the list such a schema is refused."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -78,9 +87,12 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
         raise SchemaError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
     # Deep nesting raises RecursionError: compile_constraint retries on a deep stack.
     compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
+    compiler.unique_strings_allowed = unique_strings is not None
     node = compiler.value(schema, "#", 0)
     if node == ra.NOTHING:
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
+    if compiler.unique_strings_met:
+        unique_strings.append(SchemaPositions(schema))
     return node, compiler.rules
 
 
@@ -96,6 +108,8 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         self.rules: dict[str, tuple] = {}
         self._validator = None
         self._index_document()
+        self.unique_strings_allowed = False     # see compile_json_schema
+        self.unique_strings_met = False
         # one base URI: a subschema's language depends on its content only (see _cache_key)
         single_base = len(set(self._base_of.values())) <= 1
         self._content_ids = ContentIds() if single_base else None
@@ -165,11 +179,29 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
                 raise SchemaError(f"JSON-schema keyword {key!r} is not supported by tamis "
                                   "(it cannot be enforced while generating)", f"{path}/{key}")
         if schema.get("uniqueItems") is True and unique_domain(schema) is None:
-            raise SchemaError(f"JSON-schema keyword 'uniqueItems' is enforced only where it is "
-                              f"bounded: arrays of at most one item, or items of enumerated scalars "
-                              f"(enum, const, boolean, null) with at most {MAX_UNIQUE_ORDERINGS} "
-                              f"arrays of distinct values (lower maxItems or the values)",
+            if self.unique_strings_allowed and self._unbounded_string_items(schema, path):
+                self.unique_strings_met = True
+                return
+            raise SchemaError(f"JSON-schema keyword 'uniqueItems' is enforced only for arrays of "
+                              f"at most one item, items of enumerated scalars (enum, const, boolean, "
+                              f"null) with at most {MAX_UNIQUE_ORDERINGS} arrays of distinct values "
+                              f"(lower maxItems or the values), and strings with no maxLength, "
+                              f"pattern or format in a response format (not in a structural tag)",
                               f"{path}/uniqueItems")
+
+    def _unbounded_string_items(self, schema: dict, path: str) -> bool:
+        """Items that are strings with no upper length, pattern, format or value list: every
+        prefix of one has endlessly many completions, so ``unique_items`` can always leave a
+        distinct one."""
+        if "prefixItems" in schema or "contains" in schema:
+            return False
+        try:
+            items = self._peek(schema.get("items"), f"{path}/items")
+        except SchemaError:
+            return False
+        if not isinstance(items, dict) or items.get("type") not in ("string", ["string"]):
+            return False
+        return set(items) - ANNOTATIONS <= {"type", "minLength"}
 
     # ---- enum / const ----------------------------------------------------------------------
     def _enum(self, schema: dict, path: str) -> tuple:

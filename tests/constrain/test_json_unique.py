@@ -1,5 +1,6 @@
 """``uniqueItems`` over enumerated items: enforced exactly where the arrays of distinct values
-are few enough to spell out (``MAX_UNIQUE_ORDERINGS``), refused naming the keyword elsewhere.
+are few enough to spell out (``MAX_UNIQUE_ORDERINGS``), over unbounded strings beside the
+matcher (test_unique_items.py), refused naming the keyword elsewhere.
 Every array of a value pool up to four elements long is walked and compared with jsonschema."""
 import itertools
 import random
@@ -46,7 +47,8 @@ def test_seventy_values_two_items_compile_and_refuse_a_repeat():
 
 @pytest.mark.parametrize("schema", [
     {"type": "array", "uniqueItems": True, "items": {"enum": list(range(7))}},
-    {"type": "array", "uniqueItems": True, "items": {"type": "string"}},
+    {"type": "array", "uniqueItems": True, "items": {"type": "string", "maxLength": 3}},
+    {"type": "array", "uniqueItems": True, "items": {"type": "integer"}},
 ])
 def test_unbounded_unique_items_are_refused_naming_the_keyword(schema):
     with pytest.raises(SchemaError, match="uniqueItems"):
