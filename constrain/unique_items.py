@@ -10,7 +10,10 @@ string, so a mask costs the inner matcher's plus a check of the (few) allowed to
 
 Liveness: the compiler admits this only for items that are strings of unbounded length
 (``json_schema``), so every prefix of an item has endlessly many completions and a distinct
-one is always left: the mask is never emptied by the check.
+one is always left. The one way the check could empty a mask: a place where two branches
+may apply (``SchemaPositions`` keeps both), one asking for unique strings and the other an
+array of finitely many strings with more items required than it has distinct values, with
+the automaton left on the second branch alone; uniqueness is then enforced on it too.
 """
 from __future__ import annotations
 
