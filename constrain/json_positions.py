@@ -45,17 +45,17 @@ class SchemaPositions:
         return self._root
 
     def member(self, place: frozenset, name: str) -> frozenset:
-        key = ("member", place, name)
-        if key not in self._places:
-            self._places[key] = self._closure(
-                sub for schema in self._each(place) for sub in _member_schemas(schema, name))
-        return self._places[key]
+        return self._below(place, ("member", name), lambda schema: _member_schemas(schema, name))
 
     def item(self, place: frozenset, index: int) -> frozenset:
-        key = ("item", place, index)
+        return self._below(place, ("item", index), lambda schema: _item_schemas(schema, index))
+
+    def _below(self, place: frozenset, step: tuple, subschemas) -> frozenset:
+        """The place one ``step`` below ``place`` (computed once)."""
+        key = (place, step)
         if key not in self._places:
             self._places[key] = self._closure(
-                sub for schema in self._each(place) for sub in _item_schemas(schema, index))
+                sub for schema in self._each(place) for sub in subschemas(schema))
         return self._places[key]
 
     def wants_unique(self, place: frozenset) -> bool:
