@@ -178,6 +178,8 @@ def test_cuda_kernels_fused_logits_equal_unfused(tmp_path, monkeypatch):
     """The real W4A16 kernels in bf16: the fused model's logits equal, bit for bit, those
     of the model that gathers before every act-order layer."""
     logits = {}
+    # drawn once, before either load (loading seeds and draws dummy weights)
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (37,), generator=torch.Generator().manual_seed(3))
     for fuse in (False, True):
         config = SimpleNamespace(model=_write_config(tmp_path / str(fuse), TINY_LLAMA),
                                  dtype="bfloat16", load_format="dummy", quantization=None,
@@ -187,9 +189,8 @@ def test_cuda_kernels_fused_logits_equal_unfused(tmp_path, monkeypatch):
                 patch.setattr(act_order_fusion, "fuse_act_order_permutations", lambda m: 0)
             model, _ = load_model(config, "cuda")
         assert model.model.layers[0].mlp.down_proj.wna16_input_permuted == fuse
-        ids = torch.randint(0, TINY_LLAMA["vocab_size"], (37,), device="cuda")
         with torch.inference_mode(), forward_context(None, []):
-            logits[fuse] = model.compute_logits(model(ids, torch.arange(37, device="cuda")))
+            logits[fuse] = model.compute_logits(model(ids.cuda(), torch.arange(37, device="cuda")))
     assert torch.equal(logits[True], logits[False])
 
 
