@@ -48,7 +48,10 @@ def _pad_to_groups(x: torch.Tensor, group: int) -> torch.Tensor:
 def per_token_group_quant_fp8_ref(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] -> (float8 [M, K], float32 scales [M, ceil(K/group)])."""
     grouped = _pad_to_groups(x.float(), group)
-    scale = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=GROUP_EPS) / FP8_MAX
+    amax = grouped.abs().amax(dim=-1, keepdim=True).clamp(min=GROUP_EPS)
+    # over a tensor: torch on CUDA divides by a Python scalar as a product with its
+    # reciprocal, one ulp off the IEEE quotient the Triton kernel and the CPU compute
+    scale = amax / torch.full_like(amax, FP8_MAX)
     q = (grouped / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :x.shape[-1]], scale.squeeze(-1)
 

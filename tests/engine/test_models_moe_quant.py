@@ -297,4 +297,4 @@ def test_cuda_quantized_experts_pick_transformers_tokens(quantized, fmt):
     ids = prompt_ids(folder, 40)
     expected = expected_logits(reference, fmt, ids)
     got = batcher.run(model, [("a", ids)])["a"].float().cpu()
-    assert (got.argmax(-1) == expected.argmax(-1)).float().mean().item() >= 0.9
+    assert (got.argmax(-1) == expected.argmax(-1)).sum().item() >= 0.9 * len(ids)   # counts: 36/40 passes
