@@ -275,15 +275,33 @@ def _apply_additional(out: dict, side: dict, other: dict) -> None:
     if foreign:
         _govern_patterns(out, side, foreign, extra)
     own = set(side.get("properties", {}))
+    patterns = list(side.get("patternProperties", {}))
     props = dict(out.get("properties", {}))
     for name in other.get("properties", {}):
-        if name not in own:
+        if name not in own and not _matches_any(patterns, name):
             props[name] = {"allOf": [props[name], extra]} if name in props else extra
     for name in other.get("required", []):
-        if name not in own and name not in props:
+        if name not in own and name not in props and not _matches_any(patterns, name):
             props[name] = extra
     if props:
         out["properties"] = props
+
+
+def _matches_any(patterns: list, name) -> bool:
+    """Whether one of ``side``'s patternProperties surely matches ``name`` (then the name is
+    not additional for that side: its pattern's schema, kept in the merge, governs it). A
+    pattern Python cannot read counts as no match: the name then takes the side's
+    additionalProperties, as before (sound, may refuse a valid name)."""
+    if not isinstance(name, str):
+        return False
+    import re
+    for pattern in patterns:
+        try:
+            if re.search(pattern, name, re.ASCII) is not None:
+                return True
+        except re.error:
+            continue
+    return False
 
 
 def _govern_patterns(out: dict, side: dict, patterns: set, extra) -> None:

@@ -1,6 +1,7 @@
 """Schema shapes compiled exactly (each compared with jsonschema on drawn instances): allOf of
 several anyOf/oneOf lists, allOf of different propertyNames, additionalProperties in one allOf
-branch beside patternProperties in another, oneOf over closed objects (negated
+branch beside patternProperties in another (and names matching the closed branch's
+patterns), oneOf over closed objects (negated
 additionalProperties), patterns asking for '"' or '\\', and the formats iri, uri-template
 and regex (a documented regular subset: whatever it accepts compiles), and draft 4's plain-name
 ``id`` fragments as $ref targets."""
@@ -76,6 +77,21 @@ def test_all_of_two_property_names_needs_both():
 ], ids=["integer extras", "closed with its own patterns"])
 def test_additional_properties_govern_the_other_branch_patterns(schema):
     wrong = disagreements(schema, drawn_objects(random.Random(3), 120))
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("schema", [
+    {"allOf": [{"type": "object", "patternProperties": {"^[ab]": {"type": "integer"}},
+                "additionalProperties": False}, {"required": ["a"]}]},
+    {"allOf": [{"type": "object", "patternProperties": {"^[ab]": {}}, "additionalProperties": False},
+               {"properties": {"b": {"type": "string"}, "c": {}}, "required": ["b"]}]},
+], ids=["required name", "declared names"])
+def test_a_name_matching_the_closed_branch_patterns_is_not_additional(schema):
+    """Such names were given the closed branch's additionalProperties (false): the schema
+    read as unsatisfiable (maskbench Github_medium/o10566, Handwritten/dep8)."""
+    instances = drawn_objects(random.Random(5), 120)
+    assert any(jsonschema.Draft202012Validator(schema).is_valid(v) for v in instances)
+    wrong = disagreements(schema, instances)
     assert not wrong, wrong[:5]
 
 
