@@ -40,9 +40,12 @@ def prompt_ids(path, length: int, offset: int = 0) -> list[int]:
 
 @torch.no_grad()
 def reference_logits(path, *prompts: list[int]) -> list[torch.Tensor]:
-    """transformers' logits for each prompt (its modeling code is the reference)."""
+    """transformers' logits for each prompt (its modeling code is the reference), with its
+    eager attention: older versions ran Gemma 2 through SDPA, which skips its attention
+    soft-capping (5.x refuses SDPA for Gemma 2 for that reason)."""
     from transformers import AutoModelForCausalLM
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                               attn_implementation="eager").eval()
     return [ref(torch.tensor([ids])).logits[0].float() for ids in prompts]
 
 
