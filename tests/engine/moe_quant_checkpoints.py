@@ -138,6 +138,13 @@ def fake_quant_per_token(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x / scale).clamp(-128, INT8_MAX) * scale
 
 
+def fake_quant_fp8_per_token(x: torch.Tensor) -> torch.Tensor:
+    """Each row rounded to float8 e4m3 on the scale amax(row) / 448 (FP8 W8A8's dynamic
+    per-token activations)."""
+    scale = (x.abs().amax(dim=-1, keepdim=True) / FP8_MAX).clamp(min=1e-10 / FP8_MAX)
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(x.dtype) * scale
+
+
 def quantize(name: str, weight: torch.Tensor, fmt: str):
     """(tensors by suffix, dequantized weight [N, K]) for one linear's ``weight`` [N, K]."""
     n, k = weight.shape

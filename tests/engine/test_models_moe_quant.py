@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from moe_quant_checkpoints import (FORMATS, fake_quant_per_token, write_online_fp8_reference,
-                                   write_quantized_moe)
+from moe_quant_checkpoints import (FORMATS, fake_quant_fp8_per_token, fake_quant_per_token,
+                                   write_online_fp8_reference, write_quantized_moe)
 from paged_harness import PagedBatcher
 from tamis.engine.attention.metadata import forward_context
 from tamis.engine.loader import kv_cache_spec, load_model
@@ -48,10 +48,10 @@ def _experts(model):
     return [m for name, m in model.named_modules() if name.endswith(".experts")]
 
 
-def w8a8_reference_logits(path, ids: list[int]) -> torch.Tensor:
+def w8a8_reference_logits(path, ids: list[int], fake_quant=fake_quant_per_token) -> torch.Tensor:
     """transformers' logits on the dequantized weights with the input of every quantized
     linear (attention, dense MLP, each expert; not the routers or lm_head) fake-quantized
-    per token: the INT8 W8A8 math in fp32."""
+    per token (``fake_quant``): the W8A8 math in fp32 (INT8 by default)."""
     from unittest import mock
 
     from transformers import AutoModelForCausalLM
@@ -67,7 +67,7 @@ def w8a8_reference_logits(path, ids: list[int]) -> torch.Tensor:
     def w8a8_linear(x, weight, bias=None):
         if weight.untyped_storage().data_ptr() not in plain:
             fake_quantized.add(weight.untyped_storage().data_ptr())
-            x = fake_quant_per_token(x)
+            x = fake_quant(x)
         return linear(x, weight, bias)
 
     with mock.patch.object(torch.nn.functional, "linear", w8a8_linear), torch.no_grad():
@@ -295,6 +295,9 @@ def test_cuda_quantized_experts_pick_transformers_tokens(quantized, fmt):
     batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
                            dtype=model.dtype, device="cuda")
     ids = prompt_ids(folder, 40)
-    expected = expected_logits(reference, fmt, ids)
+    if fmt == "ct-fp8":   # dynamic per-token FP8 activations on the GPU (W8A8), not on the CPU
+        expected = w8a8_reference_logits(reference, ids, fake_quant_fp8_per_token)
+    else:
+        expected = expected_logits(reference, fmt, ids)
     got = batcher.run(model, [("a", ids)])["a"].float().cpu()
     assert (got.argmax(-1) == expected.argmax(-1)).sum().item() >= 0.9 * len(ids)   # counts: 36/40 passes
