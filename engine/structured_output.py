@@ -182,6 +182,7 @@ class StructuredOutputManager:
         workers.poll()
         reached: dict[int, tuple] = {}
         for m in matchers:
+            m = getattr(m, "inner", m)     # a wrapper (unique_items) over a regex matcher
             if type(m) is RegexMatcher and not m.finished and m.state >= 0:
                 reached.setdefault(id(m.compiled), (m.compiled, set()))[1].add(m.state)
         for compiled, states in reached.values():

@@ -118,12 +118,14 @@ def test_pipelined_grammars_with_row_workers_equal_sequential(tiny_checkpoint):
     """Constrained requests keep the pipelined schedule (masks filled after the previous
     step's tokens are accepted); mask rows built in worker processes change nothing."""
     path = tiny_checkpoint("llama")
-    prompts = random_prompts(lengths=(3, 9, 14, 22, 5, 30), seed=4)
+    prompts = random_prompts(lengths=(3, 9, 14, 22, 5, 30, 11, 8), seed=4)
     schema = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {
         "type": "string", "maxLength": 6}}, "required": ["n", "s"], "additionalProperties": False}
-    specs = [dict(json=schema), dict(regex=r"([a-z]{2,5} ){4}"), dict(choice=["alpha", "beta"])]
+    tags = {"type": "array", "uniqueItems": True, "items": {"type": "string"}, "maxItems": 4}
+    specs = [dict(json=schema), dict(regex=r"([a-z]{2,5} ){4}"), dict(choice=["alpha", "beta"]),
+             dict(json=tags)]                                 # a wrapper matcher (unique_items)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=24,
-                             structured_outputs=StructuredOutputsParams(**specs[i % 3]))
+                             structured_outputs=StructuredOutputsParams(**specs[i % 4]))
               for i in range(len(prompts))]
     want, _ = _outputs(path, prompts, params, pipelined=False)
     engine = _engine(path, pipelined=True, gpu_runner=True, structured_outputs_workers=2)
