@@ -36,8 +36,8 @@ Policies (each tested in tests/constrain/test_json_policies.py):
 items with at most ``MAX_UNIQUE_ORDERINGS`` orderings, and enforced beside the matcher
 (``unique_items``) for strings of unbounded length.
 
-Keywords that constrain values but cannot be enforced (``uniqueItems: true`` elsewhere, ``contains`` where
-``json_contains`` cannot build it, ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats
+Keywords that constrain values but cannot be enforced (``uniqueItems: true`` elsewhere,
+``contains`` where ``json_contains`` cannot build it, ``unevaluated*``, ``$dynamicRef``, remote ``$ref``, formats
 of the specification tamis has no regex for...) raise ``SchemaError`` naming the keyword and its JSON pointer. Keywords that only
 annotate (``title``, ``description``, ``default``, ``examples``, unknown keywords, formats
 outside the specification) are ignored.
@@ -66,8 +66,8 @@ from .regex_parser import parse_regex
 
 DEFAULT_WHITESPACE = r"(\r?\n)?[ \t]{0,20}"
 SCALARS = ra.alt(ra.literal("null"), ra.literal("true"), ra.literal("false"), ANY_NUMBER, ANY_STRING)
-MAX_ENUM = 100_000
-COMBINING = frozenset({"allOf", "anyOf", "oneOf", "not", "_anyofs", "_oneofs", "_negate"})           # an enum compiles in linear time; the compile time limit still holds
+MAX_ENUM = 100_000           # an enum compiles in linear time; the compile time limit still holds
+COMBINING = frozenset({"allOf", "anyOf", "oneOf", "not", "_anyofs", "_oneofs", "_negate"})
 
 
 def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
@@ -86,8 +86,8 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
     if not isinstance(schema, (dict, bool)):
         raise SchemaError(f"a JSON schema must be an object or a boolean, got {type(schema).__name__}")
     # Deep nesting raises RecursionError: compile_constraint retries on a deep stack.
-    compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties)
-    compiler.unique_strings_allowed = unique_strings is not None
+    compiler = _SchemaCompiler(schema, whitespace, allow_additional_properties,
+                               unique_strings_allowed=unique_strings is not None)
     node = compiler.value(schema, "#", 0)
     if node == ra.NOTHING:
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
@@ -101,14 +101,14 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
     """One schema document compiled: ``value(schema, path, depth)`` is the node of a subschema
     (``path`` its JSON pointer, for errors); ``rules`` collects the grammar rules it needs."""
 
-    def __init__(self, root, whitespace, allow_additional):
+    def __init__(self, root, whitespace, allow_additional, unique_strings_allowed: bool = False):
         self.root = root
         self.ws = ra.EMPTY if whitespace is None else parse_regex(whitespace)
         self.allow_additional = allow_additional
         self.rules: dict[str, tuple] = {}
         self._validator = None
         self._index_document()
-        self.unique_strings_allowed = False     # see compile_json_schema
+        self.unique_strings_allowed = unique_strings_allowed   # see compile_json_schema
         self.unique_strings_met = False
         # one base URI: a subschema's language depends on its content only (see _cache_key)
         single_base = len(set(self._base_of.values())) <= 1

@@ -155,9 +155,8 @@ class UniqueItemsMatcher(ByteMatcher):
         return self._two_quote_tokens
 
     def accept(self, token_id: int) -> bool:
-        if token_id in self.info.eos_token_ids or not 0 <= token_id < self.info.vocab_size:
-            return self._advance(None, lambda: self.inner.accept(token_id))
-        data = self.info.token_bytes[token_id]
+        plain = token_id not in self.info.eos_token_ids and 0 <= token_id < self.info.vocab_size
+        data = self.info.token_bytes[token_id] if plain else None   # EOS: no bytes to follow
         return self._advance(data, lambda: self.inner.accept(token_id))
 
     def accept_bytes(self, data: bytes) -> bool:
