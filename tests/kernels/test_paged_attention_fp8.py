@@ -63,7 +63,9 @@ def test_store_triton_writes_the_reference_bytes(dtype):
     assert torch.equal(_bits(got), _bits(want))
     assert torch.equal(_bits(backend), _bits(want))
     stored = want[0].view(-1, heads, dim)[slots[0]].float() * K_SCALE
-    torch.testing.assert_close(stored, key[0].float(), atol=0.0, rtol=2 ** -3)
+    # Relative error 2^-4 for normal e4m3 values; below 2^-6 the subnormal step 2^-9 is
+    # absolute, so rounding may be off by half of it (times the scale).
+    torch.testing.assert_close(stored, key[0].float(), atol=2 ** -10 * K_SCALE, rtol=2 ** -4)
     assert int((_bits(want) != 0).any(dim=(0, 3, 4)).sum()) == tokens - 2
 
 
