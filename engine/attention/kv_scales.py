@@ -14,8 +14,8 @@ checkpoint gives no scale keeps 1.0 (vLLM's default), or with ``--calculate-kv-s
 (``calculate_on_first_prefill``) gets scales measured on the first batch it stores:
 ``amax(|k|) / K_SCALE_RANGE`` and ``amax(|v|) / V_SCALE_RANGE``, then fixed for the life of
 the engine (later keys past ``448 * k_scale`` saturate, as in vLLM). Such a layer also
-stores its keys and values rotated and its keys less that batch's mean key, and measures
-its scales on what it stores (``tamis.engine.layers.attention``). The scales only matter to an FP8 cache (``--kv-cache-dtype fp8``);
+stores its keys and values rotated and less that batch's mean key and mean value, and
+measures its scales on what it stores (``tamis.engine.layers.attention``). The scales only matter to an FP8 cache (``--kv-cache-dtype fp8``);
 other caches ignore them.
 """
 from __future__ import annotations
@@ -130,10 +130,11 @@ def stored_rows(slot_mapping: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (slot_mapping >= 0).to(dtype)[:, None, None]
 
 
-def mean_key(k: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-    """[Hkv, D]: the mean over the stored tokens of k [T, Hkv, D], per head and channel."""
-    stored = stored_rows(slot_mapping, k.dtype)
-    return (k * stored).sum(0) / stored.sum().clamp(min=1)
+def mean_over_stored(x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """[Hkv, D]: the mean over the stored tokens of x [T, Hkv, D] (keys or values), per head
+    and channel."""
+    stored = stored_rows(slot_mapping, x.dtype)
+    return (x * stored).sum(0) / stored.sum().clamp(min=1)
 
 
 def measure_scales(k: torch.Tensor, v: torch.Tensor,

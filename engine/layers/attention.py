@@ -13,7 +13,7 @@ stores tokens in the cache measures them from its own keys and values before sto
 clears the flag. Passes that store nothing (profiling, CUDA-graph capture: every slot is
 -1, every sequence length 0) leave it set.
 
-Two exact transforms come with measured scales, so that e4m3's rounding costs less:
+Three exact transforms come with measured scales, so that e4m3's rounding costs less:
 
 - ``kv_rotation`` R (set with the flag, before any token is stored; ``kv_rotation.py``):
   q, k and v are multiplied by R and the output by R^T. Scores and outputs are unchanged;
@@ -22,7 +22,10 @@ Two exact transforms come with measured scales, so that e4m3's rounding costs le
   channel; every key is stored less it. A query's scores all move by one constant, which
   the softmax ignores, while the stored numbers shrink to their spread around the mean
   (SageAttention's smoothing of K). Soft-capped scores are not shift-invariant: those
-  layers take no shift.
+  layers take no key shift.
+- ``value_shift`` (fixed by the same pass): the mean of its rotated values per KV head and
+  channel; every value is stored less it and it is added back to the output. A query's
+  attention weights sum to one, so the output is unchanged; every layer takes it.
 
 Scales are measured on what is stored (rotated, shifted), so nothing saturates in the
 measuring batch.
@@ -33,7 +36,7 @@ import torch
 from torch import nn
 
 from tamis.engine.attention.backends import AttentionBackend
-from tamis.engine.attention.kv_scales import mean_key, measure_scales
+from tamis.engine.attention.kv_scales import mean_over_stored, measure_scales
 from tamis.engine.attention.metadata import AttentionMetadata, get_forward_context
 
 
@@ -58,6 +61,8 @@ class Attention(nn.Module):
         self.calculate_kv_scales = False
         self.kv_rotation: torch.Tensor | None = None   # [D, D], set with the flag
         self.key_shift: torch.Tensor | None = None     # [Hkv, D], set with measured scales
+        self.value_shift: torch.Tensor | None = None   # [Hkv, D], set with measured scales
+        self.output_shift: torch.Tensor | None = None  # [Hq, D]: value_shift per query head
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq * D]."""
@@ -73,18 +78,26 @@ class Attention(nn.Module):
             self._measure_kv(k, v, meta.slot_mapping)
         if self.key_shift is not None:
             k = k - self.key_shift
+        if self.value_shift is not None:
+            v = v - self.value_shift
         out = self.backend.forward(q, k, v, kv_cache, meta, self.scale, self.sliding_window,
                                    self.soft_cap, self.k_scale, self.v_scale)
+        if self.output_shift is not None:
+            out = out + self.output_shift
         if rotation is not None:
             out = out @ rotation.T
         return out.reshape(out.shape[0], self.num_heads * self.head_dim)
 
     def _measure_kv(self, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Fixes key_shift (unless soft-capped), k_scale and v_scale from this pass's
-        (rotated) keys and values."""
+        """Fixes key_shift (unless soft-capped), value_shift, output_shift, k_scale and
+        v_scale from this pass's (rotated) keys and values."""
         if self.soft_cap is None:
-            self.key_shift = mean_key(k, slot_mapping)
+            self.key_shift = mean_over_stored(k, slot_mapping)
             k = k - self.key_shift
+        self.value_shift = mean_over_stored(v, slot_mapping)
+        v = v - self.value_shift
+        group = self.num_heads // self.num_kv_heads
+        self.output_shift = self.value_shift.repeat_interleave(group, dim=0)
         self.k_scale, self.v_scale = measure_scales(k, v, slot_mapping)
         self.calculate_kv_scales = False
 

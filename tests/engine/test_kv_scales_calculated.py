@@ -58,9 +58,10 @@ def test_scales_are_measured_on_the_first_prefill_then_fixed(tiny_checkpoint):
         k, v = (t @ rotation for t in calls[0])   # what the layer stores: rotated...
         assert not attention.calculate_kv_scales
         torch.testing.assert_close(attention.key_shift, k.mean(0))
-        shifted = k - k.mean(0)                   # ...and its keys less their mean
+        torch.testing.assert_close(attention.value_shift, v.mean(0))
+        shifted = k - k.mean(0)                   # ...and less their means
         assert attention.k_scale == pytest.approx(float(shifted.abs().max()) / K_SCALE_RANGE)
-        assert attention.v_scale == pytest.approx(float(v.abs().max()) / V_SCALE_RANGE)
+        assert attention.v_scale == pytest.approx(float((v - v.mean(0)).abs().max()) / V_SCALE_RANGE)
         assert attention.k_scale != 1.0 and attention.v_scale != 1.0
     # Later batches (longer prompts, decodes) leave them as they are.
     outs = run_to_completion(engine, later, GREEDY, prefix="later")
@@ -179,15 +180,16 @@ def test_random_hadamard_is_orthogonal_and_fixed():
 
 
 @pytest.mark.parametrize("soft_cap", [None, 20.0])
-def test_rotation_and_key_shift_leave_attention_unchanged(soft_cap):
-    """Rotated q/k/v and keys stored less their mean (fp32 cache, so nothing is rounded):
-    prefill over a cached prefix and decode give the plain outputs; a soft-capped layer
-    is rotated but takes no shift (tanh would not ignore it)."""
+def test_rotation_and_shifts_leave_attention_unchanged(soft_cap):
+    """Rotated q/k/v, keys and values stored less their means (fp32 cache, so nothing is
+    rounded): prefill over a cached prefix and decode give the plain outputs; a soft-capped
+    layer takes no key shift (tanh would not ignore it) but its values are shifted."""
     from tamis.engine.attention.torch_backend import TorchAttentionBackend
     torch.manual_seed(1)
     heads, kv_heads, dim, block = 4, 2, 16, 4
     k_all = torch.randn(9, kv_heads, dim) + torch.randn(kv_heads, dim) * 5   # a large mean
-    v_all, q_all = torch.randn(9, kv_heads, dim), torch.randn(9, heads, dim)
+    v_all = torch.randn(9, kv_heads, dim) + torch.randn(kv_heads, dim) * 3
+    q_all = torch.randn(9, heads, dim)
     steps = [(0, 6), (6, 8), (8, 9)]   # a prefill chunk, a chunk over its prefix, a decode
     outs = {}
     for shifted in (False, True):
@@ -195,8 +197,10 @@ def test_rotation_and_key_shift_leave_attention_unchanged(soft_cap):
                               backend=TorchAttentionBackend(), soft_cap=soft_cap)
         if shifted:   # as the flag and the first measured pass set them
             attention.kv_rotation = random_hadamard(dim)
-            attention._measure_kv(k_all[:6] @ attention.kv_rotation, v_all[:6], torch.arange(6))
+            rotation = attention.kv_rotation
+            attention._measure_kv(k_all[:6] @ rotation, v_all[:6] @ rotation, torch.arange(6))
             assert (attention.key_shift is None) == (soft_cap is not None)
+            assert attention.value_shift is not None
         cache = torch.zeros(2, 3, block, kv_heads, dim)
         outs[shifted] = []
         for start, end in steps:
@@ -212,6 +216,9 @@ def test_rotation_and_key_shift_leave_attention_unchanged(soft_cap):
         if shifted and soft_cap is None:
             stored = cache[0].flatten(0, 1)[:9]
             torch.testing.assert_close(stored, k_all @ attention.kv_rotation - attention.key_shift)
+        if shifted:
+            stored = cache[1].flatten(0, 1)[:9]
+            torch.testing.assert_close(stored, v_all @ attention.kv_rotation - attention.value_shift)
     torch.testing.assert_close(torch.cat(outs[True]), torch.cat(outs[False]), atol=1e-5, rtol=1e-5)
 
 
