@@ -64,20 +64,10 @@ class ObjectSchemas(Witnesses):
             plain = functools.partial(_members_body, sep=sep, extra=extra, lo=lo, hi=hi, path=path)
             bodies = self._bodies_with_some(schema["_some"], members, declared, kinds,
                                             (sep, extra, lo, hi, plain), path, depth)
-        elif hi is None or hi >= len(members):
-            bodies = [_members_body(tuple(members), sep, extra, lo, hi, path)]
         else:
-            # maxProperties below the declared count: one alternative per set of optional
-            # members that fits (those members become required in it)
-            optional = [k for k, (_, req) in enumerate(members) if not req]
-            choices = [c for size in range(hi - required_count + 1)
-                       for c in itertools.combinations(optional, size)]
-            if len(choices) > MAX_MEMBER_CHOICES:
-                raise SchemaError("maxProperties well below the number of declared properties is "
-                                  "not supported", f"{path}/maxProperties")
-            bodies = [_members_body(tuple((node, True) for k, (node, req) in enumerate(members)
-                                          if req or k in chosen), sep, extra, lo, hi, path)
-                      for chosen in choices]
+            extras_possible = extra != ra.NOTHING
+            bodies = [_body_of(chosen, sep, extra, hi, least)
+                      for chosen, least in _member_choices(members, lo, hi, extras_possible, path)]
         return ra.seq(ra.char("{"), self.ws, ra.alt(*bodies), self.ws, ra.char("}"))
 
     def _member_schema(self, name: str, props: dict, patterns: dict, extra_schema, path: str):
@@ -128,24 +118,95 @@ class ObjectSchemas(Witnesses):
         return out
 
 
-def _members_body(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:
-    """Declared ``members`` then extras, with at most ``hi`` properties in all (optional
-    members counted as present: sound) and at least ``lo`` (only 1 beyond the required ones
-    is supported: then an object with no member must carry an extra)."""
+def _member_choices(members: list, lo: int, hi, extras_possible: bool, path: str) -> list:
+    """(members, least) alternatives whose union is the objects with ``lo``..``hi`` members
+    that these policies emit; ``least`` is what the tail of extras must add (``_body_of``).
+
+    - ``maxProperties`` below the declared count: one alternative per set of optional members
+      that fits (those become required in it), keeping the sets that reach ``lo`` (or reach
+      it with one extra member).
+    - ``minProperties`` above the required count: one alternative per choice of the *first*
+      ``need`` optional members present (those before the last of them are left out, those
+      chosen become required), and, where extras may come, one per choice of the first
+      ``need - 1`` with at least one extra. Extra keys may repeat one another but never a
+      declared name, so only one extra is counted towards ``lo`` (sound: an object that
+      needs two extras to reach ``lo`` is not emitted).
+    """
+    members = list(members)
     required_count = sum(1 for _, req in members if req)
+    optional = [k for k, (_, req) in enumerate(members) if not req]
+    need = lo - required_count
+    if hi is not None and hi < len(members):
+        choices = [c for size in range(hi - required_count + 1)
+                   for c in itertools.combinations(optional, size)]
+        if len(choices) > MAX_MEMBER_CHOICES:
+            raise SchemaError("maxProperties well below the number of declared properties is "
+                              "not supported", f"{path}/maxProperties")
+        out = []
+        for chosen in choices:
+            kept = tuple((node, True) for k, (node, req) in enumerate(members) if req or k in chosen)
+            if len(kept) >= lo:
+                out.append((kept, ""))
+            elif len(kept) + 1 == lo and extras_possible:
+                out.append((kept, "extra"))
+        if not out and extras_possible and lo <= hi:
+            raise _needs_extras(lo, path)
+        return out
+    if need <= 0:
+        return [(tuple(members), "")]
+    if need == 1 and required_count == 0:
+        return [(tuple(members), "one")]
+    if extras_possible and need - 1 > len(optional):
+        raise _needs_extras(lo, path)
+    firsts = list(itertools.combinations(optional, need))
+    firsts_with_extra = list(itertools.combinations(optional, need - 1)) if extras_possible else []
+    if len(firsts) + len(firsts_with_extra) > MAX_MEMBER_CHOICES:
+        raise SchemaError(f"minProperties {lo} is too far above the {required_count} required "
+                          f"properties among {len(members)} declared ones to enumerate",
+                          f"{path}/minProperties")
+    return ([(_first_present(members, chosen), "") for chosen in firsts]
+            + [(_first_present(members, chosen), "extra") for chosen in firsts_with_extra])
+
+
+def _needs_extras(lo: int, path: str) -> SchemaError:
+    return SchemaError(f"minProperties {lo} can only be met with two or more additional "
+                       f"properties, whose keys the constraint cannot keep apart; declare "
+                       f"properties for them", f"{path}/minProperties")
+
+
+def _first_present(members: list, chosen: tuple) -> tuple:
+    """``members`` where the optional ones in ``chosen`` are the first present: chosen ones
+    become required, optional ones before the last chosen are left out."""
+    last = max(chosen, default=-1)
+    return tuple((node, True) if req or k in chosen else (node, False)
+                 for k, (node, req) in enumerate(members) if req or k in chosen or k > last)
+
+
+def _body_of(members: tuple, sep, extra, hi, least: str) -> tuple:
+    """Declared ``members`` then extras, with at most ``hi`` properties in all (optional
+    members counted as present: sound). ``least``: "" no more; "one" at least one member
+    (an object with no declared member must carry an extra); "extra" at least one extra."""
     extra_hi = None if hi is None else hi - len(members)
     if extra == ra.NOTHING or extra_hi == 0:
+        if least == "extra":
+            return ra.NOTHING
         tail_some, first = ra.EMPTY, ra.NOTHING
     else:
-        tail_some = ra.rep(ra.seq(sep, extra), 0, extra_hi)
-        first = ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, None if extra_hi is None else extra_hi - 1))
-    tail_none = ra.alt(ra.EMPTY, first)
-    if lo > required_count:
-        if lo > 1:
-            raise SchemaError("minProperties above 1 (beyond the required properties) is "
-                              "not supported", f"{path}/minProperties")
-        tail_none = first                  # nothing emitted yet: an extra must come
+        more_hi = None if extra_hi is None else extra_hi - 1
+        first = ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, more_hi))
+        tail_some = ra.seq(sep, first) if least == "extra" else ra.rep(ra.seq(sep, extra), 0, extra_hi)
+    tail_none = first if least in ("one", "extra") else ra.alt(ra.EMPTY, first)
     return ("props", members, sep, tail_none, tail_some) if members else tail_none
+
+
+def _members_body(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:
+    """``_body_of`` for a layout with at least ``lo`` properties, ``lo`` at most one
+    beyond the required ones (``json_witnesses``'s plain bodies)."""
+    required_count = sum(1 for _, req in members if req)
+    if lo > required_count and lo > 1:
+        raise SchemaError("minProperties above 1 (beyond the required properties) is "
+                          "not supported", f"{path}/minProperties")
+    return _body_of(members, sep, extra, hi, "one" if lo > required_count else "")
 
 
 def _search(pattern: str, name: str, path: str) -> bool:
