@@ -5,7 +5,7 @@ embedded ``$id`` documents), and reference cycles turned into grammar rules.
 A ``$ref`` to anything outside the document (a remote URI) is refused with ``SchemaError``."""
 from __future__ import annotations
 
-from urllib.parse import urldefrag, urljoin
+from urllib.parse import unquote, urldefrag, urljoin
 
 from .errors import SchemaError
 from .json_keywords import ANNOTATIONS, SCHEMA_KEYWORDS, SCHEMA_MAPS
@@ -87,7 +87,8 @@ class SchemaReferences:
     def _pointer(self, doc, fragment: str, ref: str, path: str):
         node = doc
         for raw in fragment.split("/")[1:]:
-            part = raw.replace("%25", "%").replace("%22", '"').replace("~1", "/").replace("~0", "~")
+            # a URI fragment: percent-decoded first, then JSON-pointer escapes (RFC 6901, 6)
+            part = unquote(raw).replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, list) and part.isdigit() and int(part) < len(node):

@@ -5,11 +5,16 @@ ECMAScript (what JSON-schema ``pattern`` uses):
   (ASCII meaning) and their negations, ``.``, ``[...]`` with ranges and negation;
 - groups ``(...)``, ``(?:...)``, ``(?P<name>...)``, ``(?<name>...)``; alternation ``|``;
 - quantifiers ``* + ? {m} {m,} {m,n}`` with an optional lazy ``?`` (same language);
-- ``^`` and ``$`` anywhere (``^([^,]|$)``, ``(a|^b)c``): ``regex_anchors`` removes them.
+- ``^`` and ``$`` anywhere (``^([^,]|$)``, ``(a|^b)c``): ``regex_anchors`` removes them;
+- look-aheads ``(?=...)`` and ``(?!...)`` in the top-level sequence of a branch
+  (``^(?!internal-).*``, ``^(?=.{1,63}$)[a-z.]+$``): what follows the look-ahead, to the
+  end of the string, is intersected with (or, negated, less) the strings that begin with
+  its body, so the language stays regular and exact.
 
 Refused with a ``RegexError`` naming the construct (a matcher over a regular language cannot
-enforce them): backreferences, look-ahead/look-behind, word boundaries,
-possessive quantifiers, atomic groups, inline flags other than ``(?i)``/``(?s)`` at the start.
+enforce them): backreferences, look-behind, look-aheads inside a group or repeated, word
+boundaries, possessive quantifiers, atomic groups, inline flags other than ``(?i)``/``(?s)``
+at the start.
 
 ``parse_regex(text, universe=...)``: ``universe`` is the set of code points that ``.`` and
 negated classes may produce (JSON string content excludes ``"``, ``\\`` and control characters);
@@ -22,7 +27,7 @@ from functools import lru_cache
 
 from . import regex_ast as ra
 from .errors import RegexError
-from .regex_anchors import BOS, EOS, drop_anchors
+from .regex_anchors import BOS, EOS, drop_anchors, has_anchor
 
 ANY = ((0, ra.MAX_CODE_POINT),)
 DIGIT = ((48, 57),)
@@ -55,6 +60,8 @@ class _Parser:
         self.text, self.pos = text, 0
         self.universe = ra.normalize_ranges(universe)
         self.anchored, self.ignorecase, self.dotall = anchored, ignorecase, dotall
+        # Set for the body of a look-ahead: whether it stands where nothing was consumed.
+        self.lookahead_at_start: bool | None = None
 
     # ---- entry and anchors -------------------------------------------------------------
     def parse(self) -> tuple:
@@ -84,19 +91,62 @@ class _Parser:
     def _top_branch(self) -> tuple:
         inner = self._whole_branch_group()
         if inner is not None:   # "(^a$)|b": the group's own branches, with their anchors
-            return _Parser(inner, self.universe, self.anchored, self.ignorecase,
-                           self.dotall).parse()
+            return self._sub_parser(inner, self.lookahead_at_start).parse()
         start_anchor = self._eat("^")
         items = self._sequence(top=True)
         end_anchor = False
         if items and items[-1] == "$":
             items.pop()
             end_anchor = True
-        node = ra.seq(*items)
-        if not self.anchored:
-            anything = ("rep", ra.chars(self.universe), 0, None)
-            node = ra.seq(EMPTY_IF(start_anchor, anything), node, EMPTY_IF(end_anchor, anything))
+        anything = ("rep", ra.chars(self.universe), 0, None)
+        if self.lookahead_at_start is not None:   # a look-ahead's body: the rest may follow
+            if start_anchor and not self.lookahead_at_start:
+                self._fail("'^' inside a look-ahead that does not stand at the start of the pattern")
+            prefix, tail, at_start = ra.EMPTY, EMPTY_IF(end_anchor, anything), self.lookahead_at_start
+        elif self.anchored:
+            prefix, tail, at_start = ra.EMPTY, ra.EMPTY, True
+        else:
+            prefix, tail = EMPTY_IF(start_anchor, anything), EMPTY_IF(end_anchor, anything)
+            at_start = start_anchor
+        return ra.seq(prefix, self._with_lookaheads(items, tail, at_start))
+
+    def _with_lookaheads(self, items: list, tail, at_start: bool) -> tuple:
+        """``items`` then ``tail``; each look-ahead among the items constrains everything
+        after it: ``P (?=A) R`` is P then (R tail and A anything), ``(?!A)`` takes the
+        difference instead. ``at_start``: nothing is consumed before the first item."""
+        if not any(item[0] == "look" for item in items):
+            return ra.seq(*items, tail)
+        if any(item[0] != "look" and has_anchor(item) for item in items) \
+                or self.lookahead_at_start is not None and has_anchor(ra.seq(*items)):
+            self._fail("'^' or '$' inside a pattern with a look-ahead is supported only at "
+                       "its start and end")
+        node = tail
+        for k in reversed(range(len(items))):
+            item = items[k]
+            if item[0] == "look":
+                _, positive, body = item
+                ahead = self._sub_parser(body, at_start and k == 0).parse()
+                node = ("and" if positive else "diff", node, ahead)
+            else:
+                node = ra.seq(item, node)
         return node
+
+    def _sub_parser(self, text: str, lookahead_at_start: bool | None) -> "_Parser":
+        sub = _Parser(text, self.universe, self.anchored, self.ignorecase, self.dotall)
+        sub.lookahead_at_start = lookahead_at_start
+        return sub
+
+    def _lookahead(self) -> tuple:
+        """``(?=...)`` or ``(?!...)`` at ``pos``, consumed: ("look", positive, body text)."""
+        start = self.pos
+        close = _closing_paren(self.text, start)
+        if close is None:
+            self._fail("missing ')'", start)
+        self.pos = close + 1
+        if self.pos < len(self.text) and (self.text[self.pos] in "*+?"
+                                          or self.text[self.pos] == "{" and self._brace_quantifier()):
+            self._fail("a repeated look-ahead is not supported", start)
+        return ("look", self.text[start + 2] == "=", self.text[start + 3:close])
 
     def _whole_branch_group(self) -> str | None:
         """The inside of a plain or non-capturing group that makes up this whole top-level
@@ -125,6 +175,9 @@ class _Parser:
             if self.text[self.pos] == "^":
                 self.pos += 1
                 items.append(BOS)
+                continue
+            if top and self.text.startswith(("(?=", "(?!"), self.pos):
+                items.append(self._lookahead())
                 continue
             atom = self._atom()
             items.append(self._quantified(atom))
@@ -213,9 +266,12 @@ class _Parser:
                 if end < 0:
                     self._fail("unterminated group name")
                 self.pos = end + 1
-            elif rest.startswith(("?=", "?!", "?<=", "?<!")):
-                self._fail("look-around assertions are not supported (the language is not regular "
-                           "for a left-to-right matcher); rewrite without (?=, (?!, (?<=, (?<!", start)
+            elif rest.startswith(("?=", "?!")):
+                self._fail("a look-ahead inside a group is not supported (only in the top-level "
+                           "sequence of a pattern); rewrite without (?= or (?!", start)
+            elif rest.startswith(("?<=", "?<!")):
+                self._fail("look-behind assertions are not supported (a left-to-right matcher "
+                           "cannot enforce them); rewrite without (?<= or (?<!", start)
             elif rest.startswith("?>"):
                 self._fail("atomic groups are not supported", start)
             elif rest.startswith("?P="):

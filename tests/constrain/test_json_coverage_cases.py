@@ -193,3 +193,12 @@ def test_min_properties_counts_one_extra_member():
 def test_min_properties_needing_two_extras_is_refused_not_called_unsatisfiable(schema):
     with pytest.raises(Exception, match="minProperties .* two or more additional properties"):
         compiled(schema)
+
+
+def test_ref_fragments_are_percent_decoded_before_the_pointer():
+    """RFC 6901 section 6: ``%5B`` in a $ref fragment is ``[``, then ``~1`` is ``/``."""
+    schema = {"type": "object", "patternProperties": {"^[a-z]+/x$": {"type": "integer"}},
+              "properties": {"n": {"$ref": "#/patternProperties/%5E%5Ba-z%5D+~1x$"}},
+              "required": ["n"], "additionalProperties": False}
+    wrong = disagreements(schema, [{"n": 1}, {"n": "s"}, {"n": 2.5}, {}])
+    assert not wrong, wrong

@@ -1,7 +1,9 @@
-"""constrain/regex_anchors.py: ``^`` and ``$`` anywhere in a pattern. Random patterns over a
-small alphabet, with anchors inside groups, alternations and repetitions, are parsed with
-JSON-schema search semantics and compared with Python's ``re.search`` on every string of up
-to four characters (no newline, where Python's ``$`` and ECMAScript's differ)."""
+"""constrain/regex_anchors.py: ``^`` and ``$`` anywhere in a pattern, and the parser's
+top-level look-aheads. Random patterns over a small alphabet, with anchors inside groups,
+alternations and repetitions, or look-aheads before, between and after other items, are
+parsed with JSON-schema search semantics (and full-match semantics) and compared with
+Python's ``re.search`` (``re.fullmatch``) on every string of up to four characters (no
+newline, where Python's ``$`` and ECMAScript's differ)."""
 import itertools
 import random
 import re
@@ -9,6 +11,7 @@ import re
 import pytest
 
 from tamis.constrain import regex_ast as ra
+from tamis.constrain.errors import ConstraintError
 from tamis.constrain.regex_parser import parse_regex
 
 ALPHABET = "ab,"
@@ -29,6 +32,9 @@ def ends(node, text: str, start: int) -> set:
         return positions
     if kind == "alt":
         return {e for child in node[1] for e in ends(child, text, start)}
+    if kind in ("and", "diff"):   # look-aheads: both operands read the same span
+        left, right = ends(node[1], text, start), ends(node[2], text, start)
+        return left & right if kind == "and" else left - right
     assert kind == "rep", kind
     _, inner, lo, hi = node
     out, frontier, count = set(), {start}, 0
@@ -97,3 +103,49 @@ def test_no_marker_is_left():
         if id(n) not in seen:
             seen.add(id(n))
             stack.extend(ra.children(n))
+
+
+LOOKAHEADS = ["^(?!ab).*", "^(?!^a|b,)", "(?=a)a*b", "^(?=.{2,3}$)[ab]+$", "a(?!b)", "(?!a)",
+              "^(?!a)(?!b).*$", "(?=a,)(?!ab)..", "^(?=(a|b)$)", "^a(?=b|,$)", "(?=a)|b,",
+              "(a(?=b))", "^(?=a)(?=.b)"]
+
+
+@pytest.mark.parametrize("pattern", LOOKAHEADS)
+def test_lookaheads_match_like_python(pattern):
+    for anchored, python in ((False, re.search), (True, re.fullmatch)):
+        node = parse_regex(pattern, anchored=anchored)
+        wrong = [t for t in STRINGS if matches(node, t) != (python(pattern, t) is not None)]
+        assert not wrong, (pattern, anchored, wrong[:5])
+
+
+def _plain(rng: random.Random) -> str:
+    while True:
+        pattern = random_pattern(rng, depth=1)
+        if "^" not in pattern and "$" not in pattern:
+            return pattern
+
+
+def test_random_lookaheads_match_like_python():
+    rng = random.Random(7)
+    for _ in range(80):
+        body = rng.choice(["", "^"]) + _plain(rng) + rng.choice(["", "$"])
+        if body.startswith("^") and rng.random() < 0.5:
+            body = body[1:]
+        before = rng.choice(["", "^", "^" + _plain(rng), _plain(rng)])
+        if body.startswith("^"):
+            before = "^"
+        pattern = before + rng.choice(["(?=", "(?!"]) + body + ")" + _plain(rng) + rng.choice(["", "$"])
+        for anchored, python in ((False, re.search), (True, re.fullmatch)):
+            node = parse_regex(pattern, anchored=anchored)
+            wrong = [t for t in STRINGS if matches(node, t) != (python(pattern, t) is not None)]
+            assert not wrong, (pattern, anchored, wrong[:5])
+
+
+@pytest.mark.parametrize("pattern, message", [
+    ("(a(?=b))c", "look-ahead inside a group"),
+    ("((^a)|b)(?!,)", "'^' or '$' inside a pattern with"), ("(?=a)*", "repeated look-ahead"),
+    ("a(?=^b)", "'^' inside a look-ahead"), ("(?=a)b$c", "'^' or '$' inside a pattern with"),
+    ("(?<!a)b", "look-behind")])
+def test_lookaheads_that_are_refused(pattern, message):
+    with pytest.raises(ConstraintError, match=re.escape(message)):
+        parse_regex(pattern, anchored=False)
