@@ -74,6 +74,11 @@ _SIZES: dict = {}
 _SEEN_ONCE: dict = {}
 
 
+def estimated_states(node) -> int:
+    """The NFA states ``node`` would take, before fragments are minimised (an upper bound)."""
+    return _size(node)
+
+
 def _size(node) -> int:
     found = _SIZES.get(id(node))
     if found is not None and found[0] is node:

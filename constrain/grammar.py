@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from . import deadline
 from . import regex_ast as ra
+from .automaton import estimated_states
 from .earley import EarleyGrammar
 from .errors import GrammarError
 
@@ -39,7 +40,7 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
         for ref in ra.rule_refs(node, set()):
             if ref not in rules:
                 raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
-    kept = _recursive_rules(rules)
+    kept = _recursive_rules(rules) | {name for name in rules if name.startswith(KEPT_PREFIX)}
     inlined: dict = {}
     bodies: dict = {}
     pending = [name for name in rules if name in kept or name == root]
@@ -72,6 +73,17 @@ def _recursive_rules(rules: dict) -> set:
 # A non-recursive rule whose inlined body would unfold past this many nodes stays a
 # nonterminal (the JSON items of arrays nested hundreds deep: inlining copies them twice a level).
 MAX_INLINED_NODES = 50_000
+# Rules named with this prefix stay nonterminals, never inlined: the JSON compiler names so
+# the item of a counted list whose copies would hold more than MAX_REPEATED_STATES automaton
+# states (``maxItems: 100`` of objects with long strings: 100 copies of a few thousand
+# states in one terminal, against 100 short productions).
+KEPT_PREFIX = "$kept:"
+MAX_REPEATED_STATES = 20_000
+
+
+def repeated_states(node, copies: int) -> int:
+    """The automaton states ``copies`` copies of ``node`` would take, estimated."""
+    return estimated_states(node) * copies
 
 
 def _inline(node, rules, recursive, memo: dict) -> tuple:

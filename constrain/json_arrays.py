@@ -6,7 +6,9 @@ longer valid arrays are refused); ``uniqueItems: true`` is enforced for arrays o
 one item, and for items drawn from enumerated scalars whose arrays of distinct values have at
 most ``MAX_UNIQUE_ORDERINGS`` prefixes (6 values with any maxItems, 70 with maxItems 2: every
 ordering spelled out); over strings of unbounded length it is left to ``unique_items``;
-elsewhere it is refused (``json_schema``)."""
+elsewhere it is refused (``json_schema``). A counted list whose item copies would hold more
+than ``grammar.MAX_REPEATED_STATES`` automaton states keeps its item one grammar rule (the
+count stays exact, read by the Earley parser rather than spelled out in one automaton)."""
 from __future__ import annotations
 
 import itertools
@@ -15,7 +17,7 @@ from . import deadline
 from . import regex_ast as ra
 from .automaton import MAX_NFA_STATES
 from .errors import SchemaError
-from .grammar import MAX_INLINED_NODES
+from .grammar import KEPT_PREFIX, MAX_INLINED_NODES, MAX_REPEATED_STATES, repeated_states
 from .json_contains import contains_counts
 from .json_keywords import ANNOTATIONS, nonneg_int
 
@@ -46,7 +48,8 @@ class ArraySchemas:
         if "contains" in schema:
             return self._contains_array(schema, path, depth, lo, hi)
         prefix_nodes = [self.value(p, f"{path}/prefixItems/{i}", depth + 1) for i, p in enumerate(prefix)]
-        rest = self._shared(self.value(items, f"{path}/items", depth + 1), f"{path}/items")
+        copies = hi if hi is not None else lo
+        rest = self._shared(self.value(items, f"{path}/items", depth + 1), f"{path}/items", copies)
         body = _list_body(prefix_nodes, rest, lo, hi, self._separator())
         return ra.seq(ra.char("["), self.ws, body, self.ws, ra.char("]"))
 
@@ -57,9 +60,15 @@ class ArraySchemas:
         """The elements of a list (no brackets): lo..hi of ``element`` between separators."""
         return _list_body([], element, lo, hi, self._separator())
 
-    def _shared(self, node: tuple, path: str) -> tuple:
+    def _shared(self, node: tuple, path: str, copies: int = 0) -> tuple:
         """``node``, or a grammar rule standing for it when it is large: a list spells its item
-        twice, so items of arrays nested hundreds deep would unfold exponentially."""
+        twice, so items of arrays nested hundreds deep would unfold exponentially; and a list
+        of up to ``copies`` items spells it that many times: where the copies would hold too
+        many automaton states, the rule is one ``build_grammar`` never inlines."""
+        if copies > 1 and repeated_states(node, copies) > MAX_REPEATED_STATES:
+            name = f"{KEPT_PREFIX}{path}"
+            self.rules[name] = node
+            return ("rule", name)
         if ra.tree_size(node) <= SHARED_ITEM_NODES:
             return node
         name = f"$items:{path}"

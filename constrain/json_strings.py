@@ -99,33 +99,39 @@ def json_string_literal(text: str) -> tuple:
 
 
 def string_not_in(names: list, path: str) -> tuple:
-    """String content (escapes allowed) that is not the JSON form of any of ``names``."""
+    """String content (escapes allowed) that does not decode to any of ``names``: neither
+    their plain JSON form nor one spelled with escapes (``\\u0061`` is ``a``)."""
     encoded = tuple(json.dumps(n, ensure_ascii=False)[1:-1] for n in names)
     if any("\\" in e for e in encoded):
         raise SchemaError("additional properties next to property names that need JSON escapes "
                           "are not supported", path)
-    return _content_not_in(encoded)
+    return _content_not_in(tuple(names))
 
 
 @lru_cache(maxsize=256)
-def _content_not_in(encoded: tuple) -> tuple:
-    """Cached: the combinators compile the same object's extras once per branch they merge."""
+def _content_not_in(names: tuple) -> tuple:
+    """Cached: the combinators compile the same object's extras once per branch they merge.
+    A difference (``product``), not a trie spelled out with a free tail at every node: the
+    product keeps one state per (trie node, string state) pair it reaches, where the spelled
+    trie copied the tail (escapes, multi-byte characters: ~50 states) at every node."""
     any_content = ra.rep(STRING_UNIT, 0, None)
-    if not encoded:
+    if not names:
         return any_content
-    trie: dict = {}
-    for e in encoded:
-        node = trie
-        for c in e:
-            node = node.setdefault(c, {})
-        node[None] = True
+    return ("diff", any_content, ra.alt(*(ra.seq(*map(_spellings, name)) for name in names)))
 
-    def build(node) -> tuple:
-        used = [(ord(c), ord(c)) for c in node if c is not None]
-        others = ("chars", ra.intersect_ranges(ra.negate_ranges(used), SAFE_CHARS))
-        branches = [ra.seq(ra.alt(others, ESCAPE), any_content)]
-        branches += [ra.seq(ra.char(c), build(child)) for c, child in node.items() if c is not None]
-        if None not in node:
-            branches.append(ra.EMPTY)
-        return ra.alt(*branches)
-    return build(trie)
+
+@lru_cache(maxsize=4096)
+def _spellings(c: str) -> tuple:
+    """Every JSON spelling of the character ``c`` in string content: itself, ``\\uXXXX`` in
+    either case (a surrogate pair above U+FFFF), and ``\\/`` for ``/``."""
+    code = ord(c)
+    units = [code] if code < 0x10000 else [0xD800 + ((code - 0x10000) >> 10),
+                                           0xDC00 + ((code - 0x10000) & 0x3FF)]
+    escaped = ra.seq(*(ra.seq(ra.literal("\\u"), *(_hex_digit(d) for d in f"{unit:04x}"))
+                       for unit in units))
+    spellings = [ra.char(c), escaped] + ([ra.literal("\\/")] if c == "/" else [])
+    return ra.alt(*spellings)
+
+
+def _hex_digit(d: str) -> tuple:
+    return ra.chars([(ord(d), ord(d)), (ord(d.upper()), ord(d.upper()))])

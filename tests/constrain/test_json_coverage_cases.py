@@ -202,3 +202,34 @@ def test_ref_fragments_are_percent_decoded_before_the_pointer():
               "required": ["n"], "additionalProperties": False}
     wrong = disagreements(schema, [{"n": 1}, {"n": "s"}, {"n": 2.5}, {}])
     assert not wrong, wrong
+
+
+def test_counted_arrays_of_large_items_keep_the_item_a_nonterminal():
+    """maxItems 100 of objects with 200-character strings: 100 copies of the item would be
+    ~150,000 automaton states (once refused as too large); the item stays one grammar rule
+    and the count stays exact."""
+    item = {"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-z]{1,200}$"},
+                                             "v": {"type": "string", "maxLength": 200}},
+            "required": ["k", "v"], "additionalProperties": False}
+    schema = {"type": "array", "items": item, "minItems": 2, "maxItems": 100}
+    c = compiled(schema)
+    assert c.kind == "grammar", c.kind
+    element = {"k": "abc", "v": "x" * 200}
+    instances = [[], [element], [element] * 2, [element] * 100, [element] * 101,
+                 [element, {"k": "a" * 201, "v": ""}], [element, {"k": "ab", "v": "y" * 201}]]
+    wrong = disagreements(schema, instances)
+    assert not wrong, [(len(v), ok) for v, ok in wrong]
+
+
+@pytest.mark.parametrize("text, ok", [
+    ('{"a":1}', True), ('{"x":"s"}', True), ('{"\\u0061":"s"}', False), ('{"\\u0061":1}', False),
+    ('{"\\u0062":"s"}', True), ('{"b\\/c":"s"}', False), ('{"b\\/d":"s"}', True),
+    ('{"\\u00E9t\\u00e9":"s"}', False), ('{"\\ud83d\\ude00":"s"}', False), ('{"\\ud83d\\ude01":"s"}', True)])
+def test_additional_keys_never_decode_to_a_declared_name(text, ok):
+    """An escaped spelling of a declared name is that name (JSON decodes it): it never takes
+    additionalProperties' schema (declared names themselves are written plainly)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b/c": {"type": "integer"},
+                                               "été": {"type": "integer"}, "😀": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    assert walk(compiled(schema), text)[0] == ok
+    assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) or not ok
