@@ -53,7 +53,8 @@ def _build(nfa: NFA, node, start: int) -> int:
     fragment = _FRAGMENTS.get(id(node))
     if fragment is not None and fragment[0] is node:
         return _paste(nfa, _pasted_again(fragment), start)
-    if node[0] in ("chars", "rule") or _size(node) < _FRAGMENT_MIN_SIZE:
+    small = _size(node) < _FRAGMENT_MIN_SIZE and node[0] not in ("and", "diff")  # products: costly
+    if node[0] in ("chars", "rule") or small:
         return _build_node(nfa, node, start)
     if id(node) not in _SEEN_ONCE:
         # record only shared nodes: recording copies every state once more per nesting level
@@ -87,7 +88,19 @@ def _size(node) -> int:
         _SIZES.clear()
     deadline.check()
     # Children through the same cache: every node of a build asks for its size once.
-    size = 1 + sum(_size(child) for child in ra.children(node)) * ra.repeat_factor(node)
+    shared = ra.props_shared_tail(node) if node[0] == "props" else None
+    if node[0] in ("and", "diff"):
+        # The operands become automata of their own; this NFA holds the product's reachable
+        # pairs. A difference keeps about the left operand's states; an intersection lives
+        # within the smaller operand's (an extra key: any string less 40 names, ~10,000
+        # states, within a pattern of ~40: a few dozen pairs). An estimate only: the build
+        # counts the states it makes, and a product stops at MAX_PRODUCT_STATES.
+        size = 1 + (_size(node[1]) if node[0] == "diff" else min(_size(node[1]), _size(node[2])))
+    elif shared is not None:       # tail_some is read once (_build_props)
+        size = 1 + sum(_size(member) for member, _ in node[1]) + _size(node[2]) \
+            + _size(shared[0]) + _size(node[4])
+    else:
+        size = 1 + sum(_size(child) for child in ra.children(node)) * ra.repeat_factor(node)
     _SIZES[id(node)] = (node, size)
     return size
 
@@ -243,7 +256,13 @@ def _build_props(nfa: NFA, node, start: int) -> int:
             nfa.add_eps(none_track, nxt_none)
         none_track, some_track = nxt_none, nxt_some
     end = nfa.new_state()
-    if none_track is not None:
+    shared = ra.props_shared_tail(node) if some_track is not None else None
+    if none_track is not None and shared is not None:
+        prefix, optional = shared       # the first extra, then the some-track's tail
+        nfa.add_eps(_build(nfa, prefix, none_track), some_track)
+        if optional:
+            nfa.add_eps(none_track, end)
+    elif none_track is not None:
         nfa.add_eps(_build(nfa, tail_none, none_track), end)
     if some_track is not None:
         nfa.add_eps(_build(nfa, tail_some, some_track), end)

@@ -193,8 +193,12 @@ def _body_of(members: tuple, sep, extra, hi, least: str) -> tuple:
         tail_some, first = ra.EMPTY, ra.NOTHING
     else:
         more_hi = None if extra_hi is None else extra_hi - 1
-        first = ra.seq(extra, ra.rep(ra.seq(sep, extra), 0, more_hi))
-        tail_some = ra.seq(sep, first) if least == "extra" else ra.rep(ra.seq(sep, extra), 0, extra_hi)
+        more = ra.rep(ra.seq(sep, extra), 0, more_hi)
+        first = ra.seq(extra, more)
+        if least == "extra":
+            tail_some = ra.seq(sep, first)
+        else:   # unbounded: the same node ends both tails (``ra.props_shared_tail``)
+            tail_some = more if extra_hi is None else ra.rep(ra.seq(sep, extra), 0, extra_hi)
     tail_none = first if least in ("one", "extra") else ra.alt(ra.EMPTY, first)
     return ("props", members, sep, tail_none, tail_some) if members else tail_none
 

@@ -281,6 +281,19 @@ def matches_empty(node, memo: dict | None = None) -> bool:
     return result
 
 
+def props_shared_tail(node) -> tuple | None:
+    """For ("props", members, sep, tail_none, tail_some) whose ``tail_none`` is ``prefix
+    tail_some`` (or that or nothing: the extras after no member, where the first needs no
+    separator and the rest are ``tail_some`` itself): (prefix, optional); else None. An
+    automaton then reads ``tail_some`` once, entered from both tracks."""
+    _, _, _, tail_none, tail_some = node
+    optional = tail_none[0] == "alt" and len(tail_none[1]) == 2 and tail_none[1][0] == EMPTY
+    body = tail_none[1][1] if optional else tail_none
+    if body[0] == "seq" and len(body[1]) > 1 and body[1][-1] is tail_some:
+        return seq(*body[1][:-1]), optional
+    return None
+
+
 def expand_props(node) -> tuple:
     """A ("props", ...) node rewritten with seq/alt only (used where rules occur inside)."""
     _, members, sep, tail_none, tail_some = node

@@ -76,16 +76,24 @@ def _branches(schema, root):
 
 
 def _declared(schema, root) -> dict:
-    """key -> its subschema, in declaration order over the schema and its branches."""
+    """key -> its subschema, in declaration order over the schema and its branches; then the
+    required keys no branch declares (tamis writes them after the declared ones, before
+    additional ones), with None for a subschema."""
     declared = {}
-    for branch in _branches(schema, root):
+    branches = list(_branches(schema, root))
+    for branch in branches:
         for key, sub in (branch.get("properties") or {}).items():
             declared.setdefault(key, sub)
+    for branch in branches:
+        required = branch.get("required")
+        for key in required if isinstance(required, list) else ():
+            if isinstance(key, str):
+                declared.setdefault(key, None)
     return declared
 
 
 def _child(schema, root, key, declared):
-    if key in declared:
+    if declared.get(key) is not None:
         return declared[key]
     extra = schema.get("additionalProperties")
     return extra if isinstance(extra, dict) else {}
