@@ -91,11 +91,13 @@ def _size(node) -> int:
     shared = ra.props_shared_tail(node) if node[0] == "props" else None
     if node[0] in ("and", "diff"):
         # The operands become automata of their own; this NFA holds the product's reachable
-        # pairs. A difference keeps about the left operand's states; an intersection lives
-        # within the smaller operand's (an extra key: any string less 40 names, ~10,000
-        # states, within a pattern of ~40: a few dozen pairs). An estimate only: the build
-        # counts the states it makes, and a product stops at MAX_PRODUCT_STATES.
-        size = 1 + (_size(node[1]) if node[0] == "diff" else min(_size(node[1]), _size(node[2])))
+        # pairs. An intersection may keep as many as both operands together (a pattern
+        # within a length bound); a difference keeps about its left operand's states: the
+        # subtracted language only marks pairs (any key less 40 declared names, whose
+        # escaped spellings take ~10,000 states, keeps a few hundred). An estimate only:
+        # the build counts the states it makes, and a product stops at MAX_PRODUCT_STATES.
+        left, right = _size(node[1]), _size(node[2])
+        size = 1 + (left if node[0] == "diff" else left + right)
     elif shared is not None:       # tail_some is read once (_build_props)
         size = 1 + sum(_size(member) for member, _ in node[1]) + _size(node[2]) \
             + _size(shared[0]) + _size(node[4])
