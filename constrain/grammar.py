@@ -110,7 +110,7 @@ def _inline(node, rules, recursive, memo: dict) -> tuple:
         result = ra.rep(_inline(node[1], rules, recursive, memo), node[2], node[3])
     elif kind == "props":
         if ra.has_rules(node):
-            result = _inline(ra.expand_props(node), rules, recursive, memo)
+            result = _inline(_props_as_rules(node, rules, recursive), rules, recursive, memo)
         else:
             result = node
     elif kind in ("and", "diff") and ra.has_rules(node):
@@ -119,6 +119,27 @@ def _inline(node, rules, recursive, memo: dict) -> tuple:
         result = node
     memo[key] = (node, result)
     return result
+
+
+def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
+    """A ("props", ...) node holding rules, as seq/alt over new nonterminals: ``some(i)``
+    (members i.. once one was emitted: each after a separator) is a rule of its own, kept
+    (added to ``rules`` and ``recursive``), so both ways into it share it. Spelled out as
+    one tree, the two tracks would copy every later member at each optional one: 2^n."""
+    _, members, sep, tail_none, tail_some = node
+    prefix = f"$props:{id(node)}:"
+    rules[f"{prefix}{len(members)}"] = tail_some
+    for i in reversed(range(len(members))):
+        member, required = members[i]
+        with_member = ra.seq(sep, member, ("rule", f"{prefix}{i + 1}"))
+        rules[f"{prefix}{i}"] = with_member if required else ra.alt(with_member, ("rule", f"{prefix}{i + 1}"))
+    recursive.update(f"{prefix}{i}" for i in range(len(members) + 1))
+    none = tail_none
+    for i in reversed(range(len(members))):
+        member, required = members[i]
+        with_member = ra.seq(member, ("rule", f"{prefix}{i + 1}"))
+        none = with_member if required else ra.alt(with_member, none)
+    return none
 
 
 class _Builder:

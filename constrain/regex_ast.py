@@ -292,17 +292,3 @@ def props_shared_tail(node) -> tuple | None:
     if body[0] == "seq" and len(body[1]) > 1 and body[1][-1] is tail_some:
         return seq(*body[1][:-1]), optional
     return None
-
-
-def expand_props(node) -> tuple:
-    """A ("props", ...) node rewritten with seq/alt only (used where rules occur inside)."""
-    _, members, sep, tail_none, tail_some = node
-    # some(i): members i.. after at least one was emitted; none(i): nothing emitted yet.
-    some = tail_some
-    none = tail_none
-    for member, required in reversed(members):
-        with_member_some = seq(sep, member, some)
-        with_member_none = seq(member, some)
-        none = with_member_none if required else alt(with_member_none, none)
-        some = with_member_some if required else alt(with_member_some, some)
-    return none
