@@ -25,7 +25,8 @@ class ObjectSchemas(Witnesses):
     """``type: object`` for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
     path, depth)``, ``ws`` (the whitespace node), ``allow_additional`` and
     ``_valid(value, schema, formats)``; members the object must contain (``_some``) are
-    ``json_witnesses``'s."""
+    ``json_witnesses``'s. Objects the policies leave out (``NeedsExtras``) add their
+    reason to ``left_out`` (the host's list)."""
 
     def _object(self, schema: dict, path: str, depth: int) -> tuple:
         props = schema.get("properties", {})
@@ -60,14 +61,16 @@ class ObjectSchemas(Witnesses):
         required_count = sum(1 for _, req in members if req)
         if hi is not None and hi < required_count:
             return ra.NOTHING
-        if schema.get("_some"):
-            plain = functools.partial(_members_body, sep=sep, extra=extra, lo=lo, hi=hi, path=path)
-            bodies = self._bodies_with_some(schema["_some"], members, declared, kinds,
-                                            (sep, extra, lo, hi, plain), path, depth)
-        else:
-            extras_possible = extra != ra.NOTHING
-            bodies = [_body_of(chosen, sep, extra, hi, least)
-                      for chosen, least in _member_choices(members, lo, hi, extras_possible, path)]
+        plain = functools.partial(_members_bodies, sep=sep, extra=extra, lo=lo, hi=hi, path=path)
+        try:
+            if schema.get("_some"):
+                bodies = self._bodies_with_some(schema["_some"], members, declared, kinds,
+                                                (sep, extra, lo, hi, plain), path, depth)
+            else:
+                bodies = [plain(tuple(members))]
+        except NeedsExtras as exc:    # sound to leave out; the reason if nothing else is left
+            self.left_out.append(exc)
+            return ra.NOTHING
         return ra.seq(ra.char("{"), self.ws, ra.alt(*bodies), self.ws, ra.char("}"))
 
     def _member_schema(self, name: str, props: dict, patterns: dict, extra_schema, path: str):
@@ -168,8 +171,12 @@ def _member_choices(members: list, lo: int, hi, extras_possible: bool, path: str
             + [(_first_present(members, chosen), "extra") for chosen in firsts_with_extra])
 
 
-def _needs_extras(lo: int, path: str) -> SchemaError:
-    return SchemaError(f"minProperties {lo} can only be met with two or more additional "
+class NeedsExtras(SchemaError):
+    """Objects of this shape are left out: they would need two or more additional properties."""
+
+
+def _needs_extras(lo: int, path: str) -> NeedsExtras:
+    return NeedsExtras(f"minProperties {lo} can only be met with two or more additional "
                        f"properties, whose keys the constraint cannot keep apart; declare "
                        f"properties for them", f"{path}/minProperties")
 
@@ -203,14 +210,11 @@ def _body_of(members: tuple, sep, extra, hi, least: str) -> tuple:
     return ("props", members, sep, tail_none, tail_some) if members else tail_none
 
 
-def _members_body(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:
-    """``_body_of`` for a layout with at least ``lo`` properties, ``lo`` at most one
-    beyond the required ones (``json_witnesses``'s plain bodies)."""
-    required_count = sum(1 for _, req in members if req)
-    if lo > required_count and lo > 1:
-        raise SchemaError("minProperties above 1 (beyond the required properties) is "
-                          "not supported", f"{path}/minProperties")
-    return _body_of(members, sep, extra, hi, "one" if lo > required_count else "")
+def _members_bodies(members: tuple, sep, extra, lo: int, hi, path: str) -> tuple:
+    """Declared ``members`` then extras, ``lo``..``hi`` properties in all: the alternatives
+    of ``_member_choices``."""
+    return ra.alt(*(_body_of(chosen, sep, extra, hi, least) for chosen, least
+                    in _member_choices(members, lo, hi, extra != ra.NOTHING, path)))
 
 
 def _search(pattern: str, name: str, path: str) -> bool:

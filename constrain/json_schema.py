@@ -90,6 +90,8 @@ def compile_json_schema(schema, whitespace: str | None = DEFAULT_WHITESPACE,
                                unique_strings_allowed=unique_strings is not None)
     node = compiler.value(schema, "#", 0)
     if node == ra.NOTHING:
+        if compiler.left_out:    # not unsatisfiable: its values are ones tamis leaves out
+            raise compiler.left_out[0]
         raise SchemaError("the schema accepts no value at all (it is unsatisfiable)")
     if compiler.unique_strings_met:
         unique_strings.append(SchemaPositions(schema))
@@ -106,6 +108,7 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         self.ws = ra.EMPTY if whitespace is None else parse_regex(whitespace)
         self.allow_additional = allow_additional
         self.rules: dict[str, tuple] = {}
+        self.left_out: list[SchemaError] = []   # shapes left out (sound), with their reasons
         self._validator = None
         self._index_document()
         self.unique_strings_allowed = unique_strings_allowed   # see compile_json_schema

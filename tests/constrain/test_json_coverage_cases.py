@@ -233,3 +233,12 @@ def test_additional_keys_never_decode_to_a_declared_name(text, ok):
               "additionalProperties": {"type": "string"}}
     assert walk(compiled(schema), text)[0] == ok
     assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(text)) or not ok
+
+
+def test_a_branch_needing_two_extras_is_left_out_not_the_schema():
+    schema = {"anyOf": [{"type": "object", "minProperties": 2},
+                        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}]}
+    c = compiled(schema)
+    assert walk(c, '{"a":1}')[0] and walk(c, '{"a":1,"b":2}')[0]
+    assert not walk(c, '{"b":1,"c":2}')[0]     # valid, but only through the left-out branch
+    assert not walk(c, '{"b":1}')[0]           # invalid
