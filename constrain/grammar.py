@@ -131,8 +131,9 @@ def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
     rules[f"{prefix}{len(members)}"] = tail_some
     for i in reversed(range(len(members))):
         member, required = members[i]
-        with_member = ra.seq(sep, member, ("rule", f"{prefix}{i + 1}"))
-        rules[f"{prefix}{i}"] = with_member if required else ra.alt(with_member, ("rule", f"{prefix}{i + 1}"))
+        later = ("rule", f"{prefix}{i + 1}")
+        with_member = ra.seq(sep, member, later)
+        rules[f"{prefix}{i}"] = with_member if required else ra.alt(with_member, later)
     recursive.update(f"{prefix}{i}" for i in range(len(members) + 1))
     none = tail_none
     for i in reversed(range(len(members))):

@@ -147,7 +147,8 @@ def _member_choices(members: list, lo: int, hi, extras_possible: bool, path: str
                               "not supported", f"{path}/maxProperties")
         out = []
         for chosen in choices:
-            kept = tuple((node, True) for k, (node, req) in enumerate(members) if req or k in chosen)
+            kept = tuple((node, True) for k, (node, req) in enumerate(members)
+                         if req or k in chosen)
             if len(kept) >= lo:
                 out.append((kept, ""))
             elif len(kept) + 1 == lo and extras_possible:

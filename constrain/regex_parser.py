@@ -101,8 +101,10 @@ class _Parser:
         anything = ("rep", ra.chars(self.universe), 0, None)
         if self.lookahead_at_start is not None:   # a look-ahead's body: the rest may follow
             if start_anchor and not self.lookahead_at_start:
-                self._fail("'^' inside a look-ahead that does not stand at the start of the pattern")
-            prefix, tail, at_start = ra.EMPTY, EMPTY_IF(end_anchor, anything), self.lookahead_at_start
+                self._fail("'^' inside a look-ahead that does not stand at the start of the "
+                           "pattern")
+            prefix, tail = ra.EMPTY, EMPTY_IF(end_anchor, anything)
+            at_start = self.lookahead_at_start
         elif self.anchored:
             prefix, tail, at_start = ra.EMPTY, ra.EMPTY, True
         else:
@@ -143,8 +145,8 @@ class _Parser:
         if close is None:
             self._fail("missing ')'", start)
         self.pos = close + 1
-        if self.pos < len(self.text) and (self.text[self.pos] in "*+?"
-                                          or self.text[self.pos] == "{" and self._brace_quantifier()):
+        following = self.text[self.pos:self.pos + 1]
+        if following and (following in "*+?" or following == "{" and self._brace_quantifier()):
             self._fail("a repeated look-ahead is not supported", start)
         return ("look", self.text[start + 2] == "=", self.text[start + 3:close])
 

@@ -15,8 +15,8 @@ checkpoint gives no scale keeps 1.0 (vLLM's default), or with ``--calculate-kv-s
 ``amax(|k|) / K_SCALE_RANGE`` and ``amax(|v|) / V_SCALE_RANGE``, then fixed for the life of
 the engine (later keys past ``448 * k_scale`` saturate, as in vLLM). Such a layer also
 stores its keys and values rotated and less that batch's mean key and mean value, and
-measures its scales on what it stores (``tamis.engine.layers.attention``). The scales only matter to an FP8 cache (``--kv-cache-dtype fp8``);
-other caches ignore them.
+measures its scales on what it stores (``tamis.engine.layers.attention``). The scales only
+matter to an FP8 cache (``--kv-cache-dtype fp8``); other caches ignore them.
 """
 from __future__ import annotations
 
