@@ -9,10 +9,12 @@ ECMAScript (what JSON-schema ``pattern`` uses):
 - look-aheads ``(?=...)`` and ``(?!...)`` in the top-level sequence of a branch
   (``^(?!internal-).*``, ``^(?=.{1,63}$)[a-z.]+$``): what follows the look-ahead, to the
   end of the string, is intersected with (or, negated, less) the strings that begin with
-  its body, so the language stays regular and exact.
+  its body, so the language stays regular and exact; and a repeated group of negative
+  look-aheads and one character ending the string (``^((?!--).)*$``): the repeated
+  characters less every string with a match of a look-ahead's body at one of them.
 
 Refused with a ``RegexError`` naming the construct (a matcher over a regular language cannot
-enforce them): backreferences, look-behind, look-aheads inside a group or repeated, word
+enforce them): backreferences, look-behind, other look-aheads inside groups, word
 boundaries, possessive quantifiers, atomic groups, inline flags other than ``(?i)``/``(?s)``
 at the start.
 
@@ -30,6 +32,7 @@ from .errors import RegexError
 from .regex_anchors import BOS, EOS, drop_anchors, has_anchor
 
 ANY = ((0, ra.MAX_CODE_POINT),)
+_LOOKS = ("look", "tempered")     # look-ahead items of a top-level sequence
 DIGIT = ((48, 57),)
 WORD = ((48, 57), (65, 90), (95, 95), (97, 122))
 SPACE = ((9, 13), (32, 32))
@@ -116,9 +119,9 @@ class _Parser:
         """``items`` then ``tail``; each look-ahead among the items constrains everything
         after it: ``P (?=A) R`` is P then (R tail and A anything), ``(?!A)`` takes the
         difference instead. ``at_start``: nothing is consumed before the first item."""
-        if not any(item[0] == "look" for item in items):
+        if not any(item[0] in _LOOKS for item in items):
             return ra.seq(*items, tail)
-        if any(item[0] != "look" and has_anchor(item) for item in items) \
+        if any(item[0] not in _LOOKS and has_anchor(item) for item in items) \
                 or self.lookahead_at_start is not None and has_anchor(ra.seq(*items)):
             self._fail("'^' or '$' inside a pattern with a look-ahead is supported only at "
                        "its start and end")
@@ -129,9 +132,45 @@ class _Parser:
                 _, positive, body = item
                 ahead = self._sub_parser(body, at_start and k == 0).parse()
                 node = ("and" if positive else "diff", node, ahead)
+            elif item[0] == "tempered":
+                if k != len(items) - 1 or tail != ra.EMPTY:
+                    self._fail("a look-ahead inside a repeated group is supported only at the "
+                               "end of a pattern that ends with '$'")
+                node = self._tempered(*item[1:])
             else:
                 node = ra.seq(item, node)
         return node
+
+    def _tempered(self, repeated, bodies: list) -> tuple:
+        """``((?!X1)(?!X2)c)*`` ending the string: the repeated characters, with no match of
+        any Xi starting at one of them (each Xi may read on to the end of the string)."""
+        aheads = ra.alt(*(self._sub_parser(body, False).parse() for body in bodies))
+        if ra.matches_empty(aheads):      # an empty match fails every position
+            return ra.EMPTY if ra.matches_empty(repeated) else ra.NOTHING
+        anything = ("rep", ra.chars(self.universe), 0, None)
+        return ("diff", repeated, ra.seq(anything, aheads))
+
+    def _tempered_group(self) -> tuple | None:
+        """``(?:(?!X)...c)`` with its quantifier at ``pos`` (consumed): ("tempered", the
+        repeated character, [X, ...]); None (nothing consumed) for any other group."""
+        text, start = self.text, self.pos
+        opening = 3 if text.startswith("(?:(?!", start) else 1 if text.startswith("((?!", start) else 0
+        close = _closing_paren(text, start) if opening else None
+        if close is None:
+            return None
+        bodies, at = [], start + opening
+        while text.startswith("(?!", at):
+            end = _closing_paren(text, at)
+            if end is None or end > close:
+                return None
+            bodies.append(text[at + 3:end])
+            at = end + 1
+        character = _Parser(text[at:close], self.universe, True, self.ignorecase, self.dotall).parse()
+        if character[0] != "chars":
+            self._fail("a repeated group with look-aheads must end in one character "
+                       "(as in ((?!ab).)*)", start)
+        self.pos = close + 1
+        return ("tempered", self._quantified(character), bodies)
 
     def _sub_parser(self, text: str, lookahead_at_start: bool | None) -> "_Parser":
         sub = _Parser(text, self.universe, self.anchored, self.ignorecase, self.dotall)
@@ -180,6 +219,10 @@ class _Parser:
                 continue
             if top and self.text.startswith(("(?=", "(?!"), self.pos):
                 items.append(self._lookahead())
+                continue
+            tempered = self._tempered_group() if top else None
+            if tempered is not None:
+                items.append(tempered)
                 continue
             atom = self._atom()
             items.append(self._quantified(atom))

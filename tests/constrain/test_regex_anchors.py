@@ -107,7 +107,10 @@ def test_no_marker_is_left():
 
 LOOKAHEADS = ["^(?!ab).*", "^(?!^a|b,)", "(?=a)a*b", "^(?=.{2,3}$)[ab]+$", "a(?!b)", "(?!a)",
               "^(?!a)(?!b).*$", "(?=a,)(?!ab)..", "^(?=(a|b)$)", "^a(?=b|,$)", "(?=a)|b,",
-              "(a(?=b))", "^(?=a)(?=.b)"]
+              "(a(?=b))", "^(?=a)(?=.b)",
+              # look-aheads inside a repeated group that ends the string ("tempered" tokens)
+              "^((?!ab).)*$", "^((?!a)(?!,b).)*$", "^x(?:(?!b,).)+$", "((?!a).){1,3}$",
+              "^((?!a|).)*$", "^((?!b$).)*$"]
 
 
 @pytest.mark.parametrize("pattern", LOOKAHEADS)
@@ -145,7 +148,8 @@ def test_random_lookaheads_match_like_python():
     ("(a(?=b))c", "look-ahead inside a group"),
     ("((^a)|b)(?!,)", "'^' or '$' inside a pattern with"), ("(?=a)*", "repeated look-ahead"),
     ("a(?=^b)", "'^' inside a look-ahead"), ("(?=a)b$c", "'^' or '$' inside a pattern with"),
-    ("(?<!a)b", "look-behind")])
+    ("(?<!a)b", "look-behind"), ("^((?!a).)*b$", "only at the end of a pattern"),
+    ("^((?!a).)*", "only at the end of a pattern"), ("^((?!a)ab)*$", "must end in one character")])
 def test_lookaheads_that_are_refused(pattern, message):
     with pytest.raises(ConstraintError, match=re.escape(message)):
         parse_regex(pattern, anchored=False)
