@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from . import deadline
 from . import regex_ast as ra
-from .automaton import estimated_states
 from .earley import EarleyGrammar
 from .errors import GrammarError
 
@@ -73,17 +72,9 @@ def _recursive_rules(rules: dict) -> set:
 # A non-recursive rule whose inlined body would unfold past this many nodes stays a
 # nonterminal (the JSON items of arrays nested hundreds deep: inlining copies them twice a level).
 MAX_INLINED_NODES = 50_000
-# Rules named with this prefix stay nonterminals, never inlined: the JSON compiler names so
-# the item of a counted list whose copies would hold more than MAX_REPEATED_STATES automaton
-# states (``maxItems: 100`` of objects with long strings: 100 copies of a few thousand
-# states in one terminal, against 100 short productions).
+# Rules named with this prefix stay nonterminals, never inlined (``json_arrays`` names so
+# the item of a counted list whose copies would take too many automaton states).
 KEPT_PREFIX = "$kept:"
-MAX_REPEATED_STATES = 20_000
-
-
-def repeated_states(node, copies: int) -> int:
-    """The automaton states ``copies`` copies of ``node`` would take, estimated."""
-    return estimated_states(node) * copies
 
 
 def _inline(node, rules, recursive, memo: dict) -> tuple:
@@ -129,17 +120,14 @@ def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
     _, members, sep, tail_none, tail_some = node
     prefix = f"$props:{id(node)}:"
     rules[f"{prefix}{len(members)}"] = tail_some
-    for i in reversed(range(len(members))):
-        member, required = members[i]
-        later = ("rule", f"{prefix}{i + 1}")
-        with_member = ra.seq(sep, member, later)
-        rules[f"{prefix}{i}"] = with_member if required else ra.alt(with_member, later)
-    recursive.update(f"{prefix}{i}" for i in range(len(members) + 1))
     none = tail_none
     for i in reversed(range(len(members))):
         member, required = members[i]
-        with_member = ra.seq(member, ("rule", f"{prefix}{i + 1}"))
-        none = with_member if required else ra.alt(with_member, none)
+        later = ("rule", f"{prefix}{i + 1}")
+        after_some, after_none = ra.seq(sep, member, later), ra.seq(member, later)
+        rules[f"{prefix}{i}"] = after_some if required else ra.alt(after_some, later)
+        none = after_none if required else ra.alt(after_none, none)
+    recursive.update(f"{prefix}{i}" for i in range(len(members) + 1))
     return none
 
 

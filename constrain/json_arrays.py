@@ -7,7 +7,7 @@ one item, and for items drawn from enumerated scalars whose arrays of distinct v
 most ``MAX_UNIQUE_ORDERINGS`` prefixes (6 values with any maxItems, 70 with maxItems 2: every
 ordering spelled out); over strings of unbounded length it is left to ``unique_items``;
 elsewhere it is refused (``json_schema``). A counted list whose item copies would hold more
-than ``grammar.MAX_REPEATED_STATES`` automaton states keeps its item one grammar rule (the
+than ``MAX_REPEATED_STATES`` automaton states keeps its item one grammar rule (the
 count stays exact, read by the Earley parser rather than spelled out in one automaton)."""
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ import itertools
 
 from . import deadline
 from . import regex_ast as ra
-from .automaton import MAX_NFA_STATES
+from .automaton import MAX_NFA_STATES, estimated_states
 from .errors import SchemaError
-from .grammar import KEPT_PREFIX, MAX_INLINED_NODES, MAX_REPEATED_STATES, repeated_states
+from .grammar import KEPT_PREFIX, MAX_INLINED_NODES
 from .json_contains import contains_counts
 from .json_keywords import ANNOTATIONS, nonneg_int
 
 MAX_ARRAY_ITEMS = 128
 SHARED_ITEM_NODES = MAX_INLINED_NODES   # a rule this large stays one in build_grammar
+# A list whose copies of its item would take more automaton states than this keeps the item
+# a grammar rule (``maxItems: 100`` of objects with long strings: 100 copies of a few
+# thousand states in one terminal, against 100 short productions).
+MAX_REPEATED_STATES = 20_000
 MAX_UNIQUE_ORDERINGS = 5_000   # uniqueItems over a finite domain: its arrays' prefixes (1,956 at 6 values)
 
 
@@ -65,7 +69,7 @@ class ArraySchemas:
         twice, so items of arrays nested hundreds deep would unfold exponentially; and a list
         of up to ``copies`` items spells it that many times: where the copies would hold too
         many automaton states, the rule is one ``build_grammar`` never inlines."""
-        if copies > 1 and repeated_states(node, copies) > MAX_REPEATED_STATES:
+        if copies > 1 and estimated_states(node) * copies > MAX_REPEATED_STATES:
             name = f"{KEPT_PREFIX}{path}"
             self.rules[name] = node
             return ("rule", name)

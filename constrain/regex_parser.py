@@ -101,7 +101,7 @@ class _Parser:
         if items and items[-1] == "$":
             items.pop()
             end_anchor = True
-        anything = ("rep", ra.chars(self.universe), 0, None)
+        anything = self._anything()
         if self.lookahead_at_start is not None:   # a look-ahead's body: the rest may follow
             if start_anchor and not self.lookahead_at_start:
                 self._fail("'^' inside a look-ahead that does not stand at the start of the "
@@ -147,8 +147,7 @@ class _Parser:
         aheads = ra.alt(*(self._sub_parser(body, False).parse() for body in bodies))
         if ra.matches_empty(aheads):      # an empty match fails every position
             return ra.EMPTY if ra.matches_empty(repeated) else ra.NOTHING
-        anything = ("rep", ra.chars(self.universe), 0, None)
-        return ("diff", repeated, ra.seq(anything, aheads))
+        return ("diff", repeated, ra.seq(self._anything(), aheads))
 
     def _tempered_group(self) -> tuple | None:
         """``(?:(?!X)...c)`` with its quantifier at ``pos`` (consumed): ("tempered", the
@@ -171,6 +170,10 @@ class _Parser:
                        "(as in ((?!ab).)*)", start)
         self.pos = close + 1
         return ("tempered", self._quantified(character), bodies)
+
+    def _anything(self) -> tuple:
+        """Any string of the universe's characters."""
+        return ("rep", ra.chars(self.universe), 0, None)
 
     def _sub_parser(self, text: str, lookahead_at_start: bool | None) -> "_Parser":
         sub = _Parser(text, self.universe, self.anchored, self.ignorecase, self.dotall)

@@ -18,6 +18,7 @@ the automaton left on the second branch alone; uniqueness is then enforced on it
 from __future__ import annotations
 
 import json
+import weakref
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from .json_positions import SchemaPositions
 
 QUOTE, BACKSLASH = ord('"'), ord("\\")
 WHITESPACE = frozenset(b" \t\r\n")
+# TokenTable -> (tokens holding a quote, tokens holding two): one vocabulary scan per tokenizer
+_QUOTE_TOKENS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # A cursor is a tuple (frames, text) where ``frames`` is a tuple of
 # (kind, place, index_or_name, phase, seen) from the root down: kind "{" / "[" / "" (the
@@ -198,10 +201,18 @@ class CompiledUniqueItems:
         self.info = inner.info
         self.description = inner.description
         self._cursor = JsonCursor(positions)
-        quotes = np.array([data.count(b'"') if data else 0 for data in self.info.token_bytes])
-        self._quote_tokens = np.flatnonzero(quotes >= 1)
-        self._two_quote_tokens = np.flatnonzero(quotes >= 2)
+        self._quote_tokens, self._two_quote_tokens = _tokens_with_quotes(self.info.trie)
 
     def matcher(self) -> UniqueItemsMatcher:
         return UniqueItemsMatcher(self.inner.matcher(), self._cursor, self._quote_tokens,
                                   self._two_quote_tokens)
+
+
+def _tokens_with_quotes(table) -> tuple[np.ndarray, np.ndarray]:
+    """(ids of the tokens holding a double quote, of those holding two or more), computed
+    once per tokenizer's ``TokenTable`` rather than once per compiled schema."""
+    found = _QUOTE_TOKENS.get(table)
+    if found is None:
+        quotes = np.array([data.count(b'"') if data else 0 for data in table.token_bytes])
+        found = _QUOTE_TOKENS[table] = (np.flatnonzero(quotes >= 1), np.flatnonzero(quotes >= 2))
+    return found
