@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import add_w1_workload_args, make_prompts  # noqa: E402
 from shapes import (DEFAULT_SHAPE, add_shape_args, describe, prompt_vocab,  # noqa: E402
                     write_shape_config)
+from kernel_profile import format_profile, kernel_profile  # noqa: E402
 from subprocess_runs import run_each  # noqa: E402
 
 RECORDED_PEERS = {"transformers": 496.0, "vllm": 9355.0}   # measured once on an H200
@@ -142,6 +143,13 @@ def run_tamis(args, prompts) -> dict:
         llm.generate([{"prompt_token_ids": p} for p in again], params, use_tqdm=False)
         profile = dict(profiled_seconds=time.perf_counter() - t1, **profiler.summary())
         llm.llm_engine.step = type(llm.llm_engine).step.__get__(llm.llm_engine)
+    kernels = None
+    if args.kernel_profile:   # another pass on fresh prompts, under torch's profiler
+        kernels = {}
+        again = make_prompts(args.num_prompts, args.min_prompt, args.max_prompt, args.seed + 9,
+                             vocab)
+        with kernel_profile(kernels):
+            llm.generate([{"prompt_token_ids": p} for p in again], params, use_tqdm=False)
     generated = sum(len(o.outputs[0].token_ids) for o in outs)
     stats = llm.llm_engine.get_stats()
     result = dict(engine="tamis", shape=args.shape, quantization=args.quantization,
@@ -150,7 +158,8 @@ def run_tamis(args, prompts) -> dict:
                                 preemptions=stats.num_preemptions),
                   seconds=elapsed, output_tokens=generated,
                   output_tok_s=generated / elapsed, startup_s=startup,
-                  total_tok_s=(generated + sum(map(len, prompts))) / elapsed, profile=profile)
+                  total_tok_s=(generated + sum(map(len, prompts))) / elapsed, profile=profile,
+                  kernel_profile=kernels)
     if args.checks:
         result.update(memory_check(llm, params, args, allocated_before))
     return result
@@ -245,6 +254,9 @@ def print_table(rows: list[dict], args) -> None:
                   f"{r['w2']['output_tok_s']:.1f} tok/s; startup {r['startup_s']:.0f} s")
     if tamis and tamis.get("profile"):
         print(f"\nstep profile (second pass, instrumented): {json.dumps(tamis['profile'])}")
+    for r in rows:
+        if r.get("kernel_profile"):
+            print(format_profile(r["engine"], r["kernel_profile"]))
     if tamis:
         print(f"tamis startup {tamis['startup_s']:.1f} s; KV cache {tamis['kv_cache']}")
     if tamis and "allocated_after" in tamis:
@@ -273,6 +285,9 @@ def main() -> None:
     parser.add_argument("--checks", action="store_true", help="memory growth and KV stats")
     parser.add_argument("--step-profile", action="store_true",
                         help="a second, instrumented pass: time per step phase")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="another pass under torch's profiler: CUDA kernel time by "
+                             "family against wall time (vLLM runs in-process for it)")
     parser.add_argument("--memory-rounds", type=int, default=3)
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--out", default=os.environ.get("OUT", "bench_out"))

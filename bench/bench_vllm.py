@@ -76,6 +76,8 @@ def run_w2(llm, prompt_len: int, output_len: int, repeats: int, seed: int, vocab
 
 
 def run_all(args, w1_prompts: list[list[int]]) -> dict:
+    if getattr(args, "kernel_profile", False):   # its engine core in this process, traced
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import vllm
     llm, startup = build_vllm(args.max_model_len, args.max_num_seqs, args.enforce_eager,
                               args.shape, args.quantization)
@@ -84,6 +86,12 @@ def run_all(args, w1_prompts: list[list[int]]) -> dict:
                   quantization=args.quantization, startup_s=startup,
                   **run_w1(llm, w1_prompts, args.output_len, args.seed, vocab))
     result["w2"] = run_w2(llm, 128, 256, 3, args.seed, vocab)
+    if getattr(args, "kernel_profile", False):
+        from kernel_profile import kernel_profile
+        result["kernel_profile"] = {}
+        again = _prompts(len(w1_prompts), args.min_prompt, args.max_prompt, args.seed + 9, vocab)
+        with kernel_profile(result["kernel_profile"]):
+            _generate(llm, again, args.output_len)
     return result
 
 
