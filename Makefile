@@ -4,7 +4,9 @@
 # Setup installs torch first (TORCH, default torch==2.13.0; pass TORCH_PIP_ARGS to pick an
 # index, e.g. the CPU wheels), then tamis with its test extras, then the embedded model.
 # The editable install is a link tree under build/__editable__.tamis-* (see setup.py): the
-# setup runs again when it is missing. After setup the CLI is $(VENV)/bin/tamis.
+# setup runs again when it is missing, or when the constraint layer's compiled core
+# (constrain/_native.c, built in place by that install) changed. After setup the CLI is
+# $(VENV)/bin/tamis.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,9 +21,11 @@ PROMPT ?= The capital of France is
 setup: $(VENV)/.tamis-installed
 
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-EDITABLE_TREE := build/__editable__.tamis-$(VERSION)-py3-none-any
+# Named by the wheel's tag (cp311-cp311-linux_x86_64...: the package holds a C extension);
+# a name that never exists when there is none, so that the setup runs.
+EDITABLE_TREE := $(or $(firstword $(wildcard build/__editable__.tamis-$(VERSION)-*)),build/__editable__.tamis-$(VERSION)-missing)
 
-$(VENV)/.tamis-installed: pyproject.toml setup.py $(EDITABLE_TREE)
+$(VENV)/.tamis-installed: pyproject.toml setup.py constrain/_native.c $(EDITABLE_TREE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
 	$(BIN)/pip install -e ".[test]"

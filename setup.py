@@ -10,8 +10,14 @@ default mode installs an import hook that runs after Python's path search, so a 
 run beside a clone folder named `tamis/` got that folder (an empty namespace package)
 instead of the install. New modules still import without reinstalling: in a checkout,
 `tamis/__init__.py` finds the subpackages in the folders beside it.
+
+The constraint layer's compiled core (constrain/_native.c) is an optional extension: where
+no C compiler works the install still succeeds and constrain/native.py falls back to numpy.
+An editable install builds it in place (constrain/_native.*.so), where `tamis.constrain`
+is found in a checkout.
 """
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 SUBPACKAGES = ("engine", "constrain", "quant", "kernels", "server")
 
@@ -22,6 +28,29 @@ for name in SUBPACKAGES:
     packages.append(f"tamis.{name}")
     packages += [f"tamis.{p}" for p in find_packages(include=[f"{name}.*"])]
 
+
+
+class OptionalBuildExt(build_ext):
+    """Leaves an optional extension that failed to build out of the outputs: an editable
+    install would otherwise link the missing file and fail."""
+
+    def build_extensions(self):
+        built = []
+        for ext in self.extensions:
+            try:
+                self.build_extension(ext)
+                built.append(ext)
+            except Exception as error:
+                if not ext.optional:
+                    raise
+                self.warn(f"{ext.name} not built ({error}); its Python fallback is used")
+        self.extensions = built
+
+
+native = Extension("tamis.constrain._native", sources=["constrain/_native.c"], optional=True)
+
 setup(packages=packages, package_dir=package_dir,
       package_data={"": ["*.json", "*.lark", "*.jinja"]},
+      exclude_package_data={"": ["*.c"]},         # the extension's source: not in the wheel
+      ext_modules=[native], cmdclass={"build_ext": OptionalBuildExt},
       options={"editable_wheel": {"mode": "strict"}})

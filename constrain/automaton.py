@@ -8,6 +8,10 @@ work is spread over the states generation actually visits.
 
 The NFA is trimmed to states that can still reach the accept state, so every live DFA
 state can be completed: a live state is never a dead end.
+
+A row's subset-construction step (each byte class's target set) runs in the compiled core
+when it is built (``native.CORE.NFARows``); ``_build_row_python`` is its reference. Both
+meet the target sets in the same order, so they number new states alike.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import threading
 import numpy as np
 
 from . import regex_ast as ra
-from . import deadline
+from . import deadline, native
 from .errors import ConstraintError
 from .nfa import MAX_NFA_STATES, NFA
 from .utf8 import utf8_sequences
@@ -359,11 +363,12 @@ class LazyDFA:
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
         self._closures: dict[int, tuple] = {}
+        self._native_rows = None               # native.CORE.NFARows over this NFA, on first use
         self._lock = threading.RLock()
         self.sets: list[tuple] = []            # state -> its NFA states, sorted
         self._index: dict[tuple, int] = {}
         self.accepting: list[bool] = []
-        self._accepting_array = np.zeros(0, dtype=bool)
+        self._accepting_flags = np.zeros(64, dtype=bool)     # as accepting, grown with trans
         self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
 
@@ -392,11 +397,11 @@ class LazyDFA:
         return self.trans
 
     def accepting_array(self) -> np.ndarray:
-        """bool[num_states]: accepting flags as an array (rebuilt when states were added)."""
-        found = self._accepting_array
-        if len(found) != len(self.accepting):
-            found = np.asarray(self.accepting, dtype=bool)
-            self._accepting_array = found
+        """bool[num_states]: accepting flags as an array (a read-only view, kept as states
+        are added: no copy of the list per call)."""
+        num_states = len(self.sets)        # first: the flags are written before a state is added
+        found = self._accepting_flags[:num_states]
+        found.flags.writeable = False
         return found
 
     def walk(self, state: int, data: bytes) -> int:
@@ -445,20 +450,28 @@ class LazyDFA:
                     stack.append(t)
         return tuple(important)
 
-    def _state_of(self, nfa_set: tuple) -> int:
+    def _state_of(self, nfa_set: tuple, accepting: bool | None = None) -> int:
+        """The state named ``nfa_set``, added if new (``accepting``: whether the set holds
+        the accept state, when the caller knows)."""
         if not nfa_set:
             return DEAD
         found = self._index.get(nfa_set)
         if found is not None:
             return found
         sid = len(self.sets)
-        self.sets.append(nfa_set)
-        self._index[nfa_set] = sid
-        self.accepting.append(self.nfa_accept in nfa_set)
         if sid >= len(self.trans):
             grown = np.full((len(self.trans) * 2, 256), UNCOMPUTED, dtype=np.int32)
             grown[:len(self.trans)] = self.trans
             self.trans = grown
+            flags = np.zeros(len(grown), dtype=bool)
+            flags[:sid] = self._accepting_flags[:sid]
+            self._accepting_flags = flags
+        if accepting is None:
+            accepting = self.nfa_accept in nfa_set
+        self._accepting_flags[sid] = accepting
+        self.accepting.append(accepting)
+        self.sets.append(nfa_set)
+        self._index[nfa_set] = sid
         return sid
 
     def _edges_in_classes(self, q: int) -> list:
@@ -470,6 +483,22 @@ class LazyDFA:
         return found
 
     def _build_row(self, state: int) -> None:
+        core = native.CORE
+        if core is None:
+            self._build_row_python(state)
+            return
+        rows = self._native_rows
+        if rows is None:
+            nfa = self.nfa
+            rows = self._native_rows = core.NFARows(
+                nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
+                nfa.eps_to, bytes(self._class_of), self.nfa_accept)
+        targets, by_byte, accepting = rows.targets(self.sets[state])
+        ids = [self._state_of(nfa_set, flag) for nfa_set, flag in zip(targets, accepting)]
+        ids.append(DEAD)                       # index -1: no target
+        core.put_row(self.trans, state, by_byte, ids)   # self.trans: regrown by _state_of
+
+    def _build_row_python(self, state: int) -> None:
         buckets: dict[int, set[int]] = {}
         for q in self.sets[state]:
             for clo, chi, t in self._edges_in_classes(q):

@@ -21,6 +21,12 @@ read once, one vectorised step per byte position.
 Exactness: the jump reads exactly the states the byte-by-byte walk would read (the chain
 is checked on every byte of C, and is cut where a row is not uniform on C), so a token is
 kept iff its walk is live: never over- or under-accepting.
+
+With the compiled core built (``native.CORE``), ``allowed`` reads every state through its
+trie walk (``token_trie.live_tokens``) and none of the above runs: a whole-vocabulary walk
+in C costs less than the chains save, for nearly every state measured
+(docs/constrain_tail_latency.md). The chain path stays as the numpy fallback and as the
+reference the compiled walk is tested against.
 """
 from __future__ import annotations
 
@@ -28,9 +34,10 @@ from collections import Counter
 
 import numpy as np
 
+from . import native
 from .automaton import DEAD
 from .token_table import PAD
-from .token_trie import trie_tokens, walk_trie
+from .token_trie import live_tokens, trie_tokens, walk_trie
 
 # Counted chains (maxLength strings...) are followed this far at most: longer runs are rare
 # (token lengths: p99 = 14 bytes on SmolLM2) and each step builds a DFA row.
@@ -113,9 +120,12 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
     also appends (token ids, k) array pairs: reading the first k bytes (1 <= k < length) of
     the token from ``state`` reaches an accepting state.
 
-    Tokens the chains cannot settle are read through the vocabulary trie
-    (``token_trie.walk_trie``: each shared prefix once); those a chain leaves mid-token
-    are walked on from there (``walk``)."""
+    With the compiled core, every token is read through the vocabulary trie in C. Without
+    it, tokens the chains cannot settle are read through the trie (``token_trie.walk_trie``:
+    each shared prefix once); those a chain leaves mid-token are walked on from there
+    (``walk``)."""
+    if native.CORE is not None:
+        return live_tokens(table, dfa, state, ends)
     row = dfa.row(state)
     chain = chain_of(table, dfa, state)
     if chain is None or (ends is not None and chain.any_accepting):

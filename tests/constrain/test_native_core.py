@@ -1,0 +1,253 @@
+"""The compiled core (constrain/_native.c) against its numpy/Python reference: DFA rows
+(``LazyDFA._build_row_python``), trie walks (``token_trie.walk_trie_numpy``) and the token
+masks of ``token_walk.allowed`` (the chain path), on random regexes, maskbench JSON schemas
+and the SmolLM2 vocabulary.
+
+The extension must be built (``pip install -e .`` builds it; CI runs that): a missing or
+stale build fails these tests instead of skipping them.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conformance import maskbench_sample, smollm2
+from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, native
+from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
+from tamis.constrain.regex_parser import parse_regex
+from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie, walk_trie_numpy
+from tamis.constrain.token_walk import allowed
+
+SEED = random.randrange(1 << 30)
+
+
+@pytest.fixture(scope="module")
+def core():
+    return native.load_extension()       # ImportError (a failure) when not built or stale
+
+
+@pytest.fixture(scope="module")
+def table():
+    return smollm2()[1].trie
+
+
+def test_extension_is_built_and_used():
+    assert native.load_extension().VERSION == native.VERSION
+    if os.environ.get("TAMIS_NATIVE_CONSTRAIN", "1").strip() != "0":
+        assert native.CORE is not None
+
+
+def test_env_var_turns_it_off():
+    code = "from tamis.constrain import native; print(native.CORE is None)"
+    for value, off in (("0", "True"), ("1", "False")):
+        env = {**os.environ, "TAMIS_NATIVE_CONSTRAIN": value}
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert done.stdout.split() == [off], done.stderr
+
+
+# ---- automata to compare on -------------------------------------------------------------
+
+ATOMS = ["a", "b", "z", "0", "9", " ", "\\n", "é", "€", "😀", "\\.", "\"", "\\\\",
+         "[a-z]", "[^\"\\\\]", "[0-9a-f]", "\\d", "\\w", "\\s", ".", "[^x]", "[é-ü]"]
+
+
+def random_regex(rng: random.Random, depth: int = 0) -> str:
+    roll = rng.random()
+    if depth > 3 or roll < 0.35:
+        return rng.choice(ATOMS)
+    if roll < 0.6:
+        return "".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 4)))
+    if roll < 0.75:
+        return "(" + "|".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 3))) + ")"
+    quantifier = rng.choice(["*", "+", "?", "{2,5}", "{0,3}", "{3}", "{1,12}"])
+    return "(" + random_regex(rng, depth + 1) + ")" + quantifier
+
+
+def regex_nfas(rng: random.Random, count: int) -> list:
+    """(description, NFA, start, accept) of ``count`` random regexes."""
+    out = []
+    while len(out) < count:
+        pattern = random_regex(rng)
+        try:
+            nfa, start, accept = build_nfa(parse_regex(pattern))
+        except ConstraintError:
+            continue
+        out.append((pattern, nfa, start, accept))
+    return out
+
+
+def schema_nfas(rng: random.Random, count: int, info) -> list:
+    """(description, NFA, start, accept) of the automata of ``count`` maskbench schemas: the
+    whole-schema DFA of a regular one, the terminals of a grammar."""
+    out = []
+    files = [path for _, path in maskbench_sample(3)]
+    for path in rng.sample(files, count):
+        try:
+            compiled = compile_constraint(
+                StructuredOutputsParams(json=json.loads(path.read_text())["schema"]), info)
+        except ConstraintError:
+            continue
+        dfas = [compiled.dfa] if hasattr(compiled, "dfa") else \
+            [compiled.dfas[i] for i in rng.sample(range(len(compiled.dfas)), min(6, len(compiled.dfas)))]
+        for dfa in dfas:
+            if dfa.start != DEAD:
+                start_set = dfa.sets[dfa.start]
+                out.append((path.name, dfa.nfa, start_set, dfa.nfa_accept))
+    return out
+
+
+def fresh_dfa(nfa, start, accept) -> LazyDFA:
+    """A new DFA over ``nfa``; ``start`` is an NFA state or a start state's NFA set."""
+    dfa = LazyDFA.from_nfa(nfa, accept)
+    dfa.start = dfa.state_of_set(start) if isinstance(start, tuple) else dfa.start_at(start)
+    return dfa
+
+
+def explore(dfa: LazyDFA, limit: int) -> list:
+    """States in breadth-first order from the start, building their rows (up to ``limit``)."""
+    order, seen = [dfa.start], {dfa.start}
+    for state in order:
+        if len(order) >= limit:
+            break
+        for target in sorted(set(dfa.row(state).tolist())):
+            if target >= 0 and target not in seen:
+                seen.add(target)
+                order.append(target)
+    return order
+
+
+def automata(seed: int) -> list:
+    rng = random.Random(seed)
+    return regex_nfas(rng, 25) + schema_nfas(rng, 8, smollm2()[1])
+
+
+# ---- rows ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_rows_equal_the_python_subset_construction(core, monkeypatch, seed):
+    """Both build the same DFA: the same sets in the same order (new states numbered alike),
+    the same transitions and accepting flags."""
+    for description, nfa, start, accept in automata(seed):
+        monkeypatch.setattr(native, "CORE", None)
+        reference = fresh_dfa(nfa, start, accept)
+        explore(reference, 400)
+        monkeypatch.setattr(native, "CORE", core)
+        compiled = fresh_dfa(nfa, start, accept)
+        explore(compiled, 400)
+        where = (seed, description)
+        assert compiled._native_rows is not None, where
+        assert compiled.sets == reference.sets, where
+        built = reference.trans[:reference.num_states, 0] != -2
+        assert (compiled.trans[:compiled.num_states][built]
+                == reference.trans[:reference.num_states][built]).all(), where
+        assert compiled.accepting == reference.accepting, where
+        assert (compiled.accepting_array() == np.asarray(reference.accepting)).all(), where
+
+
+def test_rows_of_states_added_by_name(core):
+    """A DFA whose states come from another one's NFA sets (the row workers' use): rows built
+    in any order name the same target sets."""
+    nfa, start, accept = build_nfa(parse_regex(r'"([^"\\]|\\u[0-9a-f]{4}){0,9}"'))
+    reference = fresh_dfa(nfa, start, accept)
+    states = explore(reference, 200)
+    other = LazyDFA.from_nfa(nfa, accept)
+    for state in reversed(states):
+        mine = other.state_of_set(reference.sets[state])
+        got = [other.sets[t] if t >= 0 else None for t in other.row(mine).tolist()]
+        want = [reference.sets[t] if t >= 0 else None for t in reference.row(state).tolist()]
+        assert got == want
+
+
+def test_bad_arrays_are_refused(core):
+    nfa, _, accept = build_nfa(parse_regex("ab*"))
+    with pytest.raises(ValueError):
+        core.NFARows(nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
+                     nfa.eps_to[:-1] if len(nfa.eps_to) else nfa.edge_to, bytes(256), accept)
+    rows = core.NFARows(nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
+                        nfa.eps_to, bytes(256), accept)
+    with pytest.raises(ValueError):
+        rows.targets((nfa.num_states,))
+
+
+# ---- trie walks and masks -----------------------------------------------------------------
+
+def walk_states(dfa: LazyDFA, rng: random.Random, table, count: int) -> list:
+    """``count`` states met by reading random tokens from the start (inside strings, keys...)."""
+    ids = np.flatnonzero(table.lengths > 0)
+    states, state = {dfa.start}, dfa.start
+    for _ in range(count * 30):
+        if len(states) >= count:
+            break
+        nxt = dfa.walk(state, table.token_bytes[int(rng.choice(ids))])
+        if nxt != DEAD:
+            state = nxt
+            states.add(state)
+        elif rng.random() < 0.1:
+            state = dfa.start
+    return sorted(states)
+
+
+def end_pairs(ends: list) -> set:
+    return {(int(t), int(k)) for tok, cut in ends for t, k in zip(tok, cut)}
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_trie_walk_equals_the_numpy_walk(core, table, monkeypatch, seed):
+    """Live nodes and ends equal the numpy walk's, with and without a first-byte filter; the
+    tokens marked by the compiled walk are the live nodes' tokens."""
+    rng = random.Random(seed)
+    for description, nfa, start, accept in automata(seed):
+        dfa = fresh_dfa(nfa, start, accept)
+        for state in walk_states(dfa, rng, table, 4):
+            first_bytes = np.array([rng.random() < 0.5 for _ in range(256)])
+            for chosen in (None, first_bytes):
+                where = (seed, description, state, chosen is None)
+                want_ends, got_ends, token_ends = [], [], []
+                want = walk_trie_numpy(table.trie, dfa, state, want_ends, chosen)
+                got = walk_trie(table.trie, dfa, state, got_ends, chosen)
+                assert (got == want).all(), where
+                assert end_pairs(got_ends) == end_pairs(want_ends), where
+                tokens = live_tokens(table, dfa, state, token_ends, chosen)
+                assert (tokens == trie_tokens(table, want)).all(), where
+                assert end_pairs(token_ends) == end_pairs(want_ends), where
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_allowed_equals_the_chain_path(core, table, monkeypatch, seed):
+    """``allowed`` through the compiled walk gives the masks and ends of the numpy chain path."""
+    rng = random.Random(seed)
+    for description, nfa, start, accept in automata(seed):
+        dfa = fresh_dfa(nfa, start, accept)
+        for state in walk_states(dfa, rng, table, 4):
+            for with_ends in (False, True):
+                where = (seed, description, state, with_ends)
+                monkeypatch.setattr(native, "CORE", None)
+                want_ends = [] if with_ends else None
+                want = allowed(table, dfa, state, want_ends)
+                monkeypatch.setattr(native, "CORE", core)
+                got_ends = [] if with_ends else None
+                got = allowed(table, dfa, state, got_ends)
+                assert (got == want).all(), where
+                if with_ends:
+                    assert end_pairs(got_ends) == end_pairs(want_ends), where
+
+
+def test_walk_builds_rows_of_a_growing_table(core, table):
+    """A walk from a fresh DFA builds its rows as it goes (the table regrows many times under
+    it) and still equals the numpy walk on a DFA built beforehand."""
+    nfa, start, accept = build_nfa(parse_regex(r"[a-z ]{0,60}(ab|cd)[a-z ]{0,60}"))
+    fresh = fresh_dfa(nfa, start, accept)
+    assert len(fresh.trans) == 64
+    ends: list = []
+    got = walk_trie(table.trie, fresh, fresh.start, ends)
+    assert fresh.num_states > 64
+    built = fresh_dfa(nfa, start, accept)
+    want_ends: list = []
+    want = walk_trie_numpy(table.trie, built, built.start, want_ends)
+    assert (got == want).all()
+    assert end_pairs(ends) == end_pairs(want_ends)
