@@ -5,7 +5,7 @@
 # index, e.g. the CPU wheels), then tamis with its test extras, then the embedded model.
 # The editable install is a link tree under build/__editable__.tamis-* (see setup.py): the
 # setup runs again when it is missing, or when the constraint layer's compiled core
-# (constrain/_native.c, built in place by that install) changed. After setup the CLI is
+# (constrain/_native*.c, built in place by that install) changed. After setup the CLI is
 # $(VENV)/bin/tamis.
 
 PYTHON ?= python3
@@ -25,7 +25,7 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # a name that never exists when there is none, so that the setup runs.
 EDITABLE_TREE := $(or $(firstword $(wildcard build/__editable__.tamis-$(VERSION)-*)),build/__editable__.tamis-$(VERSION)-missing)
 
-$(VENV)/.tamis-installed: pyproject.toml setup.py constrain/_native.c $(EDITABLE_TREE)
+$(VENV)/.tamis-installed: pyproject.toml setup.py $(wildcard constrain/_native*.[ch]) $(EDITABLE_TREE)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install $(TORCH_PIP_ARGS) "$(TORCH)"
 	$(BIN)/pip install -e ".[test]"

@@ -11,7 +11,7 @@ run beside a clone folder named `tamis/` got that folder (an empty namespace pac
 instead of the install. New modules still import without reinstalling: in a checkout,
 `tamis/__init__.py` finds the subpackages in the folders beside it.
 
-The constraint layer's compiled core (constrain/_native.c) is an optional extension: where
+The constraint layer's compiled core (constrain/_native*.c) is an optional extension: where
 no C compiler works the install still succeeds and constrain/native.py falls back to numpy.
 An editable install builds it in place (constrain/_native.*.so), where `tamis.constrain`
 is found in a checkout.
@@ -47,10 +47,12 @@ class OptionalBuildExt(build_ext):
         self.extensions = built
 
 
-native = Extension("tamis.constrain._native", sources=["constrain/_native.c"], optional=True)
+native = Extension("tamis.constrain._native", optional=True,
+                   sources=[f"constrain/_native{part}.c" for part in ("", "_rows", "_trie")],
+                   depends=["constrain/_native_common.h"])
 
 setup(packages=packages, package_dir=package_dir,
       package_data={"": ["*.json", "*.lark", "*.jinja"]},
-      exclude_package_data={"": ["*.c"]},         # the extension's source: not in the wheel
+      exclude_package_data={"": ["*.c", "*.h"]},  # the extension's source: not in the wheel
       ext_modules=[native], cmdclass={"build_ext": OptionalBuildExt},
       options={"editable_wheel": {"mode": "strict"}})

@@ -1,0 +1,135 @@
+/* Shared by the compiled core's files (see _native.c): growable int arrays, sorting, and
+ * reading integer arrays through the buffer protocol. */
+#ifndef TAMIS_NATIVE_COMMON_H
+#define TAMIS_NATIVE_COMMON_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define UNCOMPUTED (-2)        /* automaton.UNCOMPUTED: a DFA row not built yet */
+
+/* ---- growable int arrays ---------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *data;
+    Py_ssize_t len, cap;
+} IntVec;
+
+static inline int
+vec_reserve(IntVec *v, Py_ssize_t need)
+{
+    if (need <= v->cap)
+        return 0;
+    Py_ssize_t cap = v->cap ? v->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    int32_t *data = PyMem_Realloc(v->data, (size_t)cap * sizeof(int32_t));
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    v->data = data;
+    v->cap = cap;
+    return 0;
+}
+
+static inline int
+vec_push(IntVec *v, int32_t x)
+{
+    if (v->len == v->cap && vec_reserve(v, v->len + 1) < 0)
+        return -1;
+    v->data[v->len++] = x;
+    return 0;
+}
+
+static inline void
+vec_free(IntVec *v)
+{
+    PyMem_Free(v->data);
+    v->data = NULL;
+    v->len = v->cap = 0;
+}
+
+static inline int
+cmp_int32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static inline void
+sort_ints(int32_t *a, Py_ssize_t n)
+{
+    if (n > 24) {
+        qsort(a, (size_t)n, sizeof(int32_t), cmp_int32);
+        return;
+    }
+    for (Py_ssize_t i = 1; i < n; i++) {         /* short lists: insertion sort */
+        int32_t x = a[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && a[j - 1] > x; j--)
+            a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+/* Sorts and drops repeats; returns the new length. */
+static inline Py_ssize_t
+sort_unique(int32_t *a, Py_ssize_t n)
+{
+    if (n < 2)
+        return n;
+    sort_ints(a, n);
+    Py_ssize_t out = 1;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (a[i] != a[out - 1])
+            a[out++] = a[i];
+    return out;
+}
+
+static inline uint64_t
+hash_ints(const int32_t *a, Py_ssize_t n)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h ^= (uint32_t)a[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* ---- buffers ------------------------------------------------------------------------------ */
+
+/* A C-contiguous buffer of integers (or bools) of ``itemsize`` bytes and ``ndim`` dims. */
+static inline int
+get_ints(PyObject *obj, Py_ssize_t itemsize, int ndim, int writable, Py_buffer *view,
+         const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, view, flags) < 0)
+        return -1;
+    const char *fmt = view->format ? view->format : "B";
+    if (*fmt == '<' || *fmt == '=' || *fmt == '@')
+        fmt++;
+    int integral = fmt[0] != '\0' && fmt[1] == '\0' && strchr("bBhHiIlLqQ?", fmt[0]) != NULL;
+    if (!integral || view->itemsize != itemsize || view->ndim != ndim) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: expected a contiguous %d-d array of %zd-byte integers, got format "
+                     "'%s', item size %zd, %d dimensions",
+                     name, ndim, itemsize, view->format ? view->format : "B",
+                     view->itemsize, view->ndim);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+
+extern PyTypeObject NFARowsType, TrieType;
+PyObject *put_row(PyObject *module, PyObject *args);
+
+#endif

@@ -1,0 +1,394 @@
+/* The subset construction's step over one sealed NFA: NFARows.targets and put_row (see
+ * _native.c for the contract). */
+#include "_native_common.h"
+
+/* ---- NFARows: one DFA row's target sets ------------------------------------------------- */
+
+enum { EDGE_START, EDGE_LO, EDGE_HI, EDGE_TO, EPS_START, EPS_TO, NUM_ARRAYS };
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[NUM_ARRAYS];
+    int num_views;
+    const int32_t *edge_start, *edge_lo, *edge_hi, *edge_to, *eps_start, *eps_to;
+    Py_ssize_t num_states, num_edges, num_eps;
+    uint8_t class_of[256];
+    int num_classes;
+    int32_t accept;
+    uint32_t *stamp;             /* per NFA state: the closure that last reached it */
+    uint32_t stamp_now;
+    IntVec stack, found, bucket, sets;
+} NFARows;
+
+static void
+NFARows_dealloc(NFARows *self)
+{
+    for (int i = 0; i < self->num_views; i++)
+        PyBuffer_Release(&self->views[i]);
+    PyMem_Free(self->stamp);
+    vec_free(&self->stack);
+    vec_free(&self->found);
+    vec_free(&self->bucket);
+    vec_free(&self->sets);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+check_starts(const int32_t *start, Py_ssize_t num_states, Py_ssize_t rows, const char *name)
+{
+    if (start[0] != 0 || start[num_states] != rows) {
+        PyErr_Format(PyExc_ValueError, "%s does not span its %zd rows", name, rows);
+        return -1;
+    }
+    for (Py_ssize_t q = 0; q < num_states; q++)
+        if (start[q] > start[q + 1]) {
+            PyErr_Format(PyExc_ValueError, "%s is not sorted at state %zd", name, q);
+            return -1;
+        }
+    return 0;
+}
+
+static int
+check_states(const int32_t *to, Py_ssize_t rows, Py_ssize_t num_states, const char *name)
+{
+    for (Py_ssize_t i = 0; i < rows; i++)
+        if (to[i] < 0 || to[i] >= num_states) {
+            PyErr_Format(PyExc_ValueError, "%s holds state %d, outside 0..%zd", name,
+                         (int)to[i], num_states - 1);
+            return -1;
+        }
+    return 0;
+}
+
+static int
+NFARows_init(NFARows *self, PyObject *args, PyObject *kwds)
+{
+    static const char *names[NUM_ARRAYS] = {"edge_start", "edge_lo", "edge_hi", "edge_to",
+                                            "eps_start", "eps_to"};
+    PyObject *arrays[NUM_ARRAYS];
+    Py_buffer class_view;
+    int accept;
+    if (self->num_views) {
+        PyErr_SetString(PyExc_TypeError, "NFARows is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOOy*i:NFARows", &arrays[0], &arrays[1], &arrays[2],
+                          &arrays[3], &arrays[4], &arrays[5], &class_view, &accept))
+        return -1;
+    if (class_view.len != 256) {
+        PyBuffer_Release(&class_view);
+        PyErr_SetString(PyExc_ValueError, "class_of: expected 256 bytes");
+        return -1;
+    }
+    memcpy(self->class_of, class_view.buf, 256);
+    PyBuffer_Release(&class_view);
+    for (int i = 0; i < NUM_ARRAYS; i++) {
+        if (get_ints(arrays[i], 4, 1, 0, &self->views[i], names[i]) < 0)
+            return -1;
+        self->num_views++;
+    }
+    const int32_t *p[NUM_ARRAYS];
+    for (int i = 0; i < NUM_ARRAYS; i++)
+        p[i] = self->views[i].buf;
+    self->edge_start = p[EDGE_START], self->edge_lo = p[EDGE_LO], self->edge_hi = p[EDGE_HI];
+    self->edge_to = p[EDGE_TO], self->eps_start = p[EPS_START], self->eps_to = p[EPS_TO];
+    self->num_states = self->views[EDGE_START].shape[0] - 1;
+    self->num_edges = self->views[EDGE_LO].shape[0];
+    self->num_eps = self->views[EPS_TO].shape[0];
+    if (self->num_states < 0 || self->views[EPS_START].shape[0] != self->num_states + 1
+            || self->views[EDGE_HI].shape[0] != self->num_edges
+            || self->views[EDGE_TO].shape[0] != self->num_edges) {
+        PyErr_SetString(PyExc_ValueError, "NFA arrays of inconsistent lengths");
+        return -1;
+    }
+    if (check_starts(self->edge_start, self->num_states, self->num_edges, "edge_start") < 0
+            || check_starts(self->eps_start, self->num_states, self->num_eps, "eps_start") < 0
+            || check_states(self->edge_to, self->num_edges, self->num_states, "edge_to") < 0
+            || check_states(self->eps_to, self->num_eps, self->num_states, "eps_to") < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < self->num_edges; i++)
+        if (self->edge_lo[i] < 0 || self->edge_hi[i] > 255 || self->edge_lo[i] > self->edge_hi[i]) {
+            PyErr_Format(PyExc_ValueError, "edge %zd has byte range %d..%d", i,
+                         (int)self->edge_lo[i], (int)self->edge_hi[i]);
+            return -1;
+        }
+    int classes = 0;
+    for (int b = 0; b < 256; b++)
+        if (self->class_of[b] + 1 > classes)
+            classes = self->class_of[b] + 1;
+    self->num_classes = classes;
+    self->accept = accept;
+    return 0;
+}
+
+/* The important states reachable from targets[0..n) without input, sorted, into
+ * self->found. */
+static int
+closure(NFARows *self, const int32_t *targets, Py_ssize_t n)
+{
+    if (self->stamp == NULL) {
+        self->stamp = PyMem_Calloc((size_t)self->num_states + 1, sizeof(uint32_t));
+        if (self->stamp == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (++self->stamp_now == 0) {              /* wrapped: forget every older stamp */
+        memset(self->stamp, 0, ((size_t)self->num_states + 1) * sizeof(uint32_t));
+        self->stamp_now = 1;
+    }
+    uint32_t now = self->stamp_now;
+    uint32_t *stamp = self->stamp;
+    IntVec *stack = &self->stack, *found = &self->found;
+    stack->len = found->len = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (stamp[targets[i]] != now) {
+            stamp[targets[i]] = now;
+            if (vec_push(stack, targets[i]) < 0)
+                return -1;
+        }
+    while (stack->len) {
+        int32_t p = stack->data[--stack->len];
+        if (self->edge_start[p + 1] > self->edge_start[p] || p == self->accept)
+            if (vec_push(found, p) < 0)
+                return -1;
+        for (int32_t e = self->eps_start[p]; e < self->eps_start[p + 1]; e++) {
+            int32_t t = self->eps_to[e];
+            if (stamp[t] != now) {
+                stamp[t] = now;
+                if (vec_push(stack, t) < 0)
+                    return -1;
+            }
+        }
+    }
+    sort_ints(found->data, found->len);
+    return 0;
+}
+
+static PyObject *
+ints_to_tuple(const int32_t *a, Py_ssize_t n)
+{
+    PyObject *tuple = PyTuple_New(n);
+    if (tuple == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyLong_FromLong(a[i]);
+        if (x == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tuple, i, x);
+    }
+    return tuple;
+}
+
+/* A distinct set: ``len`` ints at ``at`` in a shared IntVec. */
+typedef struct {
+    Py_ssize_t at, len;
+    uint64_t hash;
+} SetRef;
+
+static int
+find_set(const SetRef *refs, int count, const int32_t *pool, const int32_t *a, Py_ssize_t n,
+         uint64_t hash)
+{
+    for (int i = 0; i < count; i++)
+        if (refs[i].hash == hash && refs[i].len == n
+                && memcmp(pool + refs[i].at, a, (size_t)n * sizeof(int32_t)) == 0)
+            return i;
+    return -1;
+}
+
+static PyObject *
+NFARows_targets(NFARows *self, PyObject *nfa_set)
+{
+    PyObject *seq = PySequence_Fast(nfa_set, "targets() takes a sequence of NFA states");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int nc = self->num_classes;
+    /* pass 1: how many targets each class gets, and the order classes are first met
+     * (the reference fills a dict in that order) */
+    Py_ssize_t count[256] = {0};
+    int order[256], num_touched = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        long q = PyLong_AsLong(items[i]);
+        if (q == -1 && PyErr_Occurred())
+            goto fail;
+        if (q < 0 || q >= self->num_states) {
+            PyErr_Format(PyExc_ValueError, "NFA state %ld outside 0..%zd", q,
+                         self->num_states - 1);
+            goto fail;
+        }
+        for (int32_t e = self->edge_start[q]; e < self->edge_start[q + 1]; e++)
+            for (int c = self->class_of[self->edge_lo[e]]; c <= self->class_of[self->edge_hi[e]]; c++)
+                if (count[c]++ == 0)
+                    order[num_touched++] = c;
+    }
+    /* pass 2: the targets of each class, one run per class */
+    Py_ssize_t start[257], fill[256];
+    start[0] = 0;
+    for (int c = 0; c < nc; c++)
+        start[c + 1] = start[c] + count[c];
+    memcpy(fill, start, sizeof(Py_ssize_t) * (size_t)nc);
+    IntVec *bucket = &self->bucket;
+    if (vec_reserve(bucket, start[nc] + 1) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        long q = PyLong_AsLong(items[i]);
+        for (int32_t e = self->edge_start[q]; e < self->edge_start[q + 1]; e++)
+            for (int c = self->class_of[self->edge_lo[e]]; c <= self->class_of[self->edge_hi[e]]; c++)
+                bucket->data[fill[c]++] = self->edge_to[e];
+    }
+    /* distinct raw target sets, then their closures: distinct closures in first-met order */
+    SetRef raw[256], closed[256];
+    int raw_index[256], raw_to_closed[256], class_index[256];
+    int num_raw = 0, num_closed = 0;
+    IntVec *pool = &self->sets;
+    pool->len = 0;
+    for (int i = 0; i < num_touched; i++) {
+        int c = order[i];
+        int32_t *a = bucket->data + start[c];
+        Py_ssize_t n = sort_unique(a, count[c]);
+        uint64_t hash = hash_ints(a, n);
+        int found = find_set(raw, num_raw, bucket->data, a, n, hash);
+        if (found < 0) {
+            raw[num_raw] = (SetRef){start[c], n, hash};
+            if (closure(self, a, n) < 0)
+                goto fail;
+            const int32_t *got = self->found.data;
+            Py_ssize_t m = self->found.len;
+            uint64_t h = hash_ints(got, m);
+            int same = find_set(closed, num_closed, pool->data, got, m, h);
+            if (same < 0 && m > 0) {
+                if (vec_reserve(pool, pool->len + m) < 0)
+                    goto fail;
+                memcpy(pool->data + pool->len, got, (size_t)m * sizeof(int32_t));
+                closed[num_closed] = (SetRef){pool->len, m, h};
+                pool->len += m;
+                same = num_closed++;
+            }
+            raw_to_closed[num_raw] = m > 0 ? same : -1;
+            found = num_raw++;
+        }
+        raw_index[i] = found;
+    }
+    for (int c = 0; c < nc; c++)
+        class_index[c] = -1;
+    for (int i = 0; i < num_touched; i++)
+        class_index[order[i]] = raw_to_closed[raw_index[i]];
+    Py_DECREF(seq);
+    seq = NULL;
+
+    PyObject *sets = PyTuple_New(num_closed), *accepting = PyTuple_New(num_closed);
+    if (sets == NULL || accepting == NULL) {
+        Py_XDECREF(sets);
+        Py_XDECREF(accepting);
+        return NULL;
+    }
+    for (int i = 0; i < num_closed; i++) {
+        const int32_t *set = pool->data + closed[i].at;
+        PyObject *t = ints_to_tuple(set, closed[i].len);
+        if (t == NULL) {
+            Py_DECREF(sets);
+            Py_DECREF(accepting);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(sets, i, t);
+        int holds_accept = bsearch(&self->accept, set, (size_t)closed[i].len, sizeof(int32_t),
+                                   cmp_int32) != NULL;
+        PyTuple_SET_ITEM(accepting, i, Py_NewRef(holds_accept ? Py_True : Py_False));
+    }
+    int16_t by_byte[256];
+    for (int b = 0; b < 256; b++)
+        by_byte[b] = (int16_t)class_index[self->class_of[b]];
+    PyObject *index = PyBytes_FromStringAndSize((const char *)by_byte, sizeof(by_byte));
+    if (index == NULL) {
+        Py_DECREF(sets);
+        Py_DECREF(accepting);
+        return NULL;
+    }
+    return Py_BuildValue("(NNN)", sets, index, accepting);
+fail:
+    Py_XDECREF(seq);
+    return NULL;
+}
+
+static PyMethodDef NFARows_methods[] = {
+    {"targets", (PyCFunction)NFARows_targets, METH_O,
+     "targets(nfa_set) -> (distinct target sets as sorted tuples, int16[256] bytes: the "
+     "index of each byte's target set, -1 = dead; whether each set holds the accept state)"},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject NFARowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_native.NFARows",
+    .tp_basicsize = sizeof(NFARows),
+    .tp_dealloc = (destructor)NFARows_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The subset construction's step over one sealed NFA (see the module doc).",
+    .tp_methods = NFARows_methods,
+    .tp_init = (initproc)NFARows_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* put_row(trans, state, by_byte, ids): trans[state, b] = ids[by_byte[b]] (-1: the last id). */
+PyObject *
+put_row(PyObject *module, PyObject *args)
+{
+    PyObject *trans_obj, *ids_obj;
+    Py_buffer index;
+    int state;
+    if (!PyArg_ParseTuple(args, "Oiy*O:put_row", &trans_obj, &state, &index, &ids_obj))
+        return NULL;
+    Py_buffer trans;
+    PyObject *ids = NULL, *result = NULL;
+    int have_trans = 0;
+    if (index.len != 256 * (Py_ssize_t)sizeof(int16_t)) {
+        PyErr_SetString(PyExc_ValueError, "by_byte: expected int16[256]");
+        goto done;
+    }
+    if (get_ints(trans_obj, 4, 2, 1, &trans, "trans") < 0)
+        goto done;
+    have_trans = 1;
+    if (trans.shape[1] != 256 || state < 0 || state >= trans.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "trans: no row %d of 256 entries", state);
+        goto done;
+    }
+    ids = PySequence_Fast(ids_obj, "put_row() takes a sequence of state ids");
+    if (ids == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
+    int32_t values[257];
+    if (n < 1 || n > 257) {
+        PyErr_SetString(PyExc_ValueError, "put_row(): 1 to 257 ids");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(ids, i));
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        values[i] = (int32_t)v;
+    }
+    const int16_t *by_byte = index.buf;
+    int32_t row[256];
+    for (int b = 0; b < 256; b++) {
+        Py_ssize_t k = by_byte[b] < 0 ? n - 1 : by_byte[b];
+        if (k >= n) {
+            PyErr_Format(PyExc_ValueError, "by_byte[%d] = %d: no such id", b, (int)by_byte[b]);
+            goto done;
+        }
+        row[b] = values[k];
+    }
+    memcpy((int32_t *)trans.buf + (Py_ssize_t)state * 256, row, sizeof(row));
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&index);
+    if (have_trans)
+        PyBuffer_Release(&trans);
+    Py_XDECREF(ids);
+    return result;
+}
+
