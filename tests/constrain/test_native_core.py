@@ -197,7 +197,7 @@ def end_pairs(ends: list) -> set:
 
 
 @pytest.mark.parametrize("seed", [SEED])
-def test_trie_walk_equals_the_numpy_walk(core, table, monkeypatch, seed):
+def test_trie_walk_equals_the_numpy_walk(core, table, seed):
     """Live nodes and ends equal the numpy walk's, with and without a first-byte filter; the
     tokens marked by the compiled walk are the live nodes' tokens."""
     rng = random.Random(seed)
