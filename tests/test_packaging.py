@@ -74,6 +74,15 @@ def test_wheel_holds_every_module_of_the_checkout(wheel, checkout_copy):
     assert in_wheel == expected
 
 
+def test_wheel_holds_the_compiled_constraint_core(wheel):
+    """setup.py builds constrain/_native*.c into the wheel (optional only where no C
+    compiler is found: the machines that run this suite have one)."""
+    names = zipfile.ZipFile(wheel).namelist()
+    assert [n for n in names if n.startswith("tamis/constrain/_native") and n.endswith(".so")], \
+        [n for n in names if n.startswith("tamis/constrain/")][:5]
+    assert not [n for n in names if n.endswith((".c", ".h"))]
+
+
 def test_cli_has_no_bench_command(capsys):
     """The benchmarks are scripts of a checkout (``python bench/bench_NAME.py``): a wheel
     has none to run."""

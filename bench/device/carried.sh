@@ -20,7 +20,10 @@ tamis_env() {
     local pkg=/tmp/pkg/tamis
     mkdir -p "$pkg" && cp -r tamis/. "$pkg"/
     for sub in engine kernels quant constrain server; do ln -sfn "$PWD/$sub" "$pkg/$sub"; done
+    # the constraint layer's compiled core, built in place for this machine's Python
+    python3 setup.py -q build_ext --inplace >/tmp/build_ext.log 2>&1 || echo "C core not built: numpy fallback"
     export PYTHONPATH=/tmp/pkg:/tmp/vsite:/tmp/vdeps PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+    python3 -P -c "from tamis.constrain import native; print('constraint C core:', native.CORE is not None)"
 }
 
 assemble() {
