@@ -60,8 +60,10 @@ def _build(nfa: NFA, node, start: int) -> int:
     small = _size(node) < _FRAGMENT_MIN_SIZE and node[0] not in ("and", "diff")  # products: costly
     if node[0] in ("chars", "rule") or small:
         return _build_node(nfa, node, start)
-    if id(node) not in _SEEN_ONCE:
-        # record only shared nodes: recording copies every state once more per nesting level
+    if id(node) not in _SEEN_ONCE and node[0] not in ("and", "diff"):
+        # record only shared nodes: recording copies every state once more per nesting level.
+        # A product is recorded at once: one copy costs far less than building it again, and
+        # a grammar's property-name difference recurs in two terminals (first member, others)
         _SEEN_ONCE[id(node)] = node
         if len(_SEEN_ONCE) > 100_000:
             _SEEN_ONCE.clear()

@@ -89,3 +89,17 @@ def test_email_within_length_drops_the_count_in_bounded_tails():
                            ("b" * 56 + "@c.de", False), ("b@" + "c" * 58, True), ("b@" + "c" * 59, False)]:
         assert len(text) <= 60 or not expected
         assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected, text
+
+
+def test_a_product_shared_by_two_places_is_built_once(monkeypatch):
+    """A grammar's property-name difference recurs (first member, later members): its
+    product is built once and copied."""
+    built = []
+    real = product.build_product
+    monkeypatch.setattr(product, "build_product", lambda *args: built.append(args[4]) or real(*args))
+    names = ("diff", _pattern(r"^[a-z]{1,6}$"), _pattern(r"^(?:id|name|kind)$"))
+    node = ra.seq(ra.chars([(0x7B, 0x7B)]), names, ra.chars([(0x2C, 0x2C)]), names)
+    dfa = LazyDFA(node)
+    assert built == ["diff"]
+    for text, expected in [("{ab,cd", True), ("{id,cd", False), ("{ab,kind", False), ("{ab,kinds", True)]:
+        assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected, text
