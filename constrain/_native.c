@@ -1,6 +1,7 @@
-/* The compiled core of the constraint layer: lazy-DFA rows and vocabulary-trie walks.
+/* The compiled core of the constraint layer: lazy-DFA rows, vocabulary-trie walks and
+ * the pairs of a product of two lazy DFAs.
  *
- * Two hot loops of a first visit, each with a numpy/Python reference beside it (used when
+ * Hot loops of a first visit, each with a numpy/Python reference beside it (used when
  * this module is not built, or with TAMIS_NATIVE_CONSTRAIN=0):
  *
  *   NFARows(edge_start, edge_lo, edge_hi, edge_to, eps_start, eps_to, class_of, accept)
@@ -28,18 +29,36 @@
  *     ``dfa.accepting_array()`` are read again (both may have been replaced). It builds
  *     the rows the reference builds: those of the states of live nodes with children.
  *
- * Files: _native_rows.c (NFARows, put_row), _native_trie.c (Trie), _native_common.h
- * (int arrays, buffers); this one holds the module.
+ *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check)
+ *       -> (pairs, accepting, runs), or None past max_states
+ *     product._ProductBuilder._explore_python: the pairs of two lazy DFAs (``left``,
+ *     ``right``: dfa.trans and dfa.accepting_array() read as Trie.walk reads them, rows
+ *     built through dfa.row) reachable from (left_start, right_start) over the symbols
+ *     0 .. alphabet - 1, a pair expanded last-found first, numbered as found. ``pairs``:
+ *     int32 (left, right) per id; ``accepting``: one byte per id, the left side accepting
+ *     and the right side accepting (``diff``: not accepting, a DEAD right side included);
+ *     ``runs``: int32 (pair, lo, hi, target pair) for each run of symbols with one target
+ *     pair, live (a DEAD right side is live in a difference), in the order the reference
+ *     meets them. ``check()`` is called before every 1,024th new pair (the deadline);
+ *     None when a pair past ``max_states`` is found. It builds the rows the reference
+ *     builds, in the same order.
+ *
+ * Files: _native_rows.c (NFARows, put_row, product_runs), _native_trie.c (Trie),
+ * _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
+ * module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 1
+#define NATIVE_VERSION 2
 
 static PyMethodDef module_methods[] = {
     {"put_row", put_row, METH_VARARGS,
      "put_row(trans, state, by_byte, ids): trans[state, b] = ids[by_byte[b]], the last id "
      "where by_byte[b] is -1"},
+    {"product_runs", product_runs, METH_VARARGS,
+     "product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check) "
+     "-> (pairs, accepting, runs) or None: the reachable pairs of two lazy DFAs"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,5 @@
-/* Shared by the compiled core's files (see _native.c): growable int arrays, sorting, and
- * reading integer arrays through the buffer protocol. */
+/* Shared by the compiled core's files (see _native.c): growable int arrays, sorting,
+ * reading integer arrays through the buffer protocol, and a lazy DFA read from Python. */
 #ifndef TAMIS_NATIVE_COMMON_H
 #define TAMIS_NATIVE_COMMON_H
 
@@ -129,7 +129,108 @@ get_ints(PyObject *obj, Py_ssize_t itemsize, int ndim, int writable, Py_buffer *
 }
 
 
+/* ---- a lazy DFA read from Python (Trie.walk, product_runs) ------------------------------ */
+
+/* A DFA read from Python: dfa.trans (int32 [states, 256]), read again after dfa.row()
+ * built a row, and, for ends, dfa.accepting_array() (bool [states]), read again when a
+ * state past it is met. */
+typedef struct {
+    PyObject *dfa;
+    Py_buffer trans, accepting;
+    int have_trans, have_accepting;
+} DFAView;
+
+static inline void
+dfa_release(DFAView *d)
+{
+    if (d->have_trans)
+        PyBuffer_Release(&d->trans);
+    if (d->have_accepting)
+        PyBuffer_Release(&d->accepting);
+    d->have_trans = d->have_accepting = 0;
+}
+
+static inline int
+dfa_read(DFAView *d)
+{
+    if (d->have_trans)
+        PyBuffer_Release(&d->trans);
+    d->have_trans = 0;
+    PyObject *trans = PyObject_GetAttrString(d->dfa, "trans");
+    if (trans == NULL)
+        return -1;
+    int rc = get_ints(trans, 4, 2, 0, &d->trans, "dfa.trans");
+    Py_DECREF(trans);
+    if (rc < 0)
+        return -1;
+    d->have_trans = 1;
+    if (d->trans.shape[1] != 256) {
+        PyErr_SetString(PyExc_ValueError, "dfa.trans: expected rows of 256 entries");
+        return -1;
+    }
+    return 0;
+}
+
+/* (Re)reads dfa.accepting_array(): only when a state past the flags read is asked about. */
+static inline int
+dfa_read_accepting(DFAView *d)
+{
+    if (d->have_accepting)
+        PyBuffer_Release(&d->accepting);
+    d->have_accepting = 0;
+    PyObject *acc = PyObject_CallMethod(d->dfa, "accepting_array", NULL);
+    if (acc == NULL)
+        return -1;
+    int rc = get_ints(acc, 1, 1, 0, &d->accepting, "dfa.accepting_array()");
+    Py_DECREF(acc);
+    if (rc < 0)
+        return -1;
+    d->have_accepting = 1;
+    return 0;
+}
+
+/* The row of ``state``, built through dfa.row(state) first if need be; *reread is set when
+ * the table was read again (row pointers taken before are stale then). */
+static inline const int32_t *
+dfa_row(DFAView *d, int32_t state, int *reread)
+{
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (state >= 0 && state < d->trans.shape[0]) {
+            const int32_t *row = (const int32_t *)d->trans.buf + (Py_ssize_t)state * 256;
+            if (row[0] != UNCOMPUTED)
+                return row;
+            PyObject *built = PyObject_CallMethod(d->dfa, "row", "i", (int)state);
+            if (built == NULL)
+                return NULL;
+            Py_DECREF(built);
+        }
+        if (dfa_read(d) < 0)            /* the table may have been regrown meanwhile */
+            return NULL;
+        *reread = 1;
+    }
+    PyErr_Format(PyExc_RuntimeError, "dfa.row(%d) left its row unbuilt", (int)state);
+    return NULL;
+}
+
+static inline int
+dfa_accepting(DFAView *d, int32_t state, int *out)
+{
+    if (d->have_accepting && state < d->accepting.shape[0]) {
+        *out = ((const uint8_t *)d->accepting.buf)[state] != 0;
+        return 0;
+    }
+    if (dfa_read_accepting(d) < 0)    /* not read yet, or states added since */
+        return -1;
+    if (state >= d->accepting.shape[0]) {
+        PyErr_Format(PyExc_RuntimeError, "state %d has no accepting flag", (int)state);
+        return -1;
+    }
+    *out = ((const uint8_t *)d->accepting.buf)[state] != 0;
+    return 0;
+}
+
 extern PyTypeObject NFARowsType, TrieType;
 PyObject *put_row(PyObject *module, PyObject *args);
+PyObject *product_runs(PyObject *module, PyObject *args);
 
 #endif

@@ -35,8 +35,8 @@ def _too_large() -> ConstraintError:
 
 
 class NFA:
-    """Building: ``new_state``, ``reserve``, ``add_edge``, ``add_eps``, ``paste``; then
-    ``seal`` once; then reading: ``edges_of``, ``eps_of``, ``has_edges``, ``byte_classes``.
+    """Building: ``new_state``, ``reserve``, ``add_edge``, ``add_eps`` (or a table of them),
+    ``paste``; then ``seal`` once; then reading: ``edges_of``, ``eps_of``, ``has_edges``, ``byte_classes``.
     ``may_dead_end`` is set by constructs that can leave a state unable to reach the accept
     state (empty classes/alternations, products, residue automata): only then does
     ``seal(accept)`` need to trim."""
@@ -71,6 +71,14 @@ class NFA:
 
     def add_eps(self, q: int, t: int) -> None:
         self._eps.extend((q, t))
+
+    def add_edge_table(self, edges: np.ndarray) -> None:
+        """Adds the edges of an int [n, 4] array of (q, lo, hi, t) rows at once."""
+        self._edges.frombytes(np.ascontiguousarray(edges, dtype=np.int32).tobytes())
+
+    def add_eps_table(self, eps: np.ndarray) -> None:
+        """Adds the epsilon edges of an int [n, 2] array of (q, t) rows at once."""
+        self._eps.frombytes(np.ascontiguousarray(eps, dtype=np.int32).tobytes())
 
     def paste(self, fragment: "NFA", start: int, end: int) -> int:
         """Copies the sealed ``fragment``: its state 0 becomes ``start``, its other states

@@ -14,6 +14,11 @@ pair merged into one range edge.
 
 Both are exact: the product accepts the strings of ``a`` that are (``and``) or are not
 (``diff``) strings of ``b``.
+
+The reachable pairs and their runs are found first (``_explore``: in the compiled core,
+``native.CORE.product_runs``, when it is built and no length is counted; its reference is
+``_explore_python``), then written into the NFA at once: a state per pair, numbered as found,
+then the intermediate states of multi-byte characters. Either way the same NFA results.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from . import deadline
+from . import deadline, native
 from . import regex_ast as ra
 from .automaton import DEAD, LazyDFA, NFA
 from .errors import ConstraintError
@@ -65,31 +70,79 @@ class _ProductBuilder:
         else:
             self.right = _LengthCounter(self.left, len(classes), *bound)
             self.settle = self.right.settle
-        self.ids: dict[tuple[int, int], int] = {}
-        self.queue: list[tuple[int, int]] = []
-        self.left_runs: dict[int, list] = {}   # left state -> its runs of counted symbols
-        self.hops: dict = {}           # (target, remaining byte ranges) -> intermediate state
+        self.left_runs: dict[int, list] = {}   # left state -> its runs (of counted symbols)
+        self.right_runs: dict[int, list] = {}  # right state -> its runs
         self.paths: dict = {}          # pseudo-characters -> their UTF-8 byte-range paths
 
     def build(self, start: int) -> int:
-        nfa, left, right = self.nfa, self.left, self.right
+        """Writes the product into the NFA: one state per reachable pair (pair i is state
+        ``first + i``), then the intermediate states of multi-byte characters."""
+        nfa, left = self.nfa, self.left
         end = nfa.new_state()
         if left.start == DEAD:
             return end                  # empty language: nothing reaches the end
-        nfa.add_eps(start, self._state((left.start, right.start)))
         alphabet = 256 if self.classes is None else len(self.classes)
-        while self.queue:
-            pair = self.queue.pop()
-            here = self.ids[pair]
-            in_right = pair[1] != DEAD and right.is_accepting(pair[1])
-            if left.is_accepting(pair[0]) and in_right != self.diff:
-                nfa.add_eps(here, end)
-            for lo, hi, target in self._pair_runs(pair, alphabet):
-                if self.classes is None:
-                    nfa.add_edge(here, lo, hi, self._state(target))
-                else:
-                    self._char_edges(here, range(lo, hi + 1), self._state(target))
+        accepting, runs = self._explore(alphabet)
+        first = nfa.reserve(len(accepting))
+        nfa.add_eps(start, first)
+        finals = np.flatnonzero(accepting).astype(np.int32) + first
+        nfa.add_eps_table(np.stack([finals, np.full(len(finals), end, dtype=np.int32)], axis=1))
+        states = runs[:, [0, 3]] + first
+        if self.classes is None:
+            nfa.add_edge_table(np.stack([states[:, 0], runs[:, 1], runs[:, 2], states[:, 1]], axis=1))
+        else:
+            self._char_edges(states[:, 0], runs[:, 1], runs[:, 2], states[:, 1])
         return end
+
+    # ---- the reachable pairs ---------------------------------------------------------------
+    def _explore(self, alphabet: int) -> tuple[np.ndarray, np.ndarray]:
+        """(bool per pair: accepting, int32 [runs, 4]: pair, lo, hi, target pair) of the
+        pairs reachable from the start pair (id 0), numbered as found, a pair expanded
+        last-found first. The compiled core walks two DFAs (no length counter) alike."""
+        core = native.CORE
+        if core is None or self.settle is not None:
+            _, accepting, runs = self._explore_python(alphabet)
+            return accepting, runs
+        found = core.product_runs(self.left, self.right, self.left.start, self.right.start,
+                                  alphabet, self.diff, MAX_PRODUCT_STATES, deadline.check)
+        if found is None:
+            raise _too_many_pairs()
+        _, accepting, runs = found
+        return (np.frombuffer(accepting, dtype=np.bool_),
+                np.frombuffer(runs, dtype=np.int32).reshape(-1, 4))
+
+    def _explore_python(self, alphabet: int) -> tuple[list, np.ndarray, np.ndarray]:
+        """``_explore`` in Python, with the pairs themselves: the compiled core's reference."""
+        left, right = self.left, self.right
+        ids: dict[tuple[int, int], int] = {}
+        pairs: list[tuple[int, int]] = []
+        runs: list[int] = []
+
+        def pair_id(pair: tuple[int, int]) -> int:
+            found = ids.get(pair)
+            if found is None:
+                if len(ids) >= MAX_PRODUCT_STATES:
+                    raise _too_many_pairs()
+                if len(ids) & 1023 == 0:
+                    deadline.check()
+                found = ids[pair] = len(pairs)
+                pairs.append(pair)
+                queue.append(pair)
+            return found
+        queue: list[tuple[int, int]] = []
+        pair_id((left.start, right.start))
+        accepting = []
+        while queue:
+            pair = queue.pop()
+            here = ids[pair]
+            in_right = pair[1] != DEAD and right.is_accepting(pair[1])
+            accepting.append((here, left.is_accepting(pair[0]) and in_right != self.diff))
+            for lo, hi, target in self._pair_runs(pair, alphabet):
+                runs += (here, lo, hi, pair_id(target))
+        flags = np.zeros(len(pairs), dtype=np.bool_)
+        for here, flag in accepting:
+            flags[here] = flag
+        return pairs, flags, np.array(runs, dtype=np.int32).reshape(-1, 4)
 
     def _pair_runs(self, pair: tuple[int, int], alphabet: int) -> list:
         """(lo, hi, target pair) of each run of symbols leaving ``pair``. Against a length
@@ -97,8 +150,9 @@ class _ProductBuilder:
         state (kept per left state), each moving to the next count."""
         left, right = self.left, self.right
         if self.settle is None:
-            row_r = (right.row(pair[1]) if pair[1] != DEAD else _DEAD_ROW)[:alphabet]
-            return list(_runs(left.row(pair[0])[:alphabet], row_r, self.diff))
+            return _merged_runs(self._state_runs(left, self.left_runs, pair[0], alphabet),
+                                self._state_runs(right, self.right_runs, pair[1], alphabet),
+                                self.diff)
         nxt = right.next(pair[1])
         if nxt == DEAD:
             return []
@@ -109,39 +163,102 @@ class _ProductBuilder:
                 _runs(left.row(pair[0])[:alphabet], right.counted, False)]
         return [(lo, hi, self.settle((target, nxt))) for lo, hi, target in runs]
 
-    def _state(self, pair: tuple[int, int]) -> int:
-        found = self.ids.get(pair)
-        if found is None:
-            if len(self.ids) >= MAX_PRODUCT_STATES:
-                raise ConstraintError("constraint too large: the intersection of two "
-                                      "sub-expressions (e.g. pattern and maxLength) is too big")
-            if len(self.ids) & 1023 == 0:
-                deadline.check()
-            found = self.ids[pair] = self.nfa.new_state()
-            self.queue.append(pair)
-        return found
+    @staticmethod
+    def _state_runs(dfa: LazyDFA, cache: dict, state: int, alphabet: int) -> list:
+        """(lo, hi, target) of each run of symbols with one target (DEAD ones included) in
+        ``state``'s row, cached: a state of either side is met in many pairs."""
+        runs = cache.get(state)
+        if runs is None:
+            row = (dfa.row(state) if state != DEAD else _DEAD_ROW)[:alphabet]
+            runs = cache[state] = _runs_of_row(row)
+        return runs
 
-    def _char_edges(self, here: int, symbols: range, target: int) -> None:
-        """Edges from ``here`` to ``target`` reading one character of the ``symbols`` classes."""
-        key = (symbols.start, symbols.stop)
-        paths = self.paths.get(key)
+    # ---- characters as UTF-8 ---------------------------------------------------------------
+    def _char_edges(self, here: np.ndarray, first: np.ndarray, last: np.ndarray,
+                    target: np.ndarray) -> None:
+        """Edges from ``here[i]`` to ``target[i]`` reading one character of the classes
+        ``first[i]`` to ``last[i]``, for every i: a character's first byte from ``here``,
+        its other bytes through intermediate states shared by every edge into the same
+        target with the same byte ranges left to read."""
+        keys = first.astype(np.int64) * 256 + last
+        distinct, inverse = np.unique(keys, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        groups = np.split(order, np.cumsum(np.bincount(inverse, minlength=len(distinct)))[:-1])
+        direct, through = [], []         # through: (here, lo, hi, remaining ranges, targets)
+        for key, rows in zip(distinct.tolist(), groups):
+            for lo, hi, rest in self._paths(key >> 8, key & 255):
+                block = (here[rows], lo, hi, rest, target[rows])
+                (through if rest else direct).append(block)
+        hops = self._hops([(rest, targets) for _, _, _, rest, targets in through])
+        edges = [_edge_block(src, lo, hi, dst) for src, lo, hi, _, dst in direct]
+        edges += [_edge_block(src, lo, hi, hops.state(rest, dst)) for src, lo, hi, rest, dst in through]
+        edges += hops.edges
+        if edges:
+            self.nfa.add_edge_table(np.concatenate(edges))
+
+    def _paths(self, first: int, last: int) -> list:
+        """(lo, hi, remaining byte ranges) of the UTF-8 paths of the classes first..last."""
+        paths = self.paths.get((first, last))
         if paths is None:
-            ranges = ra.normalize_ranges([r for s in symbols for r in self.classes[s]])
-            paths = self.paths[key] = [p for lo, hi in ranges for p in utf8_sequences(lo, hi)]
-        for path in paths:
-            lo, hi = path[0]
-            self.nfa.add_edge(here, lo, hi, self._hop(target, path[1:]))
+            ranges = _merged_ranges(self.classes[first:last + 1])
+            paths = self.paths[(first, last)] = [
+                (path[0][0], path[0][1], path[1:])
+                for lo, hi in ranges for path in utf8_sequences(lo, hi)]
+        return paths
 
-    def _hop(self, target: int, rest: tuple) -> int:
-        """The state from which ``rest`` (byte ranges) leads to ``target``."""
-        if not rest:
-            return target
-        found = self.hops.get((target, rest))
-        if found is None:
-            found = self.hops[(target, rest)] = self.nfa.new_state()
-            lo, hi = rest[0]
-            self.nfa.add_edge(found, lo, hi, self._hop(target, rest[1:]))
-        return found
+    def _hops(self, wanted: list) -> "_Hops":
+        """The intermediate states for (remaining byte ranges, targets) in ``wanted``: the
+        state from which ranges ``rest`` lead to target t, for each t, and so for every
+        shorter tail of ``rest``, which the longer ones lead into."""
+        targets_of: dict[tuple, list] = {}
+        for rest, targets in wanted:
+            for k in range(len(rest)):
+                targets_of.setdefault(rest[k:], []).append(targets)
+        hops = _Hops()
+        for rest in sorted(targets_of, key=lambda r: (len(r), r)):   # tails first
+            targets = np.unique(np.concatenate(targets_of[rest]))
+            states = np.arange(len(targets), dtype=np.int32) + self.nfa.reserve(len(targets))
+            hops.at[rest] = (targets, states)
+            after = targets if len(rest) == 1 else hops.state(rest[1:], targets)
+            hops.edges.append(_edge_block(states, rest[0][0], rest[0][1], after))
+        return hops
+
+
+class _Hops:
+    """Intermediate states of multi-byte characters: per remaining byte ranges, the sorted
+    targets and the state leading to each; and their edges."""
+
+    def __init__(self):
+        self.at: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.edges: list[np.ndarray] = []
+
+    def state(self, rest: tuple, targets: np.ndarray) -> np.ndarray:
+        known, states = self.at[rest]
+        return states[np.searchsorted(known, targets)]
+
+
+def _merged_ranges(classes: list) -> list:
+    """The code-point ranges of several classes, sorted and merged: ``ra.normalize_ranges``
+    for classes, which are normalized already and disjoint."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in sorted(r for ranges in classes for r in ranges):
+        if merged and lo == merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], hi)
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _edge_block(sources: np.ndarray, lo: int, hi: int, targets: np.ndarray) -> np.ndarray:
+    """int32 [n, 4] edges (source, lo, hi, target)."""
+    block = np.empty((len(sources), 4), dtype=np.int32)
+    block[:, 0], block[:, 1], block[:, 2], block[:, 3] = sources, lo, hi, targets
+    return block
+
+
+def _too_many_pairs() -> ConstraintError:
+    return ConstraintError("constraint too large: the intersection of two "
+                           "sub-expressions (e.g. pattern and maxLength) is too big")
 
 
 class _LengthCounter:
@@ -219,6 +336,29 @@ def _settle_longest(dfa, state, alphabet, allowed, longest, unbounded) -> None:
         longest.pop(state, None)
         return
     longest[state] = max((longest[t] + 1 for t in targets), default=0)
+
+
+def _runs_of_row(row: np.ndarray) -> list:
+    """(lo, hi, target) of each run of symbols with one target in ``row`` (DEAD included)."""
+    bounds = [0] + (np.flatnonzero(row[1:] != row[:-1]) + 1).tolist() + [len(row)]
+    return list(zip(bounds[:-1], [b - 1 for b in bounds[1:]], row[bounds[:-1]].tolist()))
+
+
+def _merged_runs(runs_l: list, runs_r: list, diff: bool) -> list:
+    """``_runs`` of two rows from each row's own runs (both cover the same symbols): a
+    merged run ends where either side's does."""
+    out = []
+    i = j = lo = 0
+    while i < len(runs_l):
+        _, hi_l, target_l = runs_l[i]
+        _, hi_r, target_r = runs_r[j]
+        hi = hi_l if hi_l < hi_r else hi_r
+        if target_l >= 0 and (target_r >= 0 or diff):
+            out.append((lo, hi, (target_l, target_r)))
+        lo = hi + 1
+        i += hi == hi_l
+        j += hi == hi_r
+    return out
 
 
 def _runs(row_l: np.ndarray, row_r: np.ndarray, diff: bool):

@@ -4,6 +4,7 @@ over bytes, every drawn string is accepted exactly when Python's ``re`` and the 
 import random
 import re
 
+import numpy as np
 import pytest
 
 from tamis.constrain import product, regex_ast as ra
@@ -89,6 +90,19 @@ def test_email_within_length_drops_the_count_in_bounded_tails():
                            ("b" * 56 + "@c.de", False), ("b@" + "c" * 58, True), ("b@" + "c" * 59, False)]:
         assert len(text) <= 60 or not expected
         assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected, text
+
+
+def test_merged_runs_equal_the_runs_of_both_rows():
+    """The product reads a pair's runs off each side's cached runs (``_merged_runs``); the
+    reference (``_runs``) reads both rows at once."""
+    rng = random.Random(11)
+    for _ in range(500):
+        width = rng.randint(1, 40)
+        rows = [np.array([rng.choice([DEAD, DEAD, 0, 1, 2]) for _ in range(width)], dtype=np.int32)
+                for _ in range(2)]
+        for diff in (False, True):
+            runs = [product._runs_of_row(row) for row in rows]
+            assert product._merged_runs(*runs, diff) == list(product._runs(*rows, diff))
 
 
 def test_a_product_shared_by_two_places_is_built_once(monkeypatch):
