@@ -43,14 +43,22 @@
  *     None when a pair past ``max_states`` is found. It builds the rows the reference
  *     builds, in the same order.
  *
- * Files: _native_rows.c (NFARows, put_row, product_runs), _native_trie.c (Trie),
+ *   walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions)
+ *     token_walk.walk_numpy: items (token tok[i], position at[i] in ``flat``, state st[i])
+ *     walked over their token's remaining bytes (``flat``: token_table.TokenTable.flat,
+ *     int16, each token's bytes then PAD = 256; tok, at, st: int64), rows built through
+ *     dfa.row as above. ``accepted``: int32 ids of the items whose walk stays live to
+ *     their PAD, in item order; with ``want_ends``, int32 (token, position) pairs where
+ *     an item's walk reaches an accepting state before its token's last byte.
+ *
+ * Files: _native_rows.c (NFARows, put_row, product_runs), _native_trie.c (Trie, walk_items),
  * _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
  * module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 2
+#define NATIVE_VERSION 3
 
 static PyMethodDef module_methods[] = {
     {"put_row", put_row, METH_VARARGS,
@@ -59,6 +67,9 @@ static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
      "product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check) "
      "-> (pairs, accepting, runs) or None: the reachable pairs of two lazy DFAs"},
+    {"walk_items", walk_items, METH_VARARGS,
+     "walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions): "
+     "tokens' remaining bytes walked through a lazy DFA"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,6 +54,13 @@ vec_free(IntVec *v)
     v->len = v->cap = 0;
 }
 
+/* The ints as bytes (empty bytes for an empty vector). */
+static inline PyObject *
+ints_bytes(const IntVec *v)
+{
+    return PyBytes_FromStringAndSize((const char *)v->data, v->len * (Py_ssize_t)sizeof(int32_t));
+}
+
 static inline int
 cmp_int32(const void *a, const void *b)
 {
@@ -232,5 +239,6 @@ dfa_accepting(DFAView *d, int32_t state, int *out)
 extern PyTypeObject NFARowsType, TrieType;
 PyObject *put_row(PyObject *module, PyObject *args);
 PyObject *product_runs(PyObject *module, PyObject *args);
+PyObject *walk_items(PyObject *module, PyObject *args);
 
 #endif

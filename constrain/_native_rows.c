@@ -502,12 +502,6 @@ pair_id(PairWalk *w, int32_t l, int32_t r)
     return id;
 }
 
-static PyObject *
-ints_bytes(const IntVec *v)
-{
-    return PyBytes_FromStringAndSize((const char *)v->data, v->len * (Py_ssize_t)sizeof(int32_t));
-}
-
 /* product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check)
  *   -> (pairs, accepting, runs) or None past max_states (see _native.c). */
 PyObject *

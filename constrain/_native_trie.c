@@ -378,3 +378,81 @@ PyTypeObject TrieType = {
     .tp_new = PyType_GenericNew,
 };
 
+
+/* ---- walk_items: tokens' remaining bytes walked through a DFA --------------------------- */
+
+#define PAD_BYTE 256             /* token_table.PAD: ends each token's bytes in ``flat`` */
+
+/* walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions)
+ * (see _native.c): each item walked on its own, byte by byte. */
+PyObject *
+walk_items(PyObject *module, PyObject *args)
+{
+    PyObject *dfa_obj, *arrays[4];
+    int want_ends;
+    if (!PyArg_ParseTuple(args, "OOOOOp:walk_items", &dfa_obj, &arrays[0], &arrays[1],
+                          &arrays[2], &arrays[3], &want_ends))
+        return NULL;
+    static const char *names[4] = {"flat", "tok", "at", "st"};
+    Py_buffer views[4];
+    int have = 0;
+    DFAView d = {.dfa = dfa_obj};
+    IntVec accepted = {0}, end_tok = {0}, end_at = {0};
+    PyObject *result = NULL;
+    for (; have < 4; have++)
+        if (get_ints(arrays[have], have == 0 ? 2 : 8, 1, 0, &views[have], names[have]) < 0)
+            goto done;
+    const int16_t *flat = views[0].buf;
+    const int64_t *tok = views[1].buf, *at = views[2].buf, *st = views[3].buf;
+    Py_ssize_t n = views[1].shape[0], size = views[0].shape[0];
+    if (views[2].shape[0] != n || views[3].shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "walk_items(): tok, at and st differ in length");
+        goto done;
+    }
+    if (size == 0 || flat[size - 1] != PAD_BYTE) {
+        PyErr_SetString(PyExc_ValueError, "walk_items(): flat must end with PAD");
+        goto done;
+    }
+    if (dfa_read(&d) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t k = at[i];
+        int32_t state = (int32_t)st[i];
+        if (k < 0 || k >= size) {
+            PyErr_SetString(PyExc_IndexError, "walk_items(): a position outside flat");
+            goto done;
+        }
+        for (; flat[k] != PAD_BYTE; k++) {       /* flat ends with PAD: k stays inside */
+            int reread = 0;
+            const int32_t *row = dfa_row(&d, state, &reread);
+            if (row == NULL)
+                goto done;
+            state = row[flat[k]];
+            if (state < 0)
+                break;
+            if (want_ends && flat[k + 1] != PAD_BYTE) {
+                int accepting;
+                if (dfa_accepting(&d, state, &accepting) < 0)
+                    goto done;
+                if (accepting && (vec_push(&end_tok, (int32_t)tok[i]) < 0
+                                  || vec_push(&end_at, (int32_t)(k + 1)) < 0))
+                    goto done;
+            }
+        }
+        if (state >= 0 && vec_push(&accepted, (int32_t)tok[i]) < 0)
+            goto done;
+    }
+    PyObject *parts[3] = {ints_bytes(&accepted), ints_bytes(&end_tok), ints_bytes(&end_at)};
+    if (parts[0] != NULL && parts[1] != NULL && parts[2] != NULL)
+        result = PyTuple_Pack(3, parts[0], parts[1], parts[2]);
+    for (int p = 0; p < 3; p++)
+        Py_XDECREF(parts[p]);
+done:
+    for (int v = 0; v < have; v++)
+        PyBuffer_Release(&views[v]);
+    dfa_release(&d);
+    vec_free(&accepted);
+    vec_free(&end_tok);
+    vec_free(&end_at);
+    return result;
+}

@@ -23,10 +23,11 @@ is checked on every byte of C, and is cut where a row is not uniform on C), so a
 kept iff its walk is live: never over- or under-accepting.
 
 With the compiled core built (``native.CORE``), ``allowed`` reads every state through its
-trie walk (``token_trie.live_tokens``) and none of the above runs: a whole-vocabulary walk
-in C costs less than the chains save, for nearly every state measured
-(docs/constrain_tail_latency.md). The chain path stays as the numpy fallback and as the
-reference the compiled walk is tested against.
+trie walk (``token_trie.live_tokens``) and ``walk`` walks each item byte by byte in C
+(``walk_items``), and none of the above runs: a whole-vocabulary walk in C costs less than
+the chains save, for nearly every state measured (docs/constrain_tail_latency.md). The
+chain path stays as the numpy fallback and as the reference the compiled walks are tested
+against.
 """
 from __future__ import annotations
 
@@ -195,7 +196,26 @@ def _first_byte_group(table, dfa, target, group, ends, result, items) -> bool:
 def walk(table, dfa, tok: np.ndarray, pos: np.ndarray, st: np.ndarray,
          ends: list | None = None) -> np.ndarray:
     """Token ids of the items (tok, pos, st) whose remaining bytes stay live (see module doc).
-    ``ends``: as in ``allowed``, for k > the item's starting position."""
+    ``ends``: as in ``allowed``, for k > the item's starting position. In the compiled core
+    when it is built (each item byte by byte: no chains needed), else ``walk_numpy``."""
+    core = native.CORE
+    if core is None:
+        return walk_numpy(table, dfa, tok, pos, st, ends)
+    tok = np.ascontiguousarray(tok, dtype=np.int64)
+    at = table.offsets[tok] + pos
+    accepted, end_tok, end_at = core.walk_items(
+        dfa, table.flat, tok, np.ascontiguousarray(at, dtype=np.int64),
+        np.ascontiguousarray(st, dtype=np.int64), ends is not None)
+    if end_tok:
+        end_tok = np.frombuffer(end_tok, dtype=np.int32).astype(np.int64)
+        ends.append((end_tok, np.frombuffer(end_at, dtype=np.int32) - table.offsets[end_tok]))
+    return np.frombuffer(accepted, dtype=np.int32).astype(np.int64)
+
+
+def walk_numpy(table, dfa, tok: np.ndarray, pos: np.ndarray, st: np.ndarray,
+               ends: list | None = None) -> np.ndarray:
+    """``walk`` in numpy: every item one byte position at a time, runs skipped by chains
+    (the compiled walk's reference)."""
     accepted = []
     flat = table.flat
     at = table.offsets[tok] + pos                     # absolute index into ``flat``

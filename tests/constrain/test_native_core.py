@@ -20,7 +20,7 @@ from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_co
 from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
 from tamis.constrain.regex_parser import parse_regex
 from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie, walk_trie_numpy
-from tamis.constrain.token_walk import allowed
+from tamis.constrain.token_walk import allowed, walk, walk_numpy
 
 SEED = random.randrange(1 << 30)
 
@@ -251,3 +251,53 @@ def test_walk_builds_rows_of_a_growing_table(core, table):
     want = walk_trie_numpy(table.trie, built, built.start, want_ends)
     assert (got == want).all()
     assert end_pairs(ends) == end_pairs(want_ends)
+
+
+# ---- item walks ---------------------------------------------------------------------------
+
+def random_items(rng: random.Random, table, states: list, count: int) -> tuple:
+    """(tok, pos, st) of ``count`` items: random tokens, a position inside each (its end
+    included), a state of ``states``."""
+    ids = np.flatnonzero(table.lengths > 0)
+    tok = np.array([int(rng.choice(ids)) for _ in range(count)], dtype=np.int64)
+    pos = np.array([rng.randint(0, int(table.lengths[t])) for t in tok], dtype=np.int64)
+    st = np.array([rng.choice(states) for _ in range(count)], dtype=np.int64)
+    return tok, pos, st
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_item_walk_equals_the_numpy_walk(core, table, seed):
+    """``token_walk.walk`` (the compiled item walk) keeps the items and records the ends the
+    numpy walk does, for few items (its plain Python loop) and many (its chains)."""
+    rng = random.Random(seed)
+    for description, nfa, start, accept in automata(seed):
+        dfa = fresh_dfa(nfa, start, accept)
+        states = walk_states(dfa, rng, table, 6)
+        for count in (5, 3000):
+            tok, pos, st = random_items(rng, table, states, count)
+            where = (seed, description, count)
+            want_ends, got_ends = [], []
+            want = walk_numpy(table, dfa, tok, pos, st, want_ends)
+            got = walk(table, dfa, tok, pos, st, got_ends)
+            assert sorted(got.tolist()) == sorted(want.tolist()), where
+            assert end_pairs(got_ends) == end_pairs(want_ends), where
+            assert (walk(table, dfa, tok, pos, st) == got).all(), where
+
+
+def test_item_walk_builds_rows_of_a_growing_table(core, table):
+    nfa, start, accept = build_nfa(parse_regex(r"[a-z ]{0,60}(ab|cd)[a-z ]{0,60}"))
+    fresh = fresh_dfa(nfa, start, accept)
+    tok, pos, st = random_items(random.Random(3), table, [fresh.start], 20_000)
+    pos[:] = 0
+    got = walk(table, fresh, tok, pos, st)
+    assert fresh.num_states > 64
+    built = fresh_dfa(nfa, start, accept)
+    assert sorted(got.tolist()) == sorted(walk_numpy(table, built, tok, pos, st).tolist())
+
+
+def test_item_walk_refuses_positions_outside_the_table(core, table):
+    nfa, start, accept = build_nfa(parse_regex("a*"))
+    dfa = fresh_dfa(nfa, start, accept)
+    one = np.zeros(1, dtype=np.int64)
+    with pytest.raises(IndexError):
+        core.walk_items(dfa, table.flat, one, one + len(table.flat), one + dfa.start, False)
