@@ -50,8 +50,9 @@ def use_triton(tensor: torch.Tensor) -> bool:
 class DualKernel:
     """A Triton kernel launched as ``k[grid](*args, **meta)`` on CUDA or CPU tensors."""
 
-    def __init__(self, fn: Callable[..., Any]):
+    def __init__(self, fn: Callable[..., Any], unaligned: tuple[str, ...] = ()):
         self.fn = fn
+        self.unaligned = unaligned
         self._compiled = None
         self._interpreted = None
         functools.update_wrapper(self, fn)
@@ -64,7 +65,7 @@ class DualKernel:
             return self._interpreted
         if self._compiled is None:
             from triton.runtime.jit import JITFunction
-            self._compiled = JITFunction(self.fn)
+            self._compiled = JITFunction(self.fn, do_not_specialize_on_alignment=list(self.unaligned))
         return self._compiled
 
     def __getitem__(self, grid):
@@ -119,9 +120,17 @@ def _library_interpreted():
             JITFunction.__call__ = original
 
 
-def kernel(fn: Callable[..., Any]) -> DualKernel:
-    """Decorator used in place of ``@triton.jit`` (see the module docstring)."""
-    return DualKernel(fn)
+def kernel(fn: Callable[..., Any] | None = None, *, unaligned: tuple[str, ...] = ()):
+    """Decorator used in place of ``@triton.jit`` (see the module docstring).
+
+    ``unaligned`` names pointer parameters that Triton must not specialize on 16-byte
+    alignment. Triton compiles one variant per alignment pattern of its pointer arguments;
+    a pointer that is sometimes a view at an odd offset (``seq_lens[decodes:]``) would
+    otherwise compile a second variant the first time such a step comes, in the middle of
+    serving (half a second on an H100 for the prefill kernel), after every warm-up."""
+    if fn is None:
+        return lambda f: DualKernel(f, unaligned)
+    return DualKernel(fn, unaligned)
 
 
 def next_power_of_2(n: int) -> int:

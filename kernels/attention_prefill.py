@@ -96,7 +96,9 @@ def paged_attention_prefill_ref(q: torch.Tensor, kv_cache: torch.Tensor,
 
 
 if tl is not None:
-    @kernel
+    # Mixed steps pass the metadata of the sequences after the leading decodes as views
+    # (query_start_loc[decodes:] ...), 4 bytes a sequence past an aligned start.
+    @kernel(unaligned=("qsl_ptr", "seq_lens_ptr", "bt_ptr"))
     def _prefill_kernel(q_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
                         scale_log2, window, cap_log2, q_tok_stride, q_head_stride, o_tok_stride,
                         o_head_stride, bt_stride, values_offset, num_kv_heads, group,
