@@ -51,14 +51,20 @@
  *     their PAD, in item order; with ``want_ends``, int32 (token, position) pairs where
  *     an item's walk reaches an accepting state before its token's last byte.
  *
- * Files: _native_rows.c (NFARows, put_row, product_runs), _native_trie.c (Trie, walk_items),
+ *   reaching(num_states, sources, targets, accept) -> bytes
+ *     nfa._reaching_python: one byte per NFA state, 1 for the states with a path to
+ *     ``accept`` over the edges sources[i] -> targets[i] (int32, byte and epsilon edges
+ *     alike): the trim of a sealed NFA.
+ *
+ * Files: _native_rows.c (NFARows, put_row, product_runs, reaching), _native_trie.c (Trie,
+ * walk_items),
  * _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
  * module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 3
+#define NATIVE_VERSION 4
 
 static PyMethodDef module_methods[] = {
     {"put_row", put_row, METH_VARARGS,
@@ -70,6 +76,9 @@ static PyMethodDef module_methods[] = {
     {"walk_items", walk_items, METH_VARARGS,
      "walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions): "
      "tokens' remaining bytes walked through a lazy DFA"},
+    {"reaching", reaching, METH_VARARGS,
+     "reaching(num_states, sources, targets, accept) -> bytes: 1 for each state with a path "
+     "to accept"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -240,5 +240,6 @@ extern PyTypeObject NFARowsType, TrieType;
 PyObject *put_row(PyObject *module, PyObject *args);
 PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
+PyObject *reaching(PyObject *module, PyObject *args);
 
 #endif

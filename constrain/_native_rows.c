@@ -592,3 +592,78 @@ done:
     vec_free(&runs);
     return result;
 }
+
+/* ---- reaching: the states of an NFA that can reach its accept state --------------------- */
+
+/* reaching(num_states, sources, targets, accept) -> bytes, one per state (see _native.c). */
+PyObject *
+reaching(PyObject *module, PyObject *args)
+{
+    Py_ssize_t num_states;
+    int accept;
+    PyObject *sources_obj, *targets_obj;
+    if (!PyArg_ParseTuple(args, "nOOi:reaching", &num_states, &sources_obj, &targets_obj, &accept))
+        return NULL;
+    Py_buffer sources, targets;
+    int have = 0;
+    int32_t *start = NULL, *preds = NULL, *stack = NULL;
+    PyObject *result = NULL;
+    if (get_ints(sources_obj, 4, 1, 0, &sources, "sources") < 0)
+        return NULL;
+    have = 1;
+    if (get_ints(targets_obj, 4, 1, 0, &targets, "targets") < 0)
+        goto done;
+    have = 2;
+    Py_ssize_t n = sources.shape[0];
+    const int32_t *src = sources.buf, *dst = targets.buf;
+    if (targets.shape[0] != n || accept < 0 || accept >= num_states) {
+        PyErr_SetString(PyExc_ValueError, "reaching(): sources and targets differ in length, "
+                                          "or accept is no state");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (src[i] < 0 || src[i] >= num_states || dst[i] < 0 || dst[i] >= num_states) {
+            PyErr_Format(PyExc_ValueError, "reaching(): edge %zd leaves the states", i);
+            goto done;
+        }
+    start = PyMem_Calloc((size_t)num_states + 1, sizeof(int32_t));  /* predecessors, CSR */
+    preds = PyMem_Malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    stack = PyMem_Malloc(sizeof(int32_t) * (size_t)num_states);
+    result = PyBytes_FromStringAndSize(NULL, num_states);
+    if (start == NULL || preds == NULL || stack == NULL || result == NULL) {
+        Py_CLEAR(result);
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        start[dst[i] + 1]++;
+    for (Py_ssize_t q = 0; q < num_states; q++)
+        start[q + 1] += start[q];
+    for (Py_ssize_t i = 0; i < n; i++)          /* start[t] runs ahead while filling ... */
+        preds[start[dst[i]]++] = src[i];
+    for (Py_ssize_t q = num_states; q > 0; q--) /* ... and is moved back after */
+        start[q] = start[q - 1];
+    start[0] = 0;
+    char *alive = PyBytes_AS_STRING(result);
+    memset(alive, 0, (size_t)num_states);
+    Py_ssize_t top = 0;
+    alive[accept] = 1;
+    stack[top++] = accept;
+    while (top > 0) {
+        int32_t q = stack[--top];
+        for (int32_t k = start[q]; k < start[q + 1]; k++)
+            if (!alive[preds[k]]) {
+                alive[preds[k]] = 1;
+                stack[top++] = preds[k];
+            }
+    }
+done:
+    if (have >= 1)
+        PyBuffer_Release(&sources);
+    if (have >= 2)
+        PyBuffer_Release(&targets);
+    PyMem_Free(start);
+    PyMem_Free(preds);
+    PyMem_Free(stack);
+    return result;
+}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-VERSION = 3           # _native.c's NATIVE_VERSION that this code calls
+VERSION = 4           # _native.c's NATIVE_VERSION that this code calls
 
 
 def load_extension():

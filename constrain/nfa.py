@@ -22,7 +22,7 @@ from array import array
 
 import numpy as np
 
-from . import deadline
+from . import deadline, native
 from .errors import ConstraintError
 
 MAX_NFA_STATES = 400_000
@@ -173,9 +173,19 @@ def _starts(sources: np.ndarray, num_states: int) -> array:
 
 
 def _reaching(num_states: int, edges: np.ndarray, eps: np.ndarray, accept: int) -> np.ndarray:
-    """bool[num_states]: the states with a path (over any edges) to ``accept``."""
+    """bool[num_states]: the states with a path (over any edges) to ``accept`` (in the
+    compiled core when it is built)."""
     sources = np.concatenate((edges[:, 0], eps[:, 0]))
     targets = np.concatenate((edges[:, 3], eps[:, 1]))
+    core = native.CORE
+    if core is None:
+        return _reaching_python(num_states, sources, targets, accept)
+    return np.frombuffer(core.reaching(num_states, sources, targets, accept), dtype=np.bool_)
+
+
+def _reaching_python(num_states: int, sources: np.ndarray, targets: np.ndarray,
+                     accept: int) -> np.ndarray:
+    """``_reaching`` over the edges sources[i] -> targets[i]: the compiled core's reference."""
     order = np.argsort(targets, kind="stable")
     preds = sources[order].tolist()
     start = np.searchsorted(targets[order], np.arange(num_states + 1)).tolist()

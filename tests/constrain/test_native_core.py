@@ -1,7 +1,8 @@
 """The compiled core (constrain/_native.c) against its numpy/Python reference: DFA rows
-(``LazyDFA._build_row_python``), trie walks (``token_trie.walk_trie_numpy``) and the token
-masks of ``token_walk.allowed`` (the chain path), on random regexes, maskbench JSON schemas
-and the SmolLM2 vocabulary.
+(``LazyDFA._build_row_python``), trie walks (``token_trie.walk_trie_numpy``), the token
+masks of ``token_walk.allowed`` (the chain path), item walks (``token_walk.walk_numpy``) and
+the trim (``nfa._reaching_python``), on random regexes, maskbench JSON schemas and the
+SmolLM2 vocabulary. The product walk: test_native_product.py.
 
 The extension must be built (``pip install -e .`` builds it; CI runs that): a missing or
 stale build fails these tests instead of skipping them.
@@ -17,6 +18,7 @@ import pytest
 
 from conformance import maskbench_sample, smollm2
 from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, native
+from tamis.constrain import nfa as nfa_module
 from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
 from tamis.constrain.regex_parser import parse_regex
 from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie, walk_trie_numpy
@@ -301,3 +303,28 @@ def test_item_walk_refuses_positions_outside_the_table(core, table):
     one = np.zeros(1, dtype=np.int64)
     with pytest.raises(IndexError):
         core.walk_items(dfa, table.flat, one, one + len(table.flat), one + dfa.start, False)
+
+
+# ---- the trim -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_reaching_equals_the_python_trim(core, seed):
+    """The states that can reach the accept state: random graphs, and the NFAs compared above."""
+    rng = np.random.default_rng(seed)
+    graphs = []
+    for num_states in (1, 2, 50, 3000):
+        edges = int(rng.integers(0, 3 * num_states))
+        graphs.append((num_states, rng.integers(0, num_states, edges, dtype=np.int32),
+                       rng.integers(0, num_states, edges, dtype=np.int32),
+                       int(rng.integers(0, num_states))))
+    for _, nfa, _, accept in automata(seed):
+        tables = (nfa.edge_table[:, [0, 3]], nfa.eps_table)
+        graphs.append((nfa.num_states, np.concatenate([t[:, 0] for t in tables]),
+                       np.concatenate([t[:, 1] for t in tables]), accept))
+    for num_states, sources, targets, accept in graphs:
+        want = nfa_module._reaching_python(num_states, sources, targets, accept)
+        got = np.frombuffer(core.reaching(num_states, np.ascontiguousarray(sources),
+                                          np.ascontiguousarray(targets), accept), dtype=bool)
+        assert (got == want).all(), (seed, num_states)
+    with pytest.raises(ValueError):
+        core.reaching(2, np.array([0, 5], np.int32), np.array([1, 1], np.int32), 1)
