@@ -35,6 +35,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached prefix block no running request holds (vLLM's name); False
+        when some are still held."""
+        return self.llm_engine.reset_prefix_cache()
+
     def get_default_sampling_params(self) -> SamplingParams:
         return SamplingParams()
 

@@ -54,3 +54,13 @@ def test_prompt_logprobs_bypass_the_cache(tiny_checkpoint):
     out = run_to_completion(engine, [prompt], with_logprobs, prefix="b")[0]
     assert out.num_cached_tokens == 0
     assert len(out.prompt_logprobs) == len(prompt) and all(e for e in out.prompt_logprobs[1:])
+
+
+def test_llm_reset_prefix_cache_makes_the_same_prompt_miss(tiny_checkpoint):
+    from tamis.engine.llm import LLM
+    llm = LLM(model=str(tiny_checkpoint("llama")), skip_tokenizer_init=True, max_model_len=256)
+    prompt = {"prompt_token_ids": list(range(1000, 1032))}    # exactly two blocks
+    llm.generate(prompt, PARAMS)
+    assert llm.generate(prompt, PARAMS)[0].num_cached_tokens == 16
+    assert llm.reset_prefix_cache()
+    assert llm.generate(prompt, PARAMS)[0].num_cached_tokens == 0
