@@ -14,8 +14,9 @@ from contextlib import contextmanager
 
 # Family of a kernel, by the first pattern its name matches (lower case).
 FAMILIES = (
+    # attention first: FlashAttention-3's kernels are cutlass device kernels too
+    ("attention", r"attn|attention|flash|fmha|paged|_decode_split|_decode_merge|_prefill_kernel"),
     ("gemm", r"gemm|cutlass|sm90_xmma|cublas|nvjet|matmul|gemv|w4a16|fp8_mm|scaled_mm"),
-    ("attention", r"attn|attention|flash|fmha|paged|decode_kernel|split_kv|reduce_segments"),
     ("norm", r"norm"),
     ("rotary", r"rotary|rope"),
     ("activation", r"silu|gelu|act_and_mul|swiglu"),
