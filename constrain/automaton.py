@@ -227,9 +227,7 @@ def _build_chars(nfa: NFA, ranges, start: int) -> int:
 
 
 def _build_rep(nfa: NFA, child, lo: int, hi: int | None, start: int) -> int:
-    state = start
-    for _ in range(lo):
-        state = _build(nfa, child, state)
+    state = _build_copies(nfa, child, lo, start, None)
     end = nfa.new_state()
     if hi is None:
         loop = nfa.new_state()
@@ -237,11 +235,36 @@ def _build_rep(nfa: NFA, child, lo: int, hi: int | None, start: int) -> int:
         nfa.add_eps(loop, end)
         nfa.add_eps(_build(nfa, child, loop), loop)
         return end
-    for _ in range(hi - lo):
-        nfa.add_eps(state, end)
-        state = _build(nfa, child, state)
+    state = _build_copies(nfa, child, hi - lo, state, end)
     nfa.add_eps(state, end)
     return end
+
+
+def _build_copies(nfa: NFA, child, count: int, state: int, exit: int | None) -> int:
+    """``count`` copies of ``child`` in a row from ``state`` (with ``exit``: an epsilon edge
+    from each copy's start to ``exit`` first). Built one by one until the child's fragment is
+    settled (recorded, and minimized or past being minimized), then the rest pasted at once:
+    ``minLength`` 10,000 pastes a string's character 10,000 times."""
+    for done in range(count):
+        fragment = _settled_fragment(child)
+        if fragment is not None:
+            _PASTES[id(child)] = _PASTES.get(id(child), 0) + count - done
+            return nfa.paste_chain(fragment[1], state, fragment[2], count - done, exit)
+        if exit is not None:
+            nfa.add_eps(state, exit)
+        state = _build(nfa, child, state)
+    return state
+
+
+def _settled_fragment(node) -> tuple | None:
+    """``node``'s fragment when further pastes leave it as it is (``_pasted_again``)."""
+    fragment = _FRAGMENTS.get(id(node))
+    if fragment is None or fragment[0] is not node:
+        return None
+    if fragment[1].num_states > MAX_MINIMIZED_NFA or \
+            _PASTES.get(id(node), 0) >= MINIMIZE_AFTER_PASTES:
+        return fragment
+    return None
 
 
 def _build_props(nfa: NFA, node, start: int) -> int:

@@ -1,0 +1,57 @@
+"""Copies of a fragment pasted at once (``NFA.paste_chain``, ``automaton._build_copies``)
+write the states and edges, in the same order, that pasting them one by one writes."""
+import pytest
+
+from tamis.constrain import automaton, regex_ast as ra
+from tamis.constrain.nfa import NFA
+from tamis.constrain.regex_parser import parse_regex
+
+CHILD = r'([^"\\]|\\u[0-9a-f]{4}|\\["nt])'
+
+
+def tables(nfa: NFA) -> tuple:
+    nfa.seal()
+    return nfa.num_states, nfa.edge_table.tobytes(), nfa.eps_table.tobytes()
+
+
+def fragment(pattern: str):
+    local = NFA()
+    start = local.new_state()
+    end = automaton._build_node(local, parse_regex(pattern), start)
+    local.seal()
+    return local, end
+
+
+@pytest.mark.parametrize("pattern", [CHILD, "ab", "(ab)*", "x?"])
+@pytest.mark.parametrize("with_exit", [False, True])
+def test_a_chain_equals_pastes_one_by_one(pattern, with_exit):
+    local, end = fragment(pattern)
+    nfas = []
+    for at_once in (False, True):
+        nfa = NFA()
+        start, exit = nfa.new_state(), nfa.new_state()
+        state = start
+        if at_once:
+            state = nfa.paste_chain(local, state, end, 7, exit if with_exit else None)
+        else:
+            for _ in range(7):
+                if with_exit:
+                    nfa.add_eps(state, exit)
+                state = nfa.paste(local, state, end)
+        nfa.add_eps(state, exit)
+        nfas.append(tables(nfa))
+    assert nfas[0] == nfas[1]
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 30), (12, 40), (3, None), (20, 20), (0, 5), (300, 300)])
+def test_a_counted_repetition_is_the_same_nfa(monkeypatch, lo, hi):
+    node = ra.rep(parse_regex(CHILD), lo, hi)
+    built = []
+    for one_by_one in (False, True):
+        for cache in ("_FRAGMENTS", "_SEEN_ONCE", "_MINIMAL", "_PASTES", "_SIZES"):
+            monkeypatch.setattr(automaton, cache, {})
+        if one_by_one:
+            monkeypatch.setattr(automaton, "_settled_fragment", lambda node: None)
+        nfa, start, accept = automaton.build_nfa(node)
+        built.append((tables(nfa), start, accept))
+    assert built[0] == built[1]
