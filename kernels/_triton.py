@@ -65,7 +65,11 @@ class DualKernel:
             return self._interpreted
         if self._compiled is None:
             from triton.runtime.jit import JITFunction
-            self._compiled = JITFunction(self.fn, do_not_specialize_on_alignment=list(self.unaligned))
+            try:
+                self._compiled = JITFunction(self.fn,
+                                             do_not_specialize_on_alignment=list(self.unaligned))
+            except TypeError:   # a Triton before the option: alignment variants compile
+                self._compiled = JITFunction(self.fn)
         return self._compiled
 
     def __getitem__(self, grid):
