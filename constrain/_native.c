@@ -16,6 +16,19 @@
  *     put_row(trans, state, by_byte, ids) then writes the row: trans[state, b] =
  *     ids[by_byte[b]] (the last id, DEAD, where it is -1).
  *
+ *   NFARows also holds the DFA's states (automaton.LazyDFA._state_of's index): each an NFA
+ *   set, numbered as added, found through a hash table of the sets.
+ *     .state_of(nfa_set) -> the state named by the set (its order as given), added if new;
+ *       -1 (DEAD) for the empty set
+ *     .build(state, trans, flags, accepting) -> the number of states: trans[state]
+ *       written with the states of its target sets (the distinct ones added in the order
+ *       targets() lists them, as the reference adds them one by one); for the states
+ *       added since ``len(accepting)`` (a list), flags[s] (bool array) and then
+ *       accepting.append(...) first. When trans or flags has too few rows for the new
+ *       states, nothing is written: the caller makes room and calls again.
+ *     .set_of(state) -> its set as a tuple; .accepting_flags(lo, hi) -> one byte per state
+ *       lo .. hi - 1, 1 where its set holds ``accept``; .num_states
+ *
  *   Trie(child_start, byte, under_lo, ending_here, by_bytes)
  *       .walk(dfa, state, live_out, tokens_out, first_bytes, want_ends) -> (end tokens, cuts)
  *     token_trie.walk_trie over the trie laid out depth first (built once per vocabulary
@@ -64,7 +77,7 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 4
+#define NATIVE_VERSION 5
 
 static PyMethodDef module_methods[] = {
     {"put_row", put_row, METH_VARARGS,

@@ -18,6 +18,16 @@ typedef struct {
     uint32_t *stamp;             /* per NFA state: the closure that last reached it */
     uint32_t stamp_now;
     IntVec stack, found, bucket, sets;
+    /* The DFA's states: state -> its NFA set (``set_len`` ints at ``set_at`` in ``pool``),
+     * numbered as added; ``slots``: open addressing over their hashes (-1: empty). */
+    IntVec pool;
+    Py_ssize_t *set_at;
+    int32_t *set_len;
+    uint64_t *set_hash;
+    uint8_t *set_accepting;
+    Py_ssize_t num_sets, sets_cap;
+    int32_t *slots;
+    Py_ssize_t num_slots;
 } NFARows;
 
 static void
@@ -30,6 +40,12 @@ NFARows_dealloc(NFARows *self)
     vec_free(&self->found);
     vec_free(&self->bucket);
     vec_free(&self->sets);
+    vec_free(&self->pool);
+    PyMem_Free(self->set_at);
+    PyMem_Free(self->set_len);
+    PyMem_Free(self->set_hash);
+    PyMem_Free(self->set_accepting);
+    PyMem_Free(self->slots);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -199,28 +215,20 @@ find_set(const SetRef *refs, int count, const int32_t *pool, const int32_t *a, P
     return -1;
 }
 
-static PyObject *
-NFARows_targets(NFARows *self, PyObject *nfa_set)
+/* One step of the subset construction from the NFA set set[0..size): the distinct closed
+ * target sets, in the order the reference first meets them, in self->sets (closed[0..
+ * *num_closed)), and class_index[c] the index of class c's target set (-1: dead). */
+static int
+row_step(NFARows *self, const int32_t *set, Py_ssize_t size, SetRef *closed, int *num_closed_out,
+         int *class_index)
 {
-    PyObject *seq = PySequence_Fast(nfa_set, "targets() takes a sequence of NFA states");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     int nc = self->num_classes;
     /* pass 1: how many targets each class gets, and the order classes are first met
      * (the reference fills a dict in that order) */
     Py_ssize_t count[256] = {0};
     int order[256], num_touched = 0;
     for (Py_ssize_t i = 0; i < size; i++) {
-        long q = PyLong_AsLong(items[i]);
-        if (q == -1 && PyErr_Occurred())
-            goto fail;
-        if (q < 0 || q >= self->num_states) {
-            PyErr_Format(PyExc_ValueError, "NFA state %ld outside 0..%zd", q,
-                         self->num_states - 1);
-            goto fail;
-        }
+        int32_t q = set[i];
         for (int32_t e = self->edge_start[q]; e < self->edge_start[q + 1]; e++)
             for (int c = self->class_of[self->edge_lo[e]]; c <= self->class_of[self->edge_hi[e]]; c++)
                 if (count[c]++ == 0)
@@ -234,16 +242,16 @@ NFARows_targets(NFARows *self, PyObject *nfa_set)
     memcpy(fill, start, sizeof(Py_ssize_t) * (size_t)nc);
     IntVec *bucket = &self->bucket;
     if (vec_reserve(bucket, start[nc] + 1) < 0)
-        goto fail;
+        return -1;
     for (Py_ssize_t i = 0; i < size; i++) {
-        long q = PyLong_AsLong(items[i]);
+        int32_t q = set[i];
         for (int32_t e = self->edge_start[q]; e < self->edge_start[q + 1]; e++)
             for (int c = self->class_of[self->edge_lo[e]]; c <= self->class_of[self->edge_hi[e]]; c++)
                 bucket->data[fill[c]++] = self->edge_to[e];
     }
     /* distinct raw target sets, then their closures: distinct closures in first-met order */
-    SetRef raw[256], closed[256];
-    int raw_index[256], raw_to_closed[256], class_index[256];
+    SetRef raw[256];
+    int raw_index[256], raw_to_closed[256];
     int num_raw = 0, num_closed = 0;
     IntVec *pool = &self->sets;
     pool->len = 0;
@@ -256,14 +264,14 @@ NFARows_targets(NFARows *self, PyObject *nfa_set)
         if (found < 0) {
             raw[num_raw] = (SetRef){start[c], n, hash};
             if (closure(self, a, n) < 0)
-                goto fail;
+                return -1;
             const int32_t *got = self->found.data;
             Py_ssize_t m = self->found.len;
             uint64_t h = hash_ints(got, m);
             int same = find_set(closed, num_closed, pool->data, got, m, h);
             if (same < 0 && m > 0) {
                 if (vec_reserve(pool, pool->len + m) < 0)
-                    goto fail;
+                    return -1;
                 memcpy(pool->data + pool->len, got, (size_t)m * sizeof(int32_t));
                 closed[num_closed] = (SetRef){pool->len, m, h};
                 pool->len += m;
@@ -278,9 +286,56 @@ NFARows_targets(NFARows *self, PyObject *nfa_set)
         class_index[c] = -1;
     for (int i = 0; i < num_touched; i++)
         class_index[order[i]] = raw_to_closed[raw_index[i]];
-    Py_DECREF(seq);
-    seq = NULL;
+    *num_closed_out = num_closed;
+    return 0;
+}
 
+/* A sequence of NFA states of this NFA as ints, into *out (left empty with an exception). */
+static int
+read_states(NFARows *self, PyObject *nfa_set, IntVec *out)
+{
+    PyObject *seq = PySequence_Fast(nfa_set, "expected a sequence of NFA states");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    out->len = 0;
+    if (vec_reserve(out, size + 1) < 0)
+        goto fail;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        long q = PyLong_AsLong(items[i]);
+        if (q == -1 && PyErr_Occurred())
+            goto fail;
+        if (q < 0 || q >= self->num_states) {
+            PyErr_Format(PyExc_ValueError, "NFA state %ld outside 0..%zd", q,
+                         self->num_states - 1);
+            goto fail;
+        }
+        out->data[out->len++] = (int32_t)q;
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    out->len = 0;
+    Py_DECREF(seq);
+    return -1;
+}
+
+static PyObject *
+NFARows_targets(NFARows *self, PyObject *nfa_set)
+{
+    IntVec input = {0};
+    if (read_states(self, nfa_set, &input) < 0) {
+        vec_free(&input);
+        return NULL;
+    }
+    SetRef closed[256];
+    int class_index[256], num_closed;
+    int rc = row_step(self, input.data, input.len, closed, &num_closed, class_index);
+    vec_free(&input);
+    if (rc < 0)
+        return NULL;
+    IntVec *pool = &self->sets;
     PyObject *sets = PyTuple_New(num_closed), *accepting = PyTuple_New(num_closed);
     if (sets == NULL || accepting == NULL) {
         Py_XDECREF(sets);
@@ -310,15 +365,236 @@ NFARows_targets(NFARows *self, PyObject *nfa_set)
         return NULL;
     }
     return Py_BuildValue("(NNN)", sets, index, accepting);
+}
+
+/* ---- the DFA's states: NFA sets numbered as added --------------------------------------- */
+
+static inline Py_ssize_t
+index_slot(uint64_t hash, Py_ssize_t num_slots)
+{
+    return (Py_ssize_t)((hash * 0x9E3779B97F4A7C15ULL) >> 32) & (num_slots - 1);
+}
+
+static int
+index_grow_slots(NFARows *self)
+{
+    Py_ssize_t num = self->num_slots ? self->num_slots * 2 : 256;
+    int32_t *slots = PyMem_Malloc(sizeof(int32_t) * (size_t)num);
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < num; i++)
+        slots[i] = -1;
+    for (Py_ssize_t id = 0; id < self->num_sets; id++) {
+        Py_ssize_t i = index_slot(self->set_hash[id], num);
+        while (slots[i] >= 0)
+            i = (i + 1) & (num - 1);
+        slots[i] = (int32_t)id;
+    }
+    PyMem_Free(self->slots);
+    self->slots = slots;
+    self->num_slots = num;
+    return 0;
+}
+
+static int
+index_grow_sets(NFARows *self)
+{
+    Py_ssize_t cap = self->sets_cap ? self->sets_cap * 2 : 64;
+    Py_ssize_t *at = PyMem_Realloc(self->set_at, sizeof(Py_ssize_t) * (size_t)cap);
+    if (at != NULL)
+        self->set_at = at;
+    int32_t *len = PyMem_Realloc(self->set_len, sizeof(int32_t) * (size_t)cap);
+    if (len != NULL)
+        self->set_len = len;
+    uint64_t *hash = PyMem_Realloc(self->set_hash, sizeof(uint64_t) * (size_t)cap);
+    if (hash != NULL)
+        self->set_hash = hash;
+    uint8_t *acc = PyMem_Realloc(self->set_accepting, (size_t)cap);
+    if (acc != NULL)
+        self->set_accepting = acc;
+    if (at == NULL || len == NULL || hash == NULL || acc == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->sets_cap = cap;
+    return 0;
+}
+
+/* The state named by the set a[0..n) (the order as given: the reference's dict of tuples),
+ * added if new; -1 (DEAD) for the empty set, -2 with an exception. ``a`` must not point
+ * into self->pool. */
+static int32_t
+index_add(NFARows *self, const int32_t *a, Py_ssize_t n, uint64_t hash)
+{
+    if (n == 0)
+        return -1;
+    if ((self->num_sets + 1) * 2 > self->num_slots && index_grow_slots(self) < 0)
+        return -2;
+    Py_ssize_t mask = self->num_slots - 1, i = index_slot(hash, self->num_slots);
+    for (; self->slots[i] >= 0; i = (i + 1) & mask) {
+        int32_t id = self->slots[i];
+        if (self->set_hash[id] == hash && self->set_len[id] == n
+                && memcmp(self->pool.data + self->set_at[id], a, (size_t)n * sizeof(int32_t)) == 0)
+            return id;
+    }
+    if (self->num_sets >= INT32_MAX - 1) {
+        PyErr_SetString(PyExc_OverflowError, "too many DFA states");
+        return -2;
+    }
+    if (self->num_sets == self->sets_cap && index_grow_sets(self) < 0)
+        return -2;
+    if (vec_reserve(&self->pool, self->pool.len + n) < 0)
+        return -2;
+    int32_t id = (int32_t)self->num_sets;
+    memcpy(self->pool.data + self->pool.len, a, (size_t)n * sizeof(int32_t));
+    self->set_at[id] = self->pool.len;
+    self->set_len[id] = (int32_t)n;
+    self->set_hash[id] = hash;
+    uint8_t holds_accept = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        holds_accept |= a[k] == self->accept;
+    self->set_accepting[id] = holds_accept;
+    self->pool.len += n;
+    self->slots[i] = id;
+    self->num_sets++;
+    return id;
+}
+
+static PyObject *
+NFARows_state_of(NFARows *self, PyObject *nfa_set)
+{
+    IntVec input = {0};
+    if (read_states(self, nfa_set, &input) < 0) {
+        vec_free(&input);
+        return NULL;
+    }
+    int32_t id = index_add(self, input.data, input.len, hash_ints(input.data, input.len));
+    vec_free(&input);
+    return id == -2 ? NULL : PyLong_FromLong(id);
+}
+
+static int
+check_state(NFARows *self, Py_ssize_t state)
+{
+    if (state < 0 || state >= self->num_sets) {
+        PyErr_Format(PyExc_IndexError, "no DFA state %zd (%zd states)", state, self->num_sets);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+NFARows_set_of(NFARows *self, PyObject *arg)
+{
+    Py_ssize_t state = PyNumber_AsSsize_t(arg, PyExc_IndexError);
+    if ((state == -1 && PyErr_Occurred()) || check_state(self, state) < 0)
+        return NULL;
+    return ints_to_tuple(self->pool.data + self->set_at[state], self->set_len[state]);
+}
+
+static PyObject *
+NFARows_accepting_flags(NFARows *self, PyObject *args)
+{
+    Py_ssize_t lo, hi;
+    if (!PyArg_ParseTuple(args, "nn:accepting_flags", &lo, &hi))
+        return NULL;
+    if (lo < 0 || hi > self->num_sets || lo > hi) {
+        PyErr_Format(PyExc_IndexError, "accepting_flags(%zd, %zd) of %zd states", lo, hi,
+                     self->num_sets);
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)self->set_accepting + lo, hi - lo);
+}
+
+/* build(state, trans, flags, accepting) -> the number of states (see _native.c). */
+static PyObject *
+NFARows_build(NFARows *self, PyObject *args)
+{
+    Py_ssize_t state;
+    PyObject *trans_obj, *flags_obj, *accepting;
+    if (!PyArg_ParseTuple(args, "nOOO!:build", &state, &trans_obj, &flags_obj, &PyList_Type,
+                          &accepting))
+        return NULL;
+    if (check_state(self, state) < 0)
+        return NULL;
+    Py_buffer trans, flags;
+    if (get_ints(trans_obj, 4, 2, 1, &trans, "trans") < 0)
+        return NULL;
+    if (get_ints(flags_obj, 1, 1, 1, &flags, "flags") < 0) {
+        PyBuffer_Release(&trans);
+        return NULL;
+    }
+    if (trans.shape[1] != 256 || state >= trans.shape[0]) {
+        PyErr_Format(PyExc_ValueError, "trans: no row %zd of 256 entries", state);
+        goto fail;
+    }
+    Py_ssize_t known = PyList_GET_SIZE(accepting);
+    if (known > self->num_sets) {
+        PyErr_SetString(PyExc_ValueError, "accepting: longer than the states");
+        goto fail;
+    }
+    SetRef closed[256];
+    int class_index[256], num_closed;
+    int32_t ids[256];
+    if (row_step(self, self->pool.data + self->set_at[state], self->set_len[state], closed,
+                 &num_closed, class_index) < 0)
+        goto fail;
+    for (int i = 0; i < num_closed; i++) {     /* self->sets: not the index's pool */
+        ids[i] = index_add(self, self->sets.data + closed[i].at, closed[i].len, closed[i].hash);
+        if (ids[i] == -2)
+            goto fail;
+    }
+    if (self->num_sets > trans.shape[0] || self->num_sets > flags.shape[0])
+        goto done;                             /* no room: the caller grows, then asks again */
+    /* the new states made known (flags, then ``accepting``), then the row naming them */
+    uint8_t *flag = flags.buf;
+    for (Py_ssize_t id = known; id < self->num_sets; id++) {
+        flag[id] = self->set_accepting[id];
+        if (PyList_Append(accepting, self->set_accepting[id] ? Py_True : Py_False) < 0)
+            goto fail;
+    }
+    int32_t *row = (int32_t *)trans.buf + state * 256;
+    for (int b = 0; b < 256; b++) {
+        int k = class_index[self->class_of[b]];
+        row[b] = k < 0 ? -1 : ids[k];
+    }
+done:
+    PyBuffer_Release(&trans);
+    PyBuffer_Release(&flags);
+    return PyLong_FromSsize_t(self->num_sets);
 fail:
-    Py_XDECREF(seq);
+    PyBuffer_Release(&trans);
+    PyBuffer_Release(&flags);
     return NULL;
 }
+
+static PyObject *
+NFARows_num_sets(NFARows *self, void *closure_unused)
+{
+    return PyLong_FromSsize_t(self->num_sets);
+}
+
+static PyGetSetDef NFARows_getset[] = {
+    {"num_states", (getter)NFARows_num_sets, NULL, "the DFA states added so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static PyMethodDef NFARows_methods[] = {
     {"targets", (PyCFunction)NFARows_targets, METH_O,
      "targets(nfa_set) -> (distinct target sets as sorted tuples, int16[256] bytes: the "
      "index of each byte's target set, -1 = dead; whether each set holds the accept state)"},
+    {"state_of", (PyCFunction)NFARows_state_of, METH_O,
+     "state_of(nfa_set) -> the DFA state named nfa_set, added if new (-1 for the empty set)"},
+    {"set_of", (PyCFunction)NFARows_set_of, METH_O,
+     "set_of(state) -> the state's NFA set as a tuple"},
+    {"accepting_flags", (PyCFunction)NFARows_accepting_flags, METH_VARARGS,
+     "accepting_flags(lo, hi) -> one byte per state lo..hi-1: 1 where its set holds accept"},
+    {"build", (PyCFunction)NFARows_build, METH_VARARGS,
+     "build(state, trans, flags, accepting) -> number of states: writes trans[state], its new "
+     "targets added (their flags and accepting entries written first); the row unwritten "
+     "when trans or flags has no room for them"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -330,6 +606,7 @@ PyTypeObject NFARowsType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The subset construction's step over one sealed NFA (see the module doc).",
     .tp_methods = NFARows_methods,
+    .tp_getset = NFARows_getset,
     .tp_init = (initproc)NFARows_init,
     .tp_new = PyType_GenericNew,
 };

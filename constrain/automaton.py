@@ -9,9 +9,11 @@ work is spread over the states generation actually visits.
 The NFA is trimmed to states that can still reach the accept state, so every live DFA
 state can be completed: a live state is never a dead end.
 
-A row's subset-construction step (each byte class's target set) runs in the compiled core
-when it is built (``native.CORE.NFARows``); ``_build_row_python`` is its reference. Both
-meet the target sets in the same order, so they number new states alike.
+With the compiled core (``native.CORE.NFARows``), a row's subset-construction step (each
+byte class's target set) and the index of the DFA's NFA state sets (set -> state, new sets
+numbered as met) run there: ``sets`` reads a state's set from it on access. Without it,
+``_build_row_python`` and a dict of tuples are the reference. Both meet the target sets in
+the same order, so they number new states alike.
 """
 from __future__ import annotations
 
@@ -368,6 +370,41 @@ def _uncomputed_table(rows: int) -> np.ndarray:
 _OWN_MAPPING_BYTES = 1 << 22
 
 
+class _NativeSets:
+    """``LazyDFA.sets`` over the compiled index: state -> its NFA set (a tuple, made on each
+    access). Its length is the states made known (``accepting``'s length)."""
+
+    __slots__ = ("_rows", "_accepting")
+
+    def __init__(self, rows, accepting: list):
+        self._rows, self._accepting = rows, accepting
+
+    def __len__(self) -> int:
+        return len(self._accepting)
+
+    def __getitem__(self, state):
+        if isinstance(state, slice):
+            return [self._rows.set_of(s) for s in range(*state.indices(len(self)))]
+        size = len(self)
+        if state < 0:
+            state += size
+        if not 0 <= state < size:
+            raise IndexError(f"no DFA state {state}")
+        return self._rows.set_of(state)
+
+    def __iter__(self):
+        set_of = self._rows.set_of
+        return (set_of(s) for s in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        try:
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        except TypeError:
+            return NotImplemented
+
+    __hash__ = None
+
+
 class LazyDFA:
     """Subset construction on demand. Thread-safe: rows are built under a lock."""
 
@@ -406,11 +443,18 @@ class LazyDFA:
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
         self._num_classes = int(self._byte_class.max()) + 1
         self._closures: dict[int, tuple] = {}
-        self._native_rows = None               # native.CORE.NFARows over this NFA, on first use
         self._lock = threading.RLock()
-        self.sets: list[tuple] = []            # state -> its NFA states, sorted
-        self._index: dict[tuple, int] = {}
         self.accepting: list[bool] = []
+        core = native.CORE
+        self._native_rows = None               # native.CORE.NFARows: rows and the set index
+        if core is not None:
+            self._native_rows = core.NFARows(
+                nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
+                nfa.eps_to, bytes(self._class_of), nfa_accept)
+            self.sets = _NativeSets(self._native_rows, self.accepting)
+        else:
+            self.sets: list[tuple] = []        # state -> its NFA states, sorted
+        self._index: dict[tuple, int] = {}     # (without the compiled core) set -> state
         self._accepting_flags = np.zeros(64, dtype=bool)     # as accepting, grown with trans
         self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)
@@ -498,17 +542,19 @@ class LazyDFA:
         the accept state, when the caller knows)."""
         if not nfa_set:
             return DEAD
+        rows = self._native_rows
+        if rows is not None:
+            before = len(self.accepting)
+            sid = rows.state_of(nfa_set)
+            if sid >= before:
+                self._added(before, rows.num_states)
+            return sid
         found = self._index.get(nfa_set)
         if found is not None:
             return found
         sid = len(self.sets)
         if sid >= len(self.trans):
-            grown = _uncomputed_table(len(self.trans) * 2)
-            grown[:len(self.trans)] = self.trans
-            self.trans = grown
-            flags = np.zeros(len(grown), dtype=bool)
-            flags[:sid] = self._accepting_flags[:sid]
-            self._accepting_flags = flags
+            self._grow(sid + 1)
         if accepting is None:
             accepting = self.nfa_accept in nfa_set
         self._accepting_flags[sid] = accepting
@@ -516,6 +562,30 @@ class LazyDFA:
         self.sets.append(nfa_set)
         self._index[nfa_set] = sid
         return sid
+
+    def _grow(self, num_states: int) -> None:
+        """Room in ``trans`` and the flags for ``num_states`` states (doubling)."""
+        size = len(self.trans)
+        while size < num_states:
+            size *= 2
+        if size == len(self.trans):
+            return
+        known = len(self.accepting)
+        grown = _uncomputed_table(size)
+        grown[:len(self.trans)] = self.trans
+        self.trans = grown
+        flags = np.zeros(size, dtype=bool)
+        flags[:known] = self._accepting_flags[:known]
+        self._accepting_flags = flags
+
+    def _added(self, before: int, num_states: int) -> None:
+        """States ``before .. num_states - 1``, added to the compiled index, made known:
+        their rows and flags (flags first, then ``accepting``: its length is the count)."""
+        if num_states > len(self.trans):
+            self._grow(num_states)
+        flags = np.frombuffer(self._native_rows.accepting_flags(before, num_states), dtype=bool)
+        self._accepting_flags[before:num_states] = flags
+        self.accepting.extend(flags.tolist())
 
     def _edges_in_classes(self, q: int) -> list:
         found = self._class_edges.get(q)
@@ -526,20 +596,16 @@ class LazyDFA:
         return found
 
     def _build_row(self, state: int) -> None:
-        core = native.CORE
-        if core is None:
-            self._build_row_python(state)
-            return
         rows = self._native_rows
         if rows is None:
-            nfa = self.nfa
-            rows = self._native_rows = core.NFARows(
-                nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
-                nfa.eps_to, bytes(self._class_of), self.nfa_accept)
-        targets, by_byte, accepting = rows.targets(self.sets[state])
-        ids = [self._state_of(nfa_set, flag) for nfa_set, flag in zip(targets, accepting)]
-        ids.append(DEAD)                       # index -1: no target
-        core.put_row(self.trans, state, by_byte, ids)   # self.trans: regrown by _state_of
+            self._build_row_python(state)
+            return
+        # the row, its new targets indexed and their flags and accepting entries written
+        num_states = rows.build(state, self.trans, self._accepting_flags, self.accepting)
+        known = len(self.accepting)
+        if num_states > known:                 # no room in the tables: nothing written
+            self._added(known, num_states)
+            rows.build(state, self.trans, self._accepting_flags, self.accepting)
 
     def _build_row_python(self, state: int) -> None:
         buckets: dict[int, set[int]] = {}

@@ -2,8 +2,9 @@
 
 ``CORE`` is the extension module when it is built, current (its ``VERSION`` is the one
 this code calls) and not turned off by ``TAMIS_NATIVE_CONSTRAIN=0``; else None, and every
-caller takes its numpy/Python path. Callers read ``native.CORE`` at each call, so a test
-can switch paths in one process (``monkeypatch.setattr(native, "CORE", None)``).
+caller takes its numpy/Python path. Callers read ``native.CORE`` at each call (a
+``LazyDFA`` when it is made: its index of NFA state sets lives on one side), so a test can
+switch paths in one process (``monkeypatch.setattr(native, "CORE", None)``).
 
 The extension is built by ``pip install`` (setup.py: optional, an install without a C
 compiler falls back); in an editable install it lands beside this file.
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-VERSION = 4           # _native.c's NATIVE_VERSION that this code calls
+VERSION = 5           # _native.c's NATIVE_VERSION that this code calls
 
 
 def load_extension():
