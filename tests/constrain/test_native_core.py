@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import pytest
 
+import random_regexes
 from conformance import maskbench_sample, smollm2
 from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, native
 from tamis.constrain import nfa as nfa_module
@@ -58,16 +59,8 @@ ATOMS = ["a", "b", "z", "0", "9", " ", "\\n", "é", "€", "😀", "\\.", "\"", 
          "[a-z]", "[^\"\\\\]", "[0-9a-f]", "\\d", "\\w", "\\s", ".", "[^x]", "[é-ü]"]
 
 
-def random_regex(rng: random.Random, depth: int = 0) -> str:
-    roll = rng.random()
-    if depth > 3 or roll < 0.35:
-        return rng.choice(ATOMS)
-    if roll < 0.6:
-        return "".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 4)))
-    if roll < 0.75:
-        return "(" + "|".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 3))) + ")"
-    quantifier = rng.choice(["*", "+", "?", "{2,5}", "{0,3}", "{3}", "{1,12}"])
-    return "(" + random_regex(rng, depth + 1) + ")" + quantifier
+def random_regex(rng: random.Random) -> str:
+    return random_regexes.random_regex(rng, ATOMS)
 
 
 def regex_nfas(rng: random.Random, count: int) -> list:

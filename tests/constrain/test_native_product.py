@@ -12,6 +12,7 @@ import random
 import numpy as np
 import pytest
 
+import random_regexes
 from tamis.constrain import ConstraintError, deadline, native, product
 from tamis.constrain.nfa import NFA
 from tamis.constrain.regex_parser import parse_regex
@@ -25,15 +26,8 @@ def core():
     return native.load_extension()       # ImportError (a failure) when not built or stale
 
 
-def random_regex(rng: random.Random, depth: int = 0) -> str:
-    roll = rng.random()
-    if depth > 3 or roll < 0.3:
-        return rng.choice(ATOMS)
-    if roll < 0.55:
-        return "".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 4)))
-    if roll < 0.75:
-        return "(" + "|".join(random_regex(rng, depth + 1) for _ in range(rng.randint(2, 3))) + ")"
-    return "(" + random_regex(rng, depth + 1) + ")" + rng.choice(["*", "+", "?", "{1,4}", "{2}"])
+def random_regex(rng: random.Random) -> str:
+    return random_regexes.random_regex(rng, ATOMS, ("*", "+", "?", "{1,4}", "{2}"))
 
 
 def operands(rng: random.Random, count: int) -> list:
