@@ -29,7 +29,6 @@ for name in SUBPACKAGES:
     packages += [f"tamis.{p}" for p in find_packages(include=[f"{name}.*"])]
 
 
-
 class OptionalBuildExt(build_ext):
     """Leaves an optional extension that failed to build out of the outputs: an editable
     install would otherwise link the missing file and fail."""

@@ -5,39 +5,33 @@
  * this module is not built, or with TAMIS_NATIVE_CONSTRAIN=0):
  *
  *   NFARows(edge_start, edge_lo, edge_hi, edge_to, eps_start, eps_to, class_of, accept)
- *       .targets(nfa_set) -> (target sets, per-byte index, accepting flags)
- *     One step of the subset construction (automaton.LazyDFA._build_row): for each byte
- *     class, the union of the edge targets of ``nfa_set``'s states, closed over epsilon
- *     edges and kept to the important states (those with a byte edge, and ``accept``),
- *     as sorted tuples; the distinct ones in the order the reference first meets them (so
- *     both number new DFA states alike), int16[256] of the index of each byte's target
- *     set (-1 = dead), and whether each set holds ``accept``. The arrays are a sealed
- *     nfa.NFA's CSR arrays (int32), ``class_of`` its 256 byte classes as bytes.
- *     put_row(trans, state, by_byte, ids) then writes the row: trans[state, b] =
- *     ids[by_byte[b]] (the last id, DEAD, where it is -1).
- *
- *   NFARows also holds the DFA's states (automaton.LazyDFA._state_of's index): each an NFA
- *   set, numbered as added, found through a hash table of the sets.
+ *     The subset construction over one sealed NFA (automaton.LazyDFA._build_row and
+ *     _state_of's index): the arrays are the nfa.NFA's CSR arrays (int32), ``class_of``
+ *     its 256 byte classes as bytes. It holds the DFA's states, each an NFA set, numbered
+ *     as added, found through a hash table of the sets.
  *     .state_of(nfa_set) -> the state named by the set (its order as given), added if new;
  *       -1 (DEAD) for the empty set
- *     .build(state, trans, flags, accepting) -> the number of states: trans[state]
- *       written with the states of its target sets (the distinct ones added in the order
- *       targets() lists them, as the reference adds them one by one); for the states
- *       added since ``len(accepting)`` (a list), flags[s] (bool array) and then
- *       accepting.append(...) first. When trans or flags has too few rows for the new
- *       states, nothing is written: the caller makes room and calls again.
+ *     .build(state, trans, flags, accepting) -> the number of states: one step of the
+ *       subset construction from ``state``'s set. For each byte class, the union of the
+ *       edge targets of the set's states, closed over epsilon edges and kept to the
+ *       important states (those with a byte edge, and ``accept``), sorted; the distinct
+ *       ones added as states in the order the reference first meets them (so both number
+ *       new DFA states alike), and trans[state] written with them (DEAD where a class has
+ *       no target). For the states added since ``len(accepting)`` (a list), flags[s]
+ *       (bool array, whether the set holds ``accept``) and then accepting.append(...)
+ *       first. When trans or flags has too few rows for the new states, nothing is
+ *       written: the caller makes room and calls again.
  *     .set_of(state) -> its set as a tuple; .accepting_flags(lo, hi) -> one byte per state
  *       lo .. hi - 1, 1 where its set holds ``accept``; .num_states
  *
  *   Trie(child_start, byte, under_lo, ending_here, by_bytes)
- *       .walk(dfa, state, live_out, tokens_out, first_bytes, want_ends) -> (end tokens, cuts)
- *     token_trie.walk_trie over the trie laid out depth first (built once per vocabulary
+ *       .walk(dfa, state, tokens_out, first_bytes, want_ends) -> (end tokens, cuts)
+ *     token_trie.live_tokens over the trie laid out depth first (built once per vocabulary
  *     from token_trie.VocabTrie's arrays): a dead node's subtree is skipped in one step.
- *     Marks live_out[n] (when given) for every trie node whose prefix stays live from
- *     ``state`` (its first byte in ``first_bytes`` when given), tokens_out[t] (when given)
- *     for the tokens those nodes spell, and with ``want_ends`` returns the (token, k) pairs
- *     whose first k bytes (k shorter than the token) reach an accepting state, as int32
- *     bytes. It reads ``dfa.trans`` (int32 [states, 256]); a row not built yet (entry 0
+ *     Marks tokens_out[t] for the tokens spelled by the trie nodes whose prefix stays live
+ *     from ``state`` (its first byte in ``first_bytes`` when given), and with
+ *     ``want_ends`` returns the (token, k) pairs whose first k bytes (k shorter than the
+ *     token) reach an accepting state, as int32 bytes. It reads ``dfa.trans`` (int32 [states, 256]); a row not built yet (entry 0
  *     UNCOMPUTED) is built by calling ``dfa.row(state)``, after which ``dfa.trans`` and
  *     ``dfa.accepting_array()`` are read again (both may have been replaced). It builds
  *     the rows the reference builds: those of the states of live nodes with children.
@@ -69,20 +63,16 @@
  *     ``accept`` over the edges sources[i] -> targets[i] (int32, byte and epsilon edges
  *     alike): the trim of a sealed NFA.
  *
- * Files: _native_rows.c (NFARows, put_row, product_runs, reaching), _native_trie.c (Trie,
- * walk_items),
- * _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
+ * Files: _native_rows.c (NFARows, product_runs, reaching), _native_trie.c (Trie,
+ * walk_items), _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
  * module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 5
+#define NATIVE_VERSION 6
 
 static PyMethodDef module_methods[] = {
-    {"put_row", put_row, METH_VARARGS,
-     "put_row(trans, state, by_byte, ids): trans[state, b] = ids[by_byte[b]], the last id "
-     "where by_byte[b] is -1"},
     {"product_runs", product_runs, METH_VARARGS,
      "product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check) "
      "-> (pairs, accepting, runs) or None: the reachable pairs of two lazy DFAs"},

@@ -237,7 +237,6 @@ dfa_accepting(DFAView *d, int32_t state, int *out)
 }
 
 extern PyTypeObject NFARowsType, TrieType;
-PyObject *put_row(PyObject *module, PyObject *args);
 PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
 PyObject *reaching(PyObject *module, PyObject *args);

@@ -1,5 +1,5 @@
-/* The subset construction's step over one sealed NFA: NFARows.targets and put_row (see
- * _native.c for the contract). */
+/* The subset construction's step over one sealed NFA and its DFA's index of NFA sets
+ * (NFARows), product_runs and reaching (see _native.c for the contracts). */
 #include "_native_common.h"
 
 /* ---- NFARows: one DFA row's target sets ------------------------------------------------- */
@@ -321,52 +321,6 @@ fail:
     return -1;
 }
 
-static PyObject *
-NFARows_targets(NFARows *self, PyObject *nfa_set)
-{
-    IntVec input = {0};
-    if (read_states(self, nfa_set, &input) < 0) {
-        vec_free(&input);
-        return NULL;
-    }
-    SetRef closed[256];
-    int class_index[256], num_closed;
-    int rc = row_step(self, input.data, input.len, closed, &num_closed, class_index);
-    vec_free(&input);
-    if (rc < 0)
-        return NULL;
-    IntVec *pool = &self->sets;
-    PyObject *sets = PyTuple_New(num_closed), *accepting = PyTuple_New(num_closed);
-    if (sets == NULL || accepting == NULL) {
-        Py_XDECREF(sets);
-        Py_XDECREF(accepting);
-        return NULL;
-    }
-    for (int i = 0; i < num_closed; i++) {
-        const int32_t *set = pool->data + closed[i].at;
-        PyObject *t = ints_to_tuple(set, closed[i].len);
-        if (t == NULL) {
-            Py_DECREF(sets);
-            Py_DECREF(accepting);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(sets, i, t);
-        int holds_accept = bsearch(&self->accept, set, (size_t)closed[i].len, sizeof(int32_t),
-                                   cmp_int32) != NULL;
-        PyTuple_SET_ITEM(accepting, i, Py_NewRef(holds_accept ? Py_True : Py_False));
-    }
-    int16_t by_byte[256];
-    for (int b = 0; b < 256; b++)
-        by_byte[b] = (int16_t)class_index[self->class_of[b]];
-    PyObject *index = PyBytes_FromStringAndSize((const char *)by_byte, sizeof(by_byte));
-    if (index == NULL) {
-        Py_DECREF(sets);
-        Py_DECREF(accepting);
-        return NULL;
-    }
-    return Py_BuildValue("(NNN)", sets, index, accepting);
-}
-
 /* ---- the DFA's states: NFA sets numbered as added --------------------------------------- */
 
 static inline Py_ssize_t
@@ -582,9 +536,6 @@ static PyGetSetDef NFARows_getset[] = {
 };
 
 static PyMethodDef NFARows_methods[] = {
-    {"targets", (PyCFunction)NFARows_targets, METH_O,
-     "targets(nfa_set) -> (distinct target sets as sorted tuples, int16[256] bytes: the "
-     "index of each byte's target set, -1 = dead; whether each set holds the accept state)"},
     {"state_of", (PyCFunction)NFARows_state_of, METH_O,
      "state_of(nfa_set) -> the DFA state named nfa_set, added if new (-1 for the empty set)"},
     {"set_of", (PyCFunction)NFARows_set_of, METH_O,
@@ -610,65 +561,6 @@ PyTypeObject NFARowsType = {
     .tp_init = (initproc)NFARows_init,
     .tp_new = PyType_GenericNew,
 };
-
-/* put_row(trans, state, by_byte, ids): trans[state, b] = ids[by_byte[b]] (-1: the last id). */
-PyObject *
-put_row(PyObject *module, PyObject *args)
-{
-    PyObject *trans_obj, *ids_obj;
-    Py_buffer index;
-    int state;
-    if (!PyArg_ParseTuple(args, "Oiy*O:put_row", &trans_obj, &state, &index, &ids_obj))
-        return NULL;
-    Py_buffer trans;
-    PyObject *ids = NULL, *result = NULL;
-    int have_trans = 0;
-    if (index.len != 256 * (Py_ssize_t)sizeof(int16_t)) {
-        PyErr_SetString(PyExc_ValueError, "by_byte: expected int16[256]");
-        goto done;
-    }
-    if (get_ints(trans_obj, 4, 2, 1, &trans, "trans") < 0)
-        goto done;
-    have_trans = 1;
-    if (trans.shape[1] != 256 || state < 0 || state >= trans.shape[0]) {
-        PyErr_Format(PyExc_ValueError, "trans: no row %d of 256 entries", state);
-        goto done;
-    }
-    ids = PySequence_Fast(ids_obj, "put_row() takes a sequence of state ids");
-    if (ids == NULL)
-        goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(ids);
-    int32_t values[257];
-    if (n < 1 || n > 257) {
-        PyErr_SetString(PyExc_ValueError, "put_row(): 1 to 257 ids");
-        goto done;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(ids, i));
-        if (v == -1 && PyErr_Occurred())
-            goto done;
-        values[i] = (int32_t)v;
-    }
-    const int16_t *by_byte = index.buf;
-    int32_t row[256];
-    for (int b = 0; b < 256; b++) {
-        Py_ssize_t k = by_byte[b] < 0 ? n - 1 : by_byte[b];
-        if (k >= n) {
-            PyErr_Format(PyExc_ValueError, "by_byte[%d] = %d: no such id", b, (int)by_byte[b]);
-            goto done;
-        }
-        row[b] = values[k];
-    }
-    memcpy((int32_t *)trans.buf + (Py_ssize_t)state * 256, row, sizeof(row));
-    result = Py_NewRef(Py_None);
-done:
-    PyBuffer_Release(&index);
-    if (have_trans)
-        PyBuffer_Release(&trans);
-    Py_XDECREF(ids);
-    return result;
-}
-
 
 /* ---- product_runs: the reachable pairs of two lazy DFAs -------------------------------- */
 

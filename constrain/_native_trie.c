@@ -8,7 +8,7 @@
  * tokens spelled by the nodes of that subtree are tokens[tok[i] .. tok[end]), those equal
  * to node i's prefix first (tokens[tok[i] .. tok[i + 1])). */
 typedef struct {
-    int32_t end, tok, node;     /* node: the trie's own number of this node */
+    int32_t end, tok;
     uint16_t depth;
     uint8_t byte;
 } TrieNode;
@@ -60,7 +60,6 @@ Trie_layout(Trie *self, const int64_t *child_start, const int64_t *byte,
         }
         order[count] = (int32_t)v;
         TrieNode *node = &self->nodes[count++];
-        node->node = (int32_t)v;
         node->depth = (uint16_t)depth_of[v];
         node->byte = (uint8_t)byte[v];
         node->tok = (int32_t)tok;
@@ -106,7 +105,7 @@ Trie_layout(Trie *self, const int64_t *child_start, const int64_t *byte,
         }
         self->nodes[i].end = end;
     }
-    self->nodes[n] = (TrieNode){(int32_t)n, (int32_t)tok, -1, 0, 0};
+    self->nodes[n] = (TrieNode){(int32_t)n, (int32_t)tok, 0, 0};
     self->num_tokens = tok;
     rc = 0;
 done:
@@ -265,16 +264,10 @@ done:
     return rc;
 }
 
-/* The outputs of a scan: live_out by the trie's own node numbers, tokens_out by token id. */
+/* The output of a scan: tokens_out[t] set for each token spelled by a live node. */
 static int
-Trie_mark(Trie *self, const uint8_t *alive, uint8_t *live, uint8_t *tokens_out,
-          Py_ssize_t vocab)
+Trie_mark(Trie *self, const uint8_t *alive, uint8_t *tokens_out, Py_ssize_t vocab)
 {
-    if (live != NULL)
-        for (Py_ssize_t i = 0; i < self->num_nodes; i++)
-            live[self->nodes[i].node] = alive[i];
-    if (tokens_out == NULL)
-        return 0;
     for (Py_ssize_t k = 0; k < self->num_tokens; k++) {
         int32_t t = self->tokens[k];
         if (t < 0 || t >= vocab) {
@@ -289,40 +282,27 @@ Trie_mark(Trie *self, const uint8_t *alive, uint8_t *live, uint8_t *tokens_out,
 static PyObject *
 Trie_walk(Trie *self, PyObject *args)
 {
-    PyObject *dfa, *live_obj, *tokens_obj, *first_obj;
+    PyObject *dfa, *tokens_obj, *first_obj;
     int state, want_ends;
-    if (!PyArg_ParseTuple(args, "OiOOOp:walk", &dfa, &state, &live_obj, &tokens_obj, &first_obj,
-                          &want_ends))
+    if (!PyArg_ParseTuple(args, "OiOOp:walk", &dfa, &state, &tokens_obj, &first_obj, &want_ends))
         return NULL;
     if (self->nodes == NULL) {
         PyErr_SetString(PyExc_TypeError, "Trie is not initialised");
         return NULL;
     }
-    Py_buffer live_view, tokens_view, first_view;
-    int have_live = 0, have_tokens = 0, have_first = 0;
+    Py_buffer tokens_view, first_view;
+    int have_tokens = 0, have_first = 0;
     DFAView d = {.dfa = dfa};
     IntVec end_tok = {0}, end_cut = {0};
     PyObject *result = NULL;
-    uint8_t *live = NULL, *tokens = NULL, *alive = NULL;
+    uint8_t *tokens = NULL, *alive = NULL;
     const uint8_t *first = NULL;
     Py_ssize_t vocab = 0;
-    if (live_obj != Py_None) {
-        if (get_ints(live_obj, 1, 1, 1, &live_view, "live_out") < 0)
-            goto done;
-        have_live = 1;
-        if (live_view.shape[0] != self->num_nodes) {
-            PyErr_SetString(PyExc_ValueError, "live_out: expected one entry per trie node");
-            goto done;
-        }
-        live = live_view.buf;
-    }
-    if (tokens_obj != Py_None) {
-        if (get_ints(tokens_obj, 1, 1, 1, &tokens_view, "tokens_out") < 0)
-            goto done;
-        have_tokens = 1;
-        tokens = tokens_view.buf;
-        vocab = tokens_view.shape[0];
-    }
+    if (get_ints(tokens_obj, 1, 1, 1, &tokens_view, "tokens_out") < 0)
+        goto done;
+    have_tokens = 1;
+    tokens = tokens_view.buf;
+    vocab = tokens_view.shape[0];
     if (first_obj != Py_None) {
         if (get_ints(first_obj, 1, 1, 0, &first_view, "first_bytes") < 0)
             goto done;
@@ -339,7 +319,7 @@ Trie_walk(Trie *self, PyObject *args)
     }
     if (dfa_read(&d) < 0
             || Trie_scan(self, &d, state, alive, first, want_ends ? &end_tok : NULL, &end_cut) < 0
-            || Trie_mark(self, alive, live, tokens, vocab) < 0)
+            || Trie_mark(self, alive, tokens, vocab) < 0)
         goto done;
     result = Py_BuildValue("(y#y#)", (const char *)end_tok.data,
                            (Py_ssize_t)(end_tok.len * (Py_ssize_t)sizeof(int32_t)),
@@ -347,8 +327,6 @@ Trie_walk(Trie *self, PyObject *args)
                            (Py_ssize_t)(end_cut.len * (Py_ssize_t)sizeof(int32_t)));
 done:
     dfa_release(&d);
-    if (have_live)
-        PyBuffer_Release(&live_view);
     if (have_tokens)
         PyBuffer_Release(&tokens_view);
     if (have_first)
@@ -361,7 +339,7 @@ done:
 
 static PyMethodDef Trie_methods[] = {
     {"walk", (PyCFunction)Trie_walk, METH_VARARGS,
-     "walk(dfa, state, live_out, tokens_out, first_bytes, want_ends) -> (end tokens, end "
+     "walk(dfa, state, tokens_out, first_bytes, want_ends) -> (end tokens, end "
      "cuts) as int32 bytes (see the module doc)"},
     {NULL, NULL, 0, NULL},
 };

@@ -454,7 +454,7 @@ class LazyDFA:
             self.sets = _NativeSets(self._native_rows, self.accepting)
         else:
             self.sets: list[tuple] = []        # state -> its NFA states, sorted
-        self._index: dict[tuple, int] = {}     # (without the compiled core) set -> state
+            self._index: dict[tuple, int] = {}     # set -> state (the core's index otherwise)
         self._accepting_flags = np.zeros(64, dtype=bool)     # as accepting, grown with trans
         self.chains: dict = {}         # state -> token_walk.Chain | None (cache of token_walk)
         self.trans = np.full((64, 256), UNCOMPUTED, dtype=np.int32)

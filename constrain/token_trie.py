@@ -12,12 +12,13 @@ so the children of a node are one contiguous range::
     by_bytes         token ids sorted by their bytes: the tokens under node n (its prefix
                      and longer) are by_bytes[under_lo[n] : under_hi[n]], those ending at n first
 
-``walk_trie(trie, dfa, state, ends)``: the nodes whose prefix stays live from ``state`` (every
-(node, state) pair is read once; a node is reached in one state only, the DFA being
-deterministic), and so the tokens whose bytes all stay live. The compiled core walks the
-trie laid out depth first (``native.CORE.Trie``: a dead prefix's subtree skipped in one
-step); ``walk_trie_numpy``, one vectorised step per depth, is its reference and the
-fallback. ``live_tokens`` is the same walk's tokens.
+``live_tokens(table, dfa, state, ends)``: the tokens whose bytes all stay live from
+``state``, found by walking the nodes whose prefix stays live (every (node, state) pair is
+read once; a node is reached in one state only, the DFA being deterministic). The compiled
+core walks the trie laid out depth first (``native.CORE.Trie``: a dead prefix's subtree
+skipped in one step) and marks the live nodes' tokens itself. ``walk_trie_numpy``, one
+vectorised step per depth, returns the live nodes (``trie_tokens`` turns them into
+tokens): the compiled walk's reference and the fallback.
 """
 from __future__ import annotations
 
@@ -87,46 +88,31 @@ class VocabTrie:
         return {**self.__dict__, "_native": None}      # a compiled layout does not pickle
 
 
-def walk_trie(trie: VocabTrie, dfa, state: int, ends: list | None = None,
-              first_bytes: np.ndarray | None = None) -> np.ndarray:
-    """bool[num_nodes]: nodes whose prefix, read from ``state``, stays live (only prefixes
-    starting with a ``first_bytes`` byte, bool[256], when given). With ``ends`` (a list),
-    appends (token ids, k) array pairs: the first k bytes of the token (1 <= k < its
-    length) read from ``state`` reach an accepting state."""
-    core = native.CORE
-    if core is None:
-        return walk_trie_numpy(trie, dfa, state, ends, first_bytes)
-    live_nodes = np.zeros(trie.num_nodes, dtype=bool)
-    _walk_native(core, trie, dfa, state, ends, first_bytes, live_nodes, None)
-    return live_nodes
-
-
 def live_tokens(table, dfa, state: int, ends: list | None = None,
                 first_bytes: np.ndarray | None = None) -> np.ndarray:
-    """bool[V]: ``trie_tokens`` of ``walk_trie`` (the compiled core marks the tokens of the
-    live nodes itself, without the live-node array)."""
+    """bool[V]: tokens whose bytes, read from ``state``, stay live (only those starting with
+    a ``first_bytes`` byte, bool[256], when given): ``trie_tokens`` of ``walk_trie_numpy``.
+    With ``ends`` (a list), appends (token ids, k) array pairs: the first k bytes of the
+    token (1 <= k < its length) read from ``state`` reach an accepting state."""
     core = native.CORE
     if core is None:
         return trie_tokens(table, walk_trie_numpy(table.trie, dfa, state, ends, first_bytes))
-    trie = table.trie
-    tokens = np.zeros(table.vocab_size, dtype=bool)
-    _walk_native(core, trie, dfa, state, ends, first_bytes, None, tokens)
-    return tokens
-
-
-def _walk_native(core, trie, dfa, state, ends, first_bytes, live_nodes, tokens) -> None:
     if first_bytes is not None:
         first_bytes = np.ascontiguousarray(first_bytes, dtype=bool)
-    end_tok, end_cut = trie.native(core).walk(dfa, state, live_nodes, tokens, first_bytes,
-                                              ends is not None)
+    tokens = np.zeros(table.vocab_size, dtype=bool)
+    end_tok, end_cut = table.trie.native(core).walk(dfa, state, tokens, first_bytes,
+                                                    ends is not None)
     if end_tok:
         ends.append((np.frombuffer(end_tok, np.int32).astype(np.int64),
                      np.frombuffer(end_cut, np.int32).astype(np.int64)))
+    return tokens
 
 
 def walk_trie_numpy(trie: VocabTrie, dfa, state: int, ends: list | None = None,
                     first_bytes: np.ndarray | None = None) -> np.ndarray:
-    """``walk_trie`` one vectorised step per depth (the compiled walk's reference)."""
+    """bool[num_nodes]: nodes whose prefix, read from ``state``, stays live (only prefixes
+    starting with a ``first_bytes`` byte when given), one vectorised step per depth; ends
+    as in ``live_tokens``. The compiled walk's reference and the no-core path."""
     live_nodes = np.zeros(trie.num_nodes, dtype=bool)
     frontier = np.zeros(1, dtype=np.int64)
     states = np.full(1, state, dtype=np.int64)

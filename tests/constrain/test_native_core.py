@@ -22,7 +22,7 @@ from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_co
 from tamis.constrain import nfa as nfa_module
 from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
 from tamis.constrain.regex_parser import parse_regex
-from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie, walk_trie_numpy
+from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie_numpy
 from tamis.constrain.token_walk import allowed, walk, walk_numpy
 
 SEED = random.randrange(1 << 30)
@@ -166,7 +166,13 @@ def test_bad_arrays_are_refused(core):
     rows = core.NFARows(nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
                         nfa.eps_to, bytes(256), accept)
     with pytest.raises(ValueError):
-        rows.targets((nfa.num_states,))
+        rows.state_of((nfa.num_states,))               # no such NFA state
+    trans, flags = np.full((4, 256), -2, dtype=np.int32), np.zeros(4, dtype=bool)
+    with pytest.raises(IndexError):
+        rows.build(0, trans, flags, [])                # no DFA state 0 yet
+    assert rows.state_of((0,)) == 0
+    with pytest.raises(ValueError):
+        rows.build(0, trans[:, :255], flags, [])       # rows of 255 entries
 
 
 # ---- trie walks and masks -----------------------------------------------------------------
@@ -192,9 +198,10 @@ def end_pairs(ends: list) -> set:
 
 
 @pytest.mark.parametrize("seed", [SEED])
-def test_trie_walk_equals_the_numpy_walk(core, table, seed):
-    """Live nodes and ends equal the numpy walk's, with and without a first-byte filter; the
-    tokens marked by the compiled walk are the live nodes' tokens."""
+def test_trie_walk_equals_the_numpy_walk(core, table, monkeypatch, seed):
+    """The tokens marked by the compiled walk and its ends are the numpy walk's live nodes'
+    tokens and ends, with and without a first-byte filter."""
+    monkeypatch.setattr(native, "CORE", core)
     rng = random.Random(seed)
     for description, nfa, start, accept in automata(seed):
         dfa = fresh_dfa(nfa, start, accept)
@@ -202,14 +209,11 @@ def test_trie_walk_equals_the_numpy_walk(core, table, seed):
             first_bytes = np.array([rng.random() < 0.5 for _ in range(256)])
             for chosen in (None, first_bytes):
                 where = (seed, description, state, chosen is None)
-                want_ends, got_ends, token_ends = [], [], []
+                want_ends, got_ends = [], []
                 want = walk_trie_numpy(table.trie, dfa, state, want_ends, chosen)
-                got = walk_trie(table.trie, dfa, state, got_ends, chosen)
-                assert (got == want).all(), where
+                got = live_tokens(table, dfa, state, got_ends, chosen)
+                assert (got == trie_tokens(table, want)).all(), where
                 assert end_pairs(got_ends) == end_pairs(want_ends), where
-                tokens = live_tokens(table, dfa, state, token_ends, chosen)
-                assert (tokens == trie_tokens(table, want)).all(), where
-                assert end_pairs(token_ends) == end_pairs(want_ends), where
 
 
 @pytest.mark.parametrize("seed", [SEED])
@@ -232,18 +236,19 @@ def test_allowed_equals_the_chain_path(core, table, monkeypatch, seed):
                     assert end_pairs(got_ends) == end_pairs(want_ends), where
 
 
-def test_walk_builds_rows_of_a_growing_table(core, table):
+def test_walk_builds_rows_of_a_growing_table(core, table, monkeypatch):
     """A walk from a fresh DFA builds its rows as it goes (the table regrows many times under
     it) and still equals the numpy walk on a DFA built beforehand."""
+    monkeypatch.setattr(native, "CORE", core)
     nfa, start, accept = build_nfa(parse_regex(r"[a-z ]{0,60}(ab|cd)[a-z ]{0,60}"))
     fresh = fresh_dfa(nfa, start, accept)
     assert len(fresh.trans) == 64
     ends: list = []
-    got = walk_trie(table.trie, fresh, fresh.start, ends)
+    got = live_tokens(table, fresh, fresh.start, ends)
     assert fresh.num_states > 64
     built = fresh_dfa(nfa, start, accept)
     want_ends: list = []
-    want = walk_trie_numpy(table.trie, built, built.start, want_ends)
+    want = trie_tokens(table, walk_trie_numpy(table.trie, built, built.start, want_ends))
     assert (got == want).all()
     assert end_pairs(ends) == end_pairs(want_ends)
 

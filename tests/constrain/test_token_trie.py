@@ -1,5 +1,6 @@
-"""token_trie: the vocabulary trie against the token bytes it was built from, and walk_trie
-(first-byte filter, ends) against a byte-by-byte reference walk of every token."""
+"""token_trie: the vocabulary trie against the token bytes it was built from, and its walk
+(``live_tokens``: first-byte filter, ends; the compiled walk, or the numpy one with
+TAMIS_NATIVE_CONSTRAIN=0) against a byte-by-byte reference walk of every token."""
 import random
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 from tamis.constrain.automaton import LazyDFA
 from tamis.constrain.regex_parser import parse_regex
 from tamis.constrain.token_table import TokenTable
-from tamis.constrain.token_trie import trie_tokens, walk_trie
+from tamis.constrain.token_trie import live_tokens
 
 from test_token_walk import PATTERNS, random_vocab, reference, visited_states
 
@@ -54,8 +55,8 @@ def test_trie_holds_every_prefix_once(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_walk_trie_matches_reference_walk(pattern, seed):
-    """walk_trie's tokens and ends equal the reference walk's, restricted to the tokens
+def test_trie_walk_matches_reference_walk(pattern, seed):
+    """live_tokens' tokens and ends equal the reference walk's, restricted to the tokens
     whose first byte is in a random first-byte set when one is given."""
     rng = random.Random(seed)
     vocab = random_vocab(rng, 600)
@@ -67,7 +68,7 @@ def test_walk_trie_matches_reference_walk(pattern, seed):
         for chosen in (None, first_bytes):
             keep = np.array([bool(b) and (chosen is None or chosen[b[0]]) for b in vocab])
             ends: list = []
-            got = trie_tokens(table, walk_trie(table.trie, dfa, state, ends, chosen))
+            got = live_tokens(table, dfa, state, ends, chosen)
             pairs = {(int(t), int(k)) for tok, cut in ends for t, k in zip(tok, cut)}
             assert (got == (want & keep)).all(), (seed, state, chosen is None)
             assert pairs == {(t, k) for t, k in want_ends if keep[t]}, (seed, state)
@@ -77,5 +78,5 @@ def test_empty_vocabulary():
     table = TokenTable([None, b""])
     dfa = LazyDFA(parse_regex("a*"))
     ends: list = []
-    assert not trie_tokens(table, walk_trie(table.trie, dfa, dfa.start, ends)).any()
+    assert not live_tokens(table, dfa, dfa.start, ends).any()
     assert ends == []
