@@ -221,7 +221,7 @@ def run_case(kind: str, tokens: int, w13, w2, top_k: int, bandwidth: float, vllm
                          graph_ms=None if name == "reference" else _rounded(graph_ms(fn)),
                          floor_ms=round(floor_ms, 4), experts_touched=touched))
         print(json.dumps(rows[-1]), flush=True)
-    tiles = default_tiles(tokens, experts)
+    tiles = default_tiles(tokens, experts, top_k)
     print(json.dumps(dict(tokens=tokens, tamis_tiles=dataclasses.asdict(tiles))), flush=True)
     return rows
 

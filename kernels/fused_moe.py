@@ -97,15 +97,19 @@ class MoeTiles:
     num_stages: int = 3
 
 
-def default_tiles(num_tokens: int, num_experts: int) -> MoeTiles:
-    """Small batches are weight-bandwidth bound (short M tiles, long K tiles); large ones
-    compute bound (large tiles, more warps, M blocks grouped to share weight tiles in L2)."""
-    block_m = next(size for limit, size in ((32, 16), (96, 32), (512, 64), (None, 128))
-                   if limit is None or num_tokens <= limit)
-    small = num_tokens <= 64
-    group_m = 8 if num_tokens // max(num_experts, 1) > 128 else 1
-    return MoeTiles(block_m, 64 if small else 128, 128 if small else 64, group_m,
-                    4 if num_tokens <= 128 else 8, 4 if num_tokens <= 32 else 3)
+def default_tiles(num_tokens: int, num_experts: int, top_k: int = 2) -> MoeTiles:
+    """Tiles by the rows an expert gets on average (``num_tokens * top_k / num_experts``):
+    few rows are weight-bandwidth bound (short M tiles, long K tiles), many compute bound
+    (large tiles, more warps, M blocks grouped to share weight tiles in L2). Counting rows
+    per expert rather than tokens fits Mixtral (8 experts, top-2) and Qwen3-MoE (128,
+    top-8) alike: a decode step of 256 tokens gives 64 rows an expert in one, 16 in the
+    other."""
+    rows = num_tokens * top_k / max(num_experts, 1)
+    block_m = next(size for limit, size in ((8, 16), (24, 32), (64, 64), (None, 128))
+                   if limit is None or rows <= limit)
+    small = rows <= 16
+    return MoeTiles(block_m, 64 if small else 128, 128 if small else 64,
+                    8 if rows > 256 else 1, 4 if rows <= 32 else 8, 4 if rows <= 8 else 3)
 
 
 if tl is not None:
@@ -240,7 +244,7 @@ def fused_experts_triton(x: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights,
     x = x.contiguous()
     w8a8 = use_w8a8(x) if w8a8 is None else w8a8
     (experts, two_i, _), hidden_size = expert_shape(w13), x.shape[1]
-    tiles = tiles or default_tiles(num_tokens, experts)
+    tiles = tiles or default_tiles(num_tokens, experts, top_k)
     blocks = align_by_expert(topk_ids, experts, tiles.block_m)
     pairs = num_tokens * top_k
     gate_up = torch.empty(pairs, two_i, dtype=x.dtype, device=x.device)

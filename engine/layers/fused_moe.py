@@ -1,4 +1,5 @@
-"""Routed experts: top-k routing and the experts' stacked weights.
+"""Routed experts: the experts' stacked weights; routing (softmax, top-k) runs in
+``tamis.kernels.moe_routing``.
 
 ``FusedMoE`` holds all experts of one layer in stacked parameters that its method
 (``FusedMoEMethodBase``: unquantized here, quantized ones in ``tamis.quant.moe``) creates.
@@ -19,18 +20,7 @@ from torch import nn
 
 from tamis.engine.layers.quant_method import (FusedMoEMethodBase, QuantizationConfig,
                                               set_weight_attrs)
-
-
-def select_experts(router_logits: torch.Tensor, top_k: int,
-                   renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax over all experts (float32), the ``top_k`` largest, divided by their sum when
-    ``renormalize`` (which equals a softmax over the top-k logits: Mixtral's routing).
-    Returns (weights float32 [T, top_k], expert ids int32 [T, top_k])."""
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids.to(torch.int32)
+from tamis.kernels.moe_routing import select_experts
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):

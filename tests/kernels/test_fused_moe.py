@@ -8,7 +8,9 @@ import torch.nn.functional as F
 from tamis.engine.layers.fused_moe import select_experts
 from tamis.kernels.fused_moe import (MoeTiles, default_tiles, fused_experts, fused_experts_ref,
                                      fused_experts_triton)
-from tamis.kernels.moe_align import align_by_expert, max_padded_rows
+from tamis.kernels.moe_align import (align_by_expert, align_by_expert_ref,
+                                     align_by_expert_triton, max_padded_rows)
+from tamis.kernels.moe_routing import select_experts_ref, select_experts_triton
 
 HIDDEN, INTERMEDIATE = 48, 40     # not multiples of the test tiles: edge masks run
 
@@ -40,7 +42,8 @@ def _naive(x, w13, w2, weights, ids):
 
 
 def test_align_by_expert_matches_the_documented_example():
-    blocks = align_by_expert(torch.tensor([[1, 0], [1, 2], [0, 1]]), num_experts=4, block_m=4)
+    blocks = align_by_expert_ref(torch.tensor([[1, 0], [1, 2], [0, 1]]), num_experts=4,
+                                 block_m=4)
     pad = 6
     assert blocks.sorted_ids[:12].tolist() == [1, 4, pad, pad, 0, 2, 5, pad, 3, pad, pad, pad]
     assert blocks.expert_ids[:3].tolist() == [0, 1, 2]
@@ -48,11 +51,14 @@ def test_align_by_expert_matches_the_documented_example():
     assert blocks.sorted_ids.numel() == max_padded_rows(6, 4, 4) == 20
 
 
+@pytest.mark.parametrize("align", [align_by_expert_ref, align_by_expert_triton])
 @pytest.mark.parametrize("tokens,experts,top_k,block_m", [
-    (1, 4, 2, 16), (37, 8, 2, 16), (64, 4, 1, 16), (50, 6, 3, 4), (0, 4, 2, 16)])
-def test_align_by_expert_places_every_pair_in_its_experts_block(tokens, experts, top_k, block_m):
+    (1, 4, 2, 16), (37, 8, 2, 16), (64, 4, 1, 16), (50, 6, 3, 4), (0, 4, 2, 16),
+    (1, 128, 8, 16), (300, 128, 8, 64)])     # Qwen3-MoE's routing: decode, a prefill chunk
+def test_align_by_expert_places_every_pair_in_its_experts_block(align, tokens, experts, top_k,
+                                                                block_m):
     _, ids = _routing(tokens, experts, top_k)
-    blocks = align_by_expert(ids, experts, block_m)
+    blocks = align(ids, experts, block_m)
     num_pairs, used = tokens * top_k, blocks.num_padded.item()
     assert used % block_m == 0 and blocks.sorted_ids.numel() % block_m == 0
     rows = blocks.sorted_ids[:used].long()
@@ -65,6 +71,44 @@ def test_align_by_expert_places_every_pair_in_its_experts_block(tokens, experts,
     assert torch.equal(flat[rows[is_real]], row_experts[is_real])
     counts = torch.bincount(flat, minlength=experts)
     assert used == int(((counts + block_m - 1) // block_m * block_m).sum())
+
+
+def test_align_triton_lays_out_the_blocks_as_the_reference():
+    """The same blocks, experts and padding; within a block only the order may differ."""
+    _, ids = _routing(1000, 16, 4, only=range(11))        # 5 experts get no block
+    got, expected = align_by_expert_triton(ids, 16, 16), align_by_expert_ref(ids, 16, 16)
+    assert torch.equal(got.expert_ids, expected.expert_ids)
+    assert torch.equal(got.num_padded, expected.num_padded)
+    assert torch.equal(got.sorted_ids.view(-1, 16).sort(dim=1).values,
+                       expected.sorted_ids.view(-1, 16).sort(dim=1).values)
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,renormalize,dtype", [
+    (1, 8, 2, True, torch.float32), (37, 128, 8, True, torch.float32),
+    (5, 60, 4, False, torch.float16), (33, 6, 6, True, torch.float32),
+    (0, 8, 2, True, torch.float32)])
+def test_select_experts_triton_matches_the_reference(tokens, experts, top_k, renormalize, dtype):
+    logits = (torch.randn(tokens, experts) * 3).to(dtype)
+    weights, ids = select_experts_triton(logits, top_k, renormalize)
+    expected_weights, expected_ids = select_experts_ref(logits, top_k, renormalize)
+    if dtype == torch.float32:          # distinct logits: the same experts in the same order
+        assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights)
+    assert ids.dtype == torch.int32 and weights.dtype == torch.float32
+
+
+def test_select_experts_triton_picks_a_true_top_k_among_ties():
+    """bf16 logits tie often; the picks carry the k largest probabilities, lowest index
+    first among equals, and never a padding column or a banned expert twice."""
+    logits = torch.randn(64, 128).bfloat16()
+    logits[:, 100:] = float("-inf")
+    weights, ids = select_experts_triton(logits, 8, renormalize=False)
+    probs = torch.softmax(logits.float(), dim=-1)
+    torch.testing.assert_close(weights, probs.gather(1, ids.long()))
+    torch.testing.assert_close(weights, torch.topk(probs, 8).values)
+    assert (ids < 100).all() and all(len(set(row)) == 8 for row in ids.tolist())
+    with pytest.raises(ValueError, match="top_k=9"):
+        select_experts_triton(torch.randn(2, 8), 9, True)
 
 
 def test_select_experts_follows_each_models_rule():
@@ -132,6 +176,8 @@ def test_default_tiles_grow_with_the_batch():
     small, large = default_tiles(1, 8), default_tiles(4096, 8)
     assert small.block_m == 16 and large.block_m == 128
     assert large.num_warps >= small.num_warps and large.group_m > small.group_m
+    # a decode step of 256 tokens: 64 rows an expert under Mixtral's routing, 16 under Qwen3-MoE's
+    assert default_tiles(256, 8, 2).block_m == 64 and default_tiles(256, 128, 8).block_m == 32
 
 
 @pytest.mark.gpu
