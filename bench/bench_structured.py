@@ -5,6 +5,7 @@
                                      [--throughput [--batch 32 --max-tokens 64 --repeats 2
                                                     --no-jump-forward]]
                                      [--skip-maskbench] [--engine-masks] [--cpu-clock]
+                                     [--slowest N]
 
 - coverage, cold compile time and accept/reject agreement over the maskbench-dev
   schemas (``--data DIR``: the whole dev half, one folder per subset, from a checkout of
@@ -15,7 +16,8 @@
   only where installed: ``tamis.constrain.backends``);
 - per-step mask fill time p50/p99 for JSON schemas (those walks), a regex and a grammar
   (``--cpu-clock``: compiles and fills timed in the process's CPU time, which the other jobs
-  of a shared machine do not stretch);
+  of a shared machine do not stretch); ``--slowest N`` lists the N slowest compiles by
+  subset and file;
 - the cyclic garbage collector's pauses over those compiles and walks (full collections and
   their longest, the longest younger one), the start-up heap frozen first as the engine core
   process freezes its own;
@@ -96,7 +98,9 @@ def compile_with(backend, params):
         return backend.compile(params)
 
 
-def maskbench(backend, per_subset: int):
+def maskbench(backend, per_subset: int, compiles: list | None = None):
+    """Coverage rows per subset and the timings; with ``compiles`` (a list), appends
+    (seconds, subset/file name) for every schema compiled."""
     per = defaultdict(Counter)
     compile_ms, first_mask_ms, mask_times, refused = [], [], [], Counter()
     for subset, path in maskbench_sample(per_subset):
@@ -116,6 +120,8 @@ def maskbench(backend, per_subset: int):
             refused["(at a mask) " + str(exc)[:60]] += 1
             continue
         compile_ms.append(elapsed)
+        if compiles is not None:
+            compiles.append((elapsed, f"{subset}/{path.name}"))
         row["compiled"] += 1
         for kind, ok, times in walked:
             if times:
@@ -158,13 +164,14 @@ def regex_and_grammar_masks(backend):
     return out
 
 
-def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
+def model_free_figures(name: str, per_subset: int, slowest: int = 0) -> dict[str, str]:
     prefetch.set_enabled(False)     # worst case: first visits paid on the step path
     tokenizer, info = smollm2()
     backend = backend_registry.load_backend(name, tokenizer, info.vocab_size, info)
     freeze_startup_heap()
+    compiles: list = []
     with GcPauses() as pauses:
-        per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset)
+        per, compile_ms, first_mask, mask_times, refused = maskbench(backend, per_subset, compiles)
         others = regex_and_grammar_masks(backend)
     total = Counter()
     print(f"\n[{name}] subset                schemas compiled valid-accepted invalid-rejected")
@@ -174,6 +181,8 @@ def model_free_figures(name: str, per_subset: int) -> dict[str, str]:
               f" {row['invalid_ok']:6d}/{row['invalid']}")
     for message, count in refused.most_common(8):
         print(f"[{name}] refused x{count}: {message}")
+    for seconds, schema in sorted(compiles, reverse=True)[:slowest]:
+        print(f"[{name}] compile {1e3 * seconds:8.1f} ms  {schema}")
     fig = {
         "schemas compiled": f"{total['compiled']}/{total['schemas']} "
                             f"({100 * total['compiled'] / max(total['schemas'], 1):.1f}%)",
@@ -355,6 +364,8 @@ def main() -> None:
                         default="json", help="the constraints of --engine-masks' batch")
     parser.add_argument("--cpu-clock", action="store_true",
                         help="time compiles and mask fills in process CPU time, not wall time")
+    parser.add_argument("--slowest", type=int, default=0, metavar="N",
+                        help="list the N slowest maskbench compiles (subset/file)")
     parser.add_argument("--prefetch", choices=("on", "off"), help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -374,7 +385,7 @@ def main() -> None:
              if args.backend == "all" else [backend_registry.check_installed(args.backend)])
     smollm2()
     if not args.skip_maskbench:
-        figures = {name: model_free_figures(name, args.per_subset) for name in names}
+        figures = {name: model_free_figures(name, args.per_subset, args.slowest) for name in names}
         print("\n| workload | " + " | ".join(names) + " | target |")
         print("|---|" + "---|" * len(names) + "---|")
         targets = {"schemas compiled": ">= 97%", "invalid instances accepted": "0",
