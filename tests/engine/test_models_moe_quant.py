@@ -295,9 +295,21 @@ def test_cuda_quantized_experts_pick_transformers_tokens(quantized, fmt):
     batcher = PagedBatcher(kv_cache_spec(hf_config), num_blocks=32, block_size=16,
                            dtype=model.dtype, device="cuda")
     ids = prompt_ids(folder, 40)
-    if fmt == "ct-fp8":   # dynamic per-token FP8 activations on the GPU (W8A8), not on the CPU
+    got = batcher.run(model, [("a", ids)])["a"].float().cpu()
+    if fmt == "ct-fp8":   # dynamic per-token FP8 activations on the GPU (W8A8)
         expected = w8a8_reference_logits(reference, ids, fake_quant_fp8_per_token)
     else:
         expected = expected_logits(reference, fmt, ids)
-    got = batcher.run(model, [("a", ids)])["a"].float().cpu()
-    assert (got.argmax(-1) == expected.argmax(-1)).sum().item() >= 0.9 * len(ids)   # counts: 36/40 passes
+    agree = (got.argmax(-1) == expected.argmax(-1)).sum().item()
+    if fmt in ("ct-fp8", "fp8-static"):
+        # FP8 activations (per token, or on the static input scale): rounding to e4m3 moves
+        # an activation by up to 1/16, and bf16 inputs round differently from the fp32
+        # reference's, so argmax on this random model's near-tied logits is noisy. On an
+        # H100: ct-fp8 32/40 agreed, fp8-static 36/40, mean logit errors 0.038 / 0.040
+        # against a logit spread of 0.8; the fp32 references with and without activation
+        # rounding agree on only 32-35/40 themselves. A wrong scale or layout would move
+        # the logits by about the spread.
+        assert (got - expected).abs().mean().item() <= 0.06
+        assert agree >= 0.7 * len(ids)
+    else:
+        assert agree >= 0.9 * len(ids)   # fp8-block 38/40 on an H100
