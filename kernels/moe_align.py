@@ -87,7 +87,8 @@ def align_by_expert_ref(topk_ids: torch.Tensor, num_experts: int,
 
 
 _PAIRS_PER_PROGRAM = 1024
-_BLOCKS_PER_STEP = 64
+_BLOCKS_PER_STEP = 64        # the layout program's step over blocks, fewer past 256 bins:
+_COMPARES_PER_STEP = 16384    # blocks x expert bins compared at once
 
 
 if tl is not None:
@@ -139,9 +140,10 @@ def align_by_expert_triton(topk_ids: torch.Tensor, num_experts: int,
     expert_ids = torch.empty(rows // block_m, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
     cursor = torch.empty(num_experts, dtype=torch.int32, device=device)
+    bins = next_power_of_2(num_experts + 1)
     _layout_kernel[(1,)](flat, sorted_ids, expert_ids, num_padded, cursor, num_pairs,
-                         num_experts, rows, block_m, E_BINS=next_power_of_2(num_experts + 1),
-                         CHUNK=_PAIRS_PER_PROGRAM, BLOCKS=_BLOCKS_PER_STEP)
+                         num_experts, rows, block_m, E_BINS=bins, CHUNK=_PAIRS_PER_PROGRAM,
+                         BLOCKS=max(16, min(_BLOCKS_PER_STEP, _COMPARES_PER_STEP // bins)))
     if num_pairs:
         grid = (triton.cdiv(num_pairs, _PAIRS_PER_PROGRAM),)
         _place_kernel[grid](flat, sorted_ids, cursor, num_pairs, CHUNK=_PAIRS_PER_PROGRAM)
