@@ -54,7 +54,8 @@ def test_align_by_expert_matches_the_documented_example():
 @pytest.mark.parametrize("align", [align_by_expert_ref, align_by_expert_triton])
 @pytest.mark.parametrize("tokens,experts,top_k,block_m", [
     (1, 4, 2, 16), (37, 8, 2, 16), (64, 4, 1, 16), (50, 6, 3, 4), (0, 4, 2, 16),
-    (1, 128, 8, 16), (300, 128, 8, 64)])     # Qwen3-MoE's routing: decode, a prefill chunk
+    (1, 128, 8, 16), (300, 128, 8, 64),      # Qwen3-MoE's routing: decode, a prefill chunk
+    (3, 512, 10, 16)])                       # 512 experts: the layout's shorter block step
 def test_align_by_expert_places_every_pair_in_its_experts_block(align, tokens, experts, top_k,
                                                                 block_m):
     _, ids = _routing(tokens, experts, top_k)
