@@ -36,8 +36,8 @@
  *     ``dfa.accepting_array()`` are read again (both may have been replaced). It builds
  *     the rows the reference builds: those of the states of live nodes with children.
  *
- *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check)
- *       -> (pairs, accepting, runs), or None past max_states
+ *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
+ *                counter=None) -> (pairs, accepting, runs), or None past max_states
  *     product._ProductBuilder._explore_python: the pairs of two lazy DFAs (``left``,
  *     ``right``: dfa.trans and dfa.accepting_array() read as Trie.walk reads them, rows
  *     built through dfa.row) reachable from (left_start, right_start) over the symbols
@@ -48,7 +48,10 @@
  *     pair, live (a DEAD right side is live in a difference), in the order the reference
  *     meets them. ``check()`` is called before every 1,024th new pair (the deadline);
  *     None when a pair past ``max_states`` is found. It builds the rows the reference
- *     builds, in the same order.
+ *     builds, in the same order. With ``counter`` = (rows, lo, cap, saturate), the right
+ *     side is product._UnitCounter instead (``right`` is not read): a count of units
+ *     (rows: int32 [units, alphabet], DEAD, a unit state or ``units`` for a unit's end)
+ *     whose rows and accepting flags are computed, not read.
  *
  *   walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions)
  *     token_walk.walk_numpy: items (token tok[i], position at[i] in ``flat``, state st[i])
@@ -70,12 +73,13 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 6
+#define NATIVE_VERSION 7
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
-     "product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check) "
-     "-> (pairs, accepting, runs) or None: the reachable pairs of two lazy DFAs"},
+     "product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check, "
+     "counter=None) -> (pairs, accepting, runs) or None: the reachable pairs of two lazy DFAs "
+     "(or of a lazy DFA and a count of units)"},
     {"walk_items", walk_items, METH_VARARGS,
      "walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions): "
      "tokens' remaining bytes walked through a lazy DFA"},

@@ -671,28 +671,95 @@ pair_id(PairWalk *w, int32_t l, int32_t r)
     return id;
 }
 
-/* product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check)
- *   -> (pairs, accepting, runs) or None past max_states (see _native.c). */
+/* ---- a count of units as the right side (product._UnitCounter) --------------------------- */
+
+/* rep(unit, lo, hi) as a count of units read beside the unit's own automaton: state
+ * n * units + u is n units read, then unit state u (0: between units). ``rows``: int32
+ * [units, alphabet], each entry DEAD, a unit state, or ``units`` (the unit ends). The
+ * count stops at ``cap`` (hi, or lo when there is no hi): a unit ending there is DEAD
+ * past hi, or stays at cap (``saturate``: no hi), and with a hi no unit starts there. */
+typedef struct {
+    Py_buffer rows;
+    int have_rows, units, lo, cap, saturate;
+} UnitCount;
+
+/* Reads product_runs's ``counter`` argument (None, or (rows, lo, cap, saturate)); 0 and
+ * have_rows unset for None. */
+static int
+unit_count_read(PyObject *arg, int alphabet, UnitCount *c)
+{
+    if (arg == Py_None)
+        return 0;
+    PyObject *rows;
+    if (!PyArg_ParseTuple(arg, "Oiip:product_runs counter", &rows, &c->lo, &c->cap, &c->saturate))
+        return -1;
+    if (get_ints(rows, 4, 2, 0, &c->rows, "counter rows") < 0)
+        return -1;
+    c->have_rows = 1;
+    Py_ssize_t units = c->rows.shape[0];
+    if (c->rows.shape[1] != alphabet || units < 1 || c->lo < 0 || c->cap < 0
+            || ((int64_t)c->cap + 1) * units > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "product_runs(): counter rows of the alphabet's "
+                        "width and (cap + 1) * units within int32");
+        return -1;
+    }
+    c->units = (int)units;
+    const int32_t *t = c->rows.buf;
+    for (Py_ssize_t i = 0; i < units * alphabet; i++)
+        if (t[i] < DEAD || t[i] > c->units) {
+            PyErr_SetString(PyExc_ValueError, "product_runs(): counter rows hold DEAD, a unit "
+                            "state or the unit count");
+            return -1;
+        }
+    return 0;
+}
+
+/* The row of counter state ``r`` (0 <= r <= (cap + 1) * units - 1) into ``out``. */
+static void
+unit_count_row(const UnitCount *c, int alphabet, int32_t r, int32_t *out)
+{
+    int32_t n = r / c->units, at = n * c->units;
+    const int32_t *t = (const int32_t *)c->rows.buf + (Py_ssize_t)(r % c->units) * alphabet;
+    int full = n == c->cap && !c->saturate;          /* no unit may start or end */
+    int32_t ended = n < c->cap ? at + c->units : at;
+    for (int s = 0; s < alphabet; s++) {
+        int32_t x = t[s];
+        out[s] = x == DEAD || full ? DEAD : x == c->units ? ended : at + x;
+    }
+}
+
+/* product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
+ *              counter=None) -> (pairs, accepting, runs) or None past max_states (see
+ * _native.c). */
 PyObject *
 product_runs(PyObject *module, PyObject *args)
 {
-    PyObject *left_obj, *right_obj, *check;
+    PyObject *left_obj, *right_obj, *check, *counter_arg = Py_None;
     int l0, r0, alphabet, diff, max_states;
-    if (!PyArg_ParseTuple(args, "OOiiipiO:product_runs", &left_obj, &right_obj, &l0, &r0,
-                          &alphabet, &diff, &max_states, &check))
+    if (!PyArg_ParseTuple(args, "OOiiipiO|O:product_runs", &left_obj, &right_obj, &l0, &r0,
+                          &alphabet, &diff, &max_states, &check, &counter_arg))
         return NULL;
     if (alphabet < 1 || alphabet > 256 || l0 < 0) {
         PyErr_SetString(PyExc_ValueError, "product_runs(): alphabet 1..256 and a live left start");
         return NULL;
     }
     int32_t dead_row[256];       /* the right side's row when it is DEAD */
+    int32_t count_row[256];      /* a counter's row, computed */
     for (int b = 0; b < 256; b++)
         dead_row[b] = DEAD;
     DFAView left = {.dfa = left_obj}, right = {.dfa = right_obj};
+    UnitCount count = {0};
     PairWalk w = {.max_states = max_states, .check = check};
     IntVec accepting = {0}, runs = {0};
     PyObject *result = NULL;
-    if (pairmap_init(&w.map, 1024) < 0 || dfa_read(&left) < 0 || dfa_read(&right) < 0)
+    if (unit_count_read(counter_arg, alphabet, &count) < 0)
+        goto done;
+    if (count.have_rows && (r0 < 0 || r0 >= (count.cap + 1) * count.units)) {
+        PyErr_SetString(PyExc_ValueError, "product_runs(): a counter's start out of range");
+        goto done;
+    }
+    if (pairmap_init(&w.map, 1024) < 0 || dfa_read(&left) < 0
+            || (!count.have_rows && dfa_read(&right) < 0))
         goto done;
     if (pair_id(&w, l0, r0) < 0)
         goto stop;
@@ -700,8 +767,11 @@ product_runs(PyObject *module, PyObject *args)
         int32_t here = w.stack.data[--w.stack.len];
         int32_t l = w.pairs.data[2 * here], r = w.pairs.data[2 * here + 1];
         int accept_l, accept_r = 0, reread = 0;
-        if (dfa_accepting(&left, l, &accept_l) < 0
-                || (r != DEAD && dfa_accepting(&right, r, &accept_r) < 0))
+        if (dfa_accepting(&left, l, &accept_l) < 0)
+            goto done;
+        if (count.have_rows)
+            accept_r = r != DEAD && r % count.units == 0 && r / count.units >= count.lo;
+        else if (r != DEAD && dfa_accepting(&right, r, &accept_r) < 0)
             goto done;
         if (vec_reserve(&accepting, w.map.len) < 0)
             goto done;
@@ -711,7 +781,13 @@ product_runs(PyObject *module, PyObject *args)
          * one is built, in case both sides are one DFA */
         if (dfa_row(&left, l, &reread) == NULL)
             goto done;
-        const int32_t *row_r = r == DEAD ? dead_row : dfa_row(&right, r, &reread);
+        const int32_t *row_r = dead_row;
+        if (r != DEAD && count.have_rows) {
+            unit_count_row(&count, alphabet, r, count_row);
+            row_r = count_row;
+        } else if (r != DEAD) {
+            row_r = dfa_row(&right, r, &reread);
+        }
         const int32_t *row_l = row_r == NULL ? NULL : dfa_row(&left, l, &reread);
         if (row_l == NULL)
             goto done;
@@ -754,6 +830,8 @@ stop:
 done:
     dfa_release(&left);
     dfa_release(&right);
+    if (count.have_rows)
+        PyBuffer_Release(&count.rows);
     pairmap_free(&w.map);
     vec_free(&w.pairs);
     vec_free(&w.stack);

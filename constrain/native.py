@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-VERSION = 6           # _native.c's NATIVE_VERSION that this code calls
+VERSION = 7           # _native.c's NATIVE_VERSION that this code calls
 
 
 def load_extension():

@@ -15,10 +15,16 @@ pair merged into one range edge.
 Both are exact: the product accepts the strings of ``a`` that are (``and``) or are not
 (``diff``) strings of ``b``.
 
+A right operand ``rep(unit, lo, hi)`` is a count of units beside the unit's own small
+automaton (``_UnitCounter``) where the units of a string can be told apart one way: a JSON
+string's ``minLength`` 10,000 under a ``pattern`` counts units of escaped content (a
+character or an escape sequence), and is no 10,001-state DFA then.
+
 The reachable pairs and their runs are found first (``_explore``: in the compiled core,
-``native.CORE.product_runs``, when it is built and no length is counted; its reference is
-``_explore_python``), then written into the NFA at once: a state per pair, numbered as found,
-then the intermediate states of multi-byte characters. Either way the same NFA results.
+``native.CORE.product_runs``, when it is built and no length of characters is counted; its
+reference is ``_explore_python``), then written into the NFA at once: a state per pair,
+numbered as found, then the intermediate states of multi-byte characters. Either way the same
+NFA results.
 """
 from __future__ import annotations
 
@@ -64,12 +70,15 @@ class _ProductBuilder:
     def __init__(self, nfa: NFA, a, b, mode: str, classes):
         self.nfa, self.diff, self.classes = nfa, mode == "diff", classes
         self.left = LazyDFA(a, allow_empty_language=True)
+        alphabet = 256 if classes is None else len(classes)
         bound = _length_bound(b) if classes is not None and mode == "and" else None
-        if bound is None:
-            self.right, self.settle = LazyDFA(b, allow_empty_language=True), None
-        else:
-            self.right = _LengthCounter(self.left, len(classes), *bound)
+        counter = _UnitCounter.of(b, alphabet) if bound is None and mode == "and" else None
+        self.settle, self.counter = None, counter
+        if bound is not None:
+            self.right = _LengthCounter(self.left, alphabet, *bound)
             self.settle = self.right.settle
+        else:
+            self.right = counter or LazyDFA(b, allow_empty_language=True)
         self.left_runs: dict[int, list] = {}   # left state -> its runs (of counted symbols)
         self.right_runs: dict[int, list] = {}  # right state -> its runs
         self.paths: dict = {}          # pseudo-characters -> their UTF-8 byte-range paths
@@ -98,18 +107,26 @@ class _ProductBuilder:
     def _explore(self, alphabet: int) -> tuple[np.ndarray, np.ndarray]:
         """(bool per pair: accepting, int32 [runs, 4]: pair, lo, hi, target pair) of the
         pairs reachable from the start pair (id 0), numbered as found, a pair expanded
-        last-found first. The compiled core walks two DFAs (no length counter) alike."""
+        last-found first. The compiled core walks two DFAs, or a DFA and a count of units,
+        alike (a count of characters, ``settle``, in Python only)."""
         core = native.CORE
         if core is None or self.settle is not None:
             _, accepting, runs = self._explore_python(alphabet)
             return accepting, runs
-        found = core.product_runs(self.left, self.right, self.left.start, self.right.start,
-                                  alphabet, self.diff, MAX_PRODUCT_STATES, deadline.check)
+        found = self.core_runs(core, alphabet)
         if found is None:
             raise _too_many_pairs()
         _, accepting, runs = found
         return (np.frombuffer(accepting, dtype=np.bool_),
                 np.frombuffer(runs, dtype=np.int32).reshape(-1, 4))
+
+    def core_runs(self, core, alphabet: int):
+        """``core.product_runs`` of the operands: (pairs, accepting, runs) as bytes, None
+        past ``MAX_PRODUCT_STATES``."""
+        counter = self.counter
+        return core.product_runs(self.left, None if counter else self.right, self.left.start,
+                                 self.right.start, alphabet, self.diff, MAX_PRODUCT_STATES,
+                                 deadline.check, counter and counter.core_args())
 
     def _explore_python(self, alphabet: int) -> tuple[list, np.ndarray, np.ndarray]:
         """``_explore`` in Python, with the pairs themselves: the compiled core's reference."""
@@ -290,6 +307,91 @@ class _LengthCounter:
         if n != self.free and longest is not None and n >= self.lo and n + longest <= self.hi:
             return state, self.free
         return pair
+
+
+MAX_UNIT_STATES = 64
+# Below this many units the repetition's own DFA is as small, and is kept: trying a unit
+# builds its DFA, which records its fragment for later builds.
+MIN_COUNTED_UNITS = 16
+
+
+class _UnitCounter:
+    """The right side of ``a`` and ``rep(unit, lo, hi)`` when ``unit`` holds no empty string
+    and no string that begins another (each unit's end is then known where it is read, so
+    a string splits into units one way only): state ``n * units + u`` is n units read, then
+    the unit's state u, 0 between units. ``rows`` (int32 [units, alphabet]) are the unit's
+    transitions: DEAD, a unit state, or ``units`` where a unit ends. The count stops at
+    ``cap`` (hi; lo when hi is None): past hi nothing is live, and without hi a unit ending
+    at cap stays there. Accepting: between units, with n >= lo."""
+
+    start = 0
+
+    def __init__(self, rows: np.ndarray, lo: int, cap: int, saturate: bool):
+        self.rows, self.lo, self.cap, self.saturate = rows, lo, cap, saturate
+        self.units = len(rows)
+
+    @classmethod
+    def of(cls, node, alphabet: int) -> "_UnitCounter | None":
+        """The counter for ``node`` when it is such a repetition; None otherwise."""
+        if node[0] != "rep":
+            return None
+        _, unit, lo, hi = node
+        cap = lo if hi is None else hi
+        if cap < max(lo, MIN_COUNTED_UNITS) or ra.has_rules(unit) or ra.matches_empty(unit):
+            return None
+        rows = _unit_rows(unit, alphabet)
+        if rows is None or (cap + 1) * len(rows) > np.iinfo(np.int32).max:
+            return None
+        return cls(rows, lo, cap, hi is None)
+
+    def core_args(self) -> tuple:
+        """``native.CORE.product_runs``'s ``counter`` argument."""
+        return self.rows, self.lo, self.cap, self.saturate
+
+    def is_accepting(self, state: int) -> bool:
+        return state % self.units == 0 and state // self.units >= self.lo
+
+    def row(self, state: int) -> np.ndarray:
+        """The transitions of ``state`` over the alphabet, computed."""
+        n, u = divmod(state, self.units)
+        unit_row = self.rows[u]
+        if n == self.cap and not self.saturate:
+            return np.full(len(unit_row), DEAD, dtype=np.int32)
+        at = n * self.units
+        ended = at + self.units if n < self.cap else at
+        return np.where(unit_row == DEAD, DEAD,
+                        np.where(unit_row == self.units, ended, at + unit_row)).astype(np.int32)
+
+
+def _unit_rows(unit, alphabet: int) -> np.ndarray | None:
+    """``_UnitCounter.rows`` of ``unit``'s DFA: its start (state 0 between units) and the
+    states read into a unit, numbered as found; None when a unit may be empty or begin
+    another, or past ``MAX_UNIT_STATES``. The start reached inside a unit is a state of its
+    own: between units the count may accept, inside one it may not."""
+    dfa = LazyDFA(unit, allow_empty_language=True)
+    if dfa.start == DEAD or dfa.is_accepting(dfa.start):
+        return None
+    inside: dict[int, int] = {}           # DFA state -> its unit state, once read into a unit
+    order, rows = [dfa.start], []
+    for state in order:
+        row = dfa.row(state)[:alphabet]
+        out = np.full(alphabet, DEAD, dtype=np.int32)
+        for target in np.unique(row[row >= 0]).tolist():
+            if dfa.is_accepting(target):
+                if (dfa.row(target)[:alphabet] >= 0).any():
+                    return None           # a unit that begins another
+                out[row == target] = -3   # a unit's end, numbered once all are known
+                continue
+            if target not in inside:
+                if len(order) >= MAX_UNIT_STATES:
+                    return None
+                inside[target] = len(order)
+                order.append(target)
+            out[row == target] = inside[target]
+        rows.append(out)
+    table = np.stack(rows)
+    table[table == -3] = len(order)
+    return table
 
 
 def _longest_suffixes(dfa: LazyDFA, alphabet: int, allowed: np.ndarray) -> dict[int, int]:

@@ -1,16 +1,19 @@
 """Intersections and differences (constrain/product.py) are exact: over characters (classes
 renamed to pseudo-characters, a length bound counted and dropped once it cannot fail) and
-over bytes, every drawn string is accepted exactly when Python's ``re`` and the length say so."""
+over bytes, every drawn string is accepted exactly when Python's ``re`` and the length say so.
+A repetition of units counted beside the unit's automaton (``_UnitCounter``) accepts the
+language of the repetition's own DFA."""
+import json
 import random
 import re
 
 import numpy as np
 import pytest
 
-from tamis.constrain import product, regex_ast as ra
+from tamis.constrain import native, product, regex_ast as ra
 from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
 from tamis.constrain.json_formats import EMAIL
-from tamis.constrain.json_strings import SAFE_CHAR, SAFE_CHARS
+from tamis.constrain.json_strings import SAFE_CHAR, SAFE_CHARS, STRING_UNIT, string_schema
 from tamis.constrain.regex_parser import parse_regex
 
 # "\t" is no string content without an escape (the patterns' universe). Non-ASCII spaces
@@ -117,3 +120,99 @@ def test_a_product_shared_by_two_places_is_built_once(monkeypatch):
     assert built == ["diff"]
     for text, expected in [("{ab,cd", True), ("{id,cd", False), ("{ab,kind", False), ("{ab,kinds", True)]:
         assert dfa.is_accepting(dfa.walk(dfa.start, text.encode())) == expected, text
+
+
+# ---- a repetition of units as a counter --------------------------------------------------
+
+COUNTED_PATTERNS = [WORDS, r"^[a-z7]+(@[a-z]+)?$", r"\S\s", r'^[a"\\]*$', r"^(a|\u00e9|\U0001f600)*x?$",
+                    r"b", r'^(?:[a-c]"|\\)+$']
+UNITS = [STRING_UNIT, parse_regex("a*b"), parse_regex("[a-c]|\u00e9x"), parse_regex("[^a]")]
+
+
+def _same_language(x: LazyDFA, y: LazyDFA) -> bool:
+    """Whether two DFAs accept the same strings: their reachable pairs of states agree on
+    accepting and on which bytes are live."""
+    if DEAD in (x.start, y.start):
+        return x.start == y.start
+    seen = {(x.start, y.start)}
+    stack = list(seen)
+    while stack:
+        p, q = stack.pop()
+        if x.is_accepting(p) != y.is_accepting(q):
+            return False
+        row_x, row_y = x.row(p), y.row(q)
+        if ((row_x >= 0) != (row_y >= 0)).any():
+            return False
+        live = row_x >= 0
+        for pair in set(zip(row_x[live].tolist(), row_y[live].tolist())) - seen:
+            seen.add(pair)
+            stack.append(pair)
+    return True
+
+
+def _built_both_ways(node, monkeypatch) -> tuple[LazyDFA, LazyDFA]:
+    """(counted, explicit): ``node``'s DFA with every repetition right of an intersection
+    counted when its unit allows, and with none counted."""
+    monkeypatch.setattr(product, "MIN_COUNTED_UNITS", 0)
+    counted = LazyDFA(node, allow_empty_language=True)
+    monkeypatch.setattr(product._UnitCounter, "of", classmethod(lambda cls, node, alphabet: None))
+    explicit = LazyDFA(node, allow_empty_language=True)
+    monkeypatch.undo()
+    return counted, explicit
+
+
+def _bounds(rng: random.Random) -> tuple[int, int | None]:
+    lo = rng.randint(0, 40)
+    return lo, rng.choice([None, rng.randint(lo, 40)])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_counted_string_lengths_accept_the_explicit_language(seed, product_alphabet, monkeypatch):
+    """minLength / maxLength beside a pattern count units of escaped content (a character or
+    an escape sequence)."""
+    rng = random.Random(seed)
+    regex, (lo, hi) = rng.choice(COUNTED_PATTERNS), _bounds(rng)
+    schema = {"type": "string", "pattern": regex, "minLength": lo}
+    if hi is not None:
+        schema["maxLength"] = hi
+    counted, explicit = _built_both_ways(string_schema(schema, "#"), monkeypatch)
+    assert _same_language(counted, explicit), (regex, lo, hi)
+    for text in _strings(rng, 100, 45):
+        expected = _matches(regex, text) and lo <= len(text) <= (hi if hi is not None else 10 ** 9)
+        encoded = json.dumps(text, ensure_ascii=False).encode()
+        assert counted.is_accepting(counted.walk(counted.start, encoded)) == expected, \
+            (regex, lo, hi, text)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_counted_units_accept_the_explicit_language(seed, product_alphabet, monkeypatch):
+    """Units of several states: escape sequences (surrogate pairs), a unit whose start
+    recurs inside it (``a*b``), units of several characters."""
+    rng = random.Random(seed)
+    unit, (lo, hi) = rng.choice(UNITS), _bounds(rng)
+    left = rng.choice([ra.rep(STRING_UNIT, 0, None), _pattern(rng.choice(COUNTED_PATTERNS)),
+                       parse_regex(r"(a|b|\u00e9x|\\u00e9|\\ud83d\\ude00|\\uD83D\\uDE00)*")])
+    counted, explicit = _built_both_ways(("and", left, ra.rep(unit, lo, hi)), monkeypatch)
+    assert _same_language(counted, explicit), (unit, lo, hi)
+
+
+def test_units_that_begin_others_or_may_be_empty_are_not_counted():
+    assert product._UnitCounter.of(ra.rep(parse_regex("a|ab"), 0, 100), 256) is None
+    assert product._UnitCounter.of(ra.rep(parse_regex("a?"), 0, 100), 256) is None
+    assert product._UnitCounter.of(ra.rep(parse_regex("a"), 0, 5), 256) is None       # small
+    assert product._UnitCounter.of(ra.rep(parse_regex("ab|c"), 0, 100), 256) is not None
+
+
+@pytest.mark.parametrize("use_core", [True, False])
+def test_a_pattern_within_min_length_10000(use_core, monkeypatch):
+    """maskbench's Handwritten/string1.json: its length is counted, not a 10,001-state DFA."""
+    if use_core:
+        monkeypatch.setattr(native, "CORE", native.load_extension())
+    else:
+        monkeypatch.setattr(native, "CORE", None)
+    schema = {"type": "string", "pattern": "^([a-z][0-9])+$", "minLength": 10000}
+    dfa = LazyDFA(string_schema(schema, "#"))
+    for text, expected in [("a1" * 5000, True), ("z9" * 6000, True), ("a1" * 4999, False),
+                           ("a1" * 4999 + "a", False), ("a1" * 5000 + "a", False),
+                           ("a" * 10000, False), ('a"' * 5000, False), ("", False)]:
+        assert dfa.is_accepting(dfa.walk(dfa.start, json.dumps(text).encode())) == expected
