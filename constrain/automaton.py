@@ -356,9 +356,10 @@ _DEAD_ROW = np.full(256, DEAD, dtype=np.int32)
 def _uncomputed_table(rows: int) -> np.ndarray:
     """int32 [rows, 256] of UNCOMPUTED; from 4 MB on, in a mapping of its own. numpy advises
     huge pages for its arrays past 4 MB, and the heap ranges it advised keep the advice when
-    reused: inside the bench's process, the page faults of a minLength 10,000 pattern's
-    tables (grown to 16 MB at compile) then cost 0.23-0.26 s of CPU (the kernel compacting
-    memory for huge pages), 0.04-0.07 s in a fresh mapping, 3 ms in a fresh process."""
+    reused: inside the bench's process, the page faults of a 10,000-state DFA's table (16 MB;
+    a pattern's minLength 10,000 built one before it was counted, ``product._UnitCounter``)
+    then cost 0.23-0.26 s of CPU (the kernel compacting memory for huge pages), 0.04-0.07 s
+    in a fresh mapping, 3 ms in a fresh process."""
     size = rows * 256 * 4
     if size < _OWN_MAPPING_BYTES:
         return np.full((rows, 256), UNCOMPUTED, dtype=np.int32)
