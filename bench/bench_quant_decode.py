@@ -26,6 +26,10 @@ sizes where it wins end to end.
 ``bench/device/make_bundle.py`` collects): the same config folders, workload and timing,
 vLLM's defaults otherwise (it picks its own kernels for each ``quantization_config``: on
 Hopper vLLM 0.26 runs AWQ through Machete), one process per engine and method.
+
+``--kernel-profile`` runs one more decode pass per batch size under torch's profiler
+(``kernel_profile.py``: CUDA kernel time by family and the top kernels against the wall
+time), vLLM in-process for it, to say which kernels a gap between the engines comes from.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_profile import format_profile, kernel_profile  # noqa: E402
 from llama8b import write_llama8b_config  # noqa: E402
 from subprocess_runs import run_each  # noqa: E402
 
@@ -79,6 +84,8 @@ def engine_classes(engine: str):
 def load(args):
     """``args.method``'s model in ``args.engine``, W4A16 layers on ``args.kernel``'s
     family; (llm, SamplingParams, seconds to start)."""
+    if args.kernel_profile and args.engine == "vllm":    # its kernels in this process's trace
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     LLM, SamplingParams = engine_classes(args.engine)
     quant_config, quantization = METHODS[args.method]
     extra = {"quantization_config": quant_config} if quant_config else {}
@@ -131,6 +138,10 @@ def run_method(args) -> dict:
             prefill = statistics.median(generate(batch, args.prefill_len, 1)
                                         for _ in range(args.repeats))
             row.update(prefill_seconds=prefill, prefill_tok_s=batch * args.prefill_len / prefill)
+        if args.kernel_profile:    # one more decode pass, under torch's profiler
+            row["kernel_profile"] = {}
+            with kernel_profile(row["kernel_profile"]):
+                generate(batch, args.prompt_len, args.output_len)
         rows.append(row)
     return dict(engine=args.engine, method=args.method, kernel=args.kernel, startup_s=startup,
                 rows=rows)
@@ -164,6 +175,11 @@ def parent(args) -> None:
     results = run_each(__file__, "--child", child_names(args), args.out, "decode", "child")
     print_table(results, args)
     print_act_order_cost(results)
+    for r in results:
+        for row in r.get("rows", []):
+            if row.get("kernel_profile"):
+                print(format_profile(f"{r['engine']} {r['method']} batch {row['batch']}",
+                                     row["kernel_profile"]))
 
 
 def print_act_order_cost(results: list[dict]) -> None:
@@ -216,6 +232,9 @@ def main() -> None:
     parser.add_argument("--w4a16-kernels", nargs="+", default=["chosen"], choices=W4A16_KERNELS,
                         help="W4A16 kernel families to load each W4A16 method with")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="time one more decode pass per batch size under torch's profiler "
+                             "(CUDA kernels by family; vLLM runs in-process for it)")
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
