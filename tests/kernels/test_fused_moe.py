@@ -191,3 +191,21 @@ def test_cuda_bf16_matches_reference_at_mixtral_width(tokens):
     got = fused_experts_triton(x, w13, w2, weights, ids)
     expected = fused_experts_ref(x, w13, w2, weights, ids)
     torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,experts,top_k", [(1, 128, 8), (256, 128, 8), (700, 8, 2)])
+def test_cuda_routing_and_sort_match_the_references(tokens, experts, top_k):
+    """Compiled routing kernel and sort by expert against torch on the same GPU."""
+    logits = torch.randn(tokens, experts, device="cuda") * 3
+    weights, ids = select_experts_triton(logits, top_k, renormalize=True)
+    expected_weights, expected_ids = select_experts_ref(logits, top_k, renormalize=True)
+    assert torch.equal(ids, expected_ids)
+    torch.testing.assert_close(weights, expected_weights)
+    block_m = default_tiles(tokens, experts, top_k).block_m
+    got, want = align_by_expert_triton(ids, experts, block_m), align_by_expert_ref(ids, experts,
+                                                                                   block_m)
+    assert torch.equal(got.expert_ids, want.expert_ids)
+    assert torch.equal(got.num_padded, want.num_padded)
+    assert torch.equal(got.sorted_ids.view(-1, block_m).sort(dim=1).values,
+                       want.sorted_ids.view(-1, block_m).sort(dim=1).values)
