@@ -35,28 +35,48 @@ class GrammarSpec:
 def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
     if root not in rules:
         raise GrammarError(f"the grammar has no start rule {root!r}")
-    for name, node in rules.items():
-        for ref in ra.rule_refs(node, set()):
+    with_rules: dict = {}        # has_rules memo shared by every step (the rules keep ids alive)
+    refs = {name: _refs(node, with_rules) for name, node in rules.items()}
+    for name, names in refs.items():
+        for ref in names:
             if ref not in rules:
                 raise GrammarError(f"rule {name!r} refers to undefined rule {ref!r}")
-    kept = _recursive_rules(rules) | {name for name in rules if name.startswith(KEPT_PREFIX)}
-    inlined: dict = {}
+    kept = _recursive_rules(refs) | {name for name in rules if name.startswith(KEPT_PREFIX)}
+    inliner = _Inliner(rules, kept, with_rules)
     bodies: dict = {}
     pending = [name for name in rules if name in kept or name == root]
     while pending:               # inlining may keep a large rule: it gets a body too
         name = pending.pop()
         if name not in bodies:
-            bodies[name] = _inline(rules[name], rules, kept, inlined)
+            bodies[name] = inliner.inline(rules[name])
             pending.extend(kept - bodies.keys())
-    if not ra.has_rules(bodies[root], {}) and not ignore:
+    if not ra.has_rules(bodies[root], with_rules) and not ignore:
         return bodies[root]
-    return _Builder(bodies, root, ignore).build()
+    return _Builder(bodies, root, ignore, with_rules).build()
 
 
-def _recursive_rules(rules: dict) -> set:
-    refs = {name: ra.rule_refs(node, set()) for name, node in rules.items()}
+def _refs(node, with_rules: dict) -> set:
+    """Names of the rules ``node`` refers to; sub-DAGs without any (``with_rules``, the
+    ``ra.has_rules`` memo) are not walked."""
+    out: set = set()
+    seen: set = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not ra.has_rules(node, with_rules):
+            continue
+        seen.add(id(node))
+        if node[0] == "rule":
+            out.add(node[1])
+        stack.extend(ra.children(node))
+    return out
+
+
+def _recursive_rules(refs: dict) -> set:
+    """Names of the rules that reach themselves; ``refs`` maps every rule to the names its
+    body refers to."""
     recursive = set()
-    for name in rules:
+    for name in refs:
         seen, stack = set(), list(refs[name])
         while stack:
             ref = stack.pop()
@@ -77,39 +97,51 @@ MAX_INLINED_NODES = 50_000
 KEPT_PREFIX = "$kept:"
 
 
-def _inline(node, rules, recursive, memo: dict) -> tuple:
-    """``node`` with references to non-recursive rules replaced by their bodies, except bodies
-    larger than ``MAX_INLINED_NODES``: their names join ``recursive`` (kept as nonterminals).
-    ``memo`` maps rule names and node ids (the AST is a DAG) to results; it also keeps the
-    nodes alive."""
-    key = id(node)
-    if key in memo:
-        return memo[key][1]
-    kind = node[0]
-    if kind == "rule":
-        name = node[1]
-        if name not in recursive and ("rule", name) not in memo:
-            body = _inline(rules[name], rules, recursive, memo)
-            if ra.tree_size(body) > MAX_INLINED_NODES:
-                recursive.add(name)
-            memo[("rule", name)] = body
-        result = node if name in recursive else memo[("rule", name)]
-    elif kind in ("seq", "alt"):
-        parts = [_inline(child, rules, recursive, memo) for child in node[1]]
-        result = ra.seq(*parts) if kind == "seq" else ra.alt(*parts)
-    elif kind == "rep":
-        result = ra.rep(_inline(node[1], rules, recursive, memo), node[2], node[3])
-    elif kind == "props":
-        if ra.has_rules(node):
-            result = _inline(_props_as_rules(node, rules, recursive), rules, recursive, memo)
-        else:
-            result = node
-    elif kind in ("and", "diff") and ra.has_rules(node):
+class _Inliner:
+    """Step 1: nodes with references to non-recursive rules replaced by their bodies, except
+    bodies larger than ``MAX_INLINED_NODES``: their names join ``recursive`` (kept as
+    nonterminals). A sub-DAG without references is its own result, shared, never copied."""
+
+    def __init__(self, rules: dict, recursive: set, with_rules: dict):
+        self.rules = rules
+        self.recursive = recursive
+        self.with_rules = with_rules       # ra.has_rules memo
+        self.memo: dict = {}     # id(node) -> (node, result), ("rule", name) -> body: a DAG
+        self.sizes: dict = {}    # ra.tree_size memo over the bodies (kept alive by memo)
+        self.expanded: list = []   # props nodes spelled as rules: alive while ids are memoised
+
+    def inline(self, node) -> tuple:
+        if not ra.has_rules(node, self.with_rules):
+            return node
+        found = self.memo.get(id(node))
+        if found is None:
+            found = (node, self._inline_uncached(node))
+            self.memo[id(node)] = found
+        return found[1]
+
+    def _inline_uncached(self, node) -> tuple:
+        kind = node[0]
+        if kind == "rule":
+            return self._reference(node)
+        if kind in ("seq", "alt"):
+            parts = [self.inline(child) for child in node[1]]
+            return ra.seq(*parts) if kind == "seq" else ra.alt(*parts)
+        if kind == "rep":
+            return ra.rep(self.inline(node[1]), node[2], node[3])
+        if kind == "props":
+            self.expanded.append(_props_as_rules(node, self.rules, self.recursive))
+            return self.inline(self.expanded[-1])
         raise GrammarError("an intersection or difference cannot contain grammar rules")
-    else:
-        result = node
-    memo[key] = (node, result)
-    return result
+
+    def _reference(self, node) -> tuple:
+        """The body of the rule ``node`` names, or ``node`` itself if that rule is kept."""
+        name = node[1]
+        if name not in self.recursive and ("rule", name) not in self.memo:
+            body = self.inline(self.rules[name])
+            if ra.tree_size(body, self.sizes) > MAX_INLINED_NODES:
+                self.recursive.add(name)
+            self.memo[("rule", name)] = body
+        return node if name in self.recursive else self.memo[("rule", name)]
 
 
 def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
@@ -132,7 +164,7 @@ def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
 
 
 class _Builder:
-    def __init__(self, bodies: dict, root: str, ignore):
+    def __init__(self, bodies: dict, root: str, ignore, with_rules: dict):
         self.bodies = bodies
         self.nonterminals: dict[str, int] = {}
         self.productions: list[tuple[int, tuple]] = []
@@ -141,7 +173,7 @@ class _Builder:
         self.terminal_of_value: dict[tuple, int] = {}
         self._sizes: dict = {}          # tree_size memo (id(node) -> unfolded size)
         self.optional_of: dict[int, int] = {}
-        self._rules_memo: dict = {}
+        self._rules_memo = with_rules   # ra.has_rules memo (id(node) -> bool)
         self._seq_memo: dict = {}      # id(node) -> (node, symbols): the AST is a DAG
         self._keep_alive: list = []
         self.root = root
