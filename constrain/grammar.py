@@ -152,15 +152,26 @@ def _props_as_rules(node, rules: dict, recursive: set) -> tuple:
     _, members, sep, tail_none, tail_some = node
     prefix = f"$props:{id(node)}:"
     rules[f"{prefix}{len(members)}"] = tail_some
-    none = tail_none
     for i in reversed(range(len(members))):
         member, required = members[i]
         later = ("rule", f"{prefix}{i + 1}")
-        after_some, after_none = ra.seq(sep, member, later), ra.seq(member, later)
+        after_some = ra.seq(sep, member, later)
         rules[f"{prefix}{i}"] = after_some if required else ra.alt(after_some, later)
-        none = after_none if required else ra.alt(after_none, none)
     recursive.update(f"{prefix}{i}" for i in range(len(members) + 1))
-    return none
+    return _props_none(members, prefix, tail_none)
+
+
+def _props_none(members, prefix: str, tail_none) -> tuple:
+    """What a props node matches before any member was emitted: member i then ``some(i+1)``,
+    for every i up to the first required member, or ``tail_none`` if none is required.
+    One ``ra.alt`` over all of them (nesting one per member would flatten the growing
+    alternation again at every member: n^2 parts checked)."""
+    starts = []
+    for i, (member, required) in enumerate(members):
+        starts.append(ra.seq(member, ("rule", f"{prefix}{i + 1}")))
+        if required:
+            return ra.alt(*starts)
+    return ra.alt(*starts, tail_none) if starts else tail_none
 
 
 class _Builder:
