@@ -51,7 +51,7 @@ def seq(*nodes) -> tuple:
             flat.extend(node[1])
         else:
             flat.append(node)
-    if any(node == NOTHING for node in flat):
+    if NOTHING in flat:
         return NOTHING
     return flat[0] if len(flat) == 1 else ("seq", tuple(flat))
 
@@ -115,7 +115,8 @@ def _size_within(node, budget: int) -> int:
         return found[1] if found[1] <= budget else budget + 1
     size = 1
     for child in children(node):
-        size += _size_within(child, budget - size)
+        # a character set is one node: counted here, not cached (most leaves are ones)
+        size += 1 if child[0] == "chars" else _size_within(child, budget - size)
         if size > budget:
             if budget == _HASHED_NODES:     # known to be large, not only past a smaller budget
                 _remember(node, budget + 1)
@@ -214,11 +215,15 @@ def children(node) -> tuple:
 
 def has_rules(node, memo: dict | None = None) -> bool:
     """True if ``node`` refers to a grammar rule anywhere inside."""
+    if node[0] == "chars":
+        return False
     memo = {} if memo is None else memo
     key = id(node)
     found = memo.get(key)
     if found is None:
-        found = node[0] == "rule" or any(has_rules(c, memo) for c in children(node))
+        # character sets, most of the leaves, answered without a call or a memo entry
+        found = node[0] == "rule" or any(c[0] != "chars" and has_rules(c, memo)
+                                         for c in children(node))
         memo[key] = found
     return found
 
@@ -243,7 +248,9 @@ def tree_size(node, memo: dict | None = None) -> int:
     if size is None:
         if len(memo) & 1023 == 1023:
             deadline.check()
-        size = 1 + sum(tree_size(c, memo) * repeat_factor(node) for c in children(node))
+        factor = repeat_factor(node)
+        size = 1 + sum((1 if c[0] == "chars" else tree_size(c, memo)) * factor
+                       for c in children(node))
         memo[key] = size
     return size
 
