@@ -33,7 +33,8 @@ MAX_UNIQUE_ORDERINGS = 5_000   # uniqueItems over a finite domain: its arrays' p
 class ArraySchemas:
     """``type: array`` for ``_SchemaCompiler``, a mixin: the host provides ``value(schema,
     path, depth)``, ``ws`` (the whitespace node), ``_valid(value, schema)`` and
-    ``_literal(value)`` and ``rules`` (the grammar rules being built)."""
+    ``_literal(value)``, ``rules`` (the grammar rules being built), and ``_tree_sizes`` (an
+    empty dict) and ``_sized`` (an empty list) for ``_unfolded_size``."""
 
     def _array(self, schema: dict, path: str, depth: int) -> tuple:
         lo = nonneg_int(schema, "minItems", path, 0)
@@ -73,11 +74,18 @@ class ArraySchemas:
             name = f"{KEPT_PREFIX}{path}"
             self.rules[name] = node
             return ("rule", name)
-        if ra.tree_size(node) <= SHARED_ITEM_NODES:
+        if self._unfolded_size(node) <= SHARED_ITEM_NODES:
             return node
         name = f"$items:{path}"
         self.rules[name] = node
         return ("rule", name)
+
+    def _unfolded_size(self, node: tuple) -> int:
+        """``ra.tree_size(node)``, memoised for the whole document: the item of a list holds
+        the lists nested in it, whose items were sized already. The memo keeps every node
+        asked about, so that the ids of their sub-nodes are not reused while it lives."""
+        self._sized.append(node)
+        return ra.tree_size(node, self._tree_sizes)
 
     def _distinct_values(self, domain: list, schema: dict, path: str, lo: int, hi: int | None) -> tuple:
         """``uniqueItems`` over a small domain: arrays of lo..hi distinct values, spelled out as

@@ -117,6 +117,8 @@ class _SchemaCompiler(SchemaReferences, SchemaMerging, Combinators, ObjectSchema
         single_base = len(set(self._base_of.values())) <= 1
         self._content_ids = ContentIds() if single_base else None
         self._content_cache: dict[int, tuple] = {}
+        self._tree_sizes: dict = {}       # ArraySchemas._unfolded_size's memo, and the
+        self._sized: list = []            # nodes it keeps alive
 
     # ---- dispatch --------------------------------------------------------------------------
     def value(self, schema, path: str, depth: int) -> tuple:
