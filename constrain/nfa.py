@@ -172,10 +172,14 @@ class NFA:
     def byte_classes(self) -> tuple[np.ndarray, list]:
         """Partitions 0..255 into classes no edge splits; returns (byte -> class as an
         int64 array, the same as a list)."""
-        cuts = np.unique(np.concatenate(([0, 256], self.edge_table[:, 1],
-                                         self.edge_table[:, 2].astype(np.int64) + 1)))
-        byte_class = np.searchsorted(cuts, np.arange(256), side="right") - 1
-        return byte_class.astype(np.int64), byte_class.tolist()
+        # a class starts at byte 0 and at every edge's lo and hi + 1: marked in a table of
+        # 257 flags (no sort of the edges' bounds, which number 2 per edge)
+        starts = np.zeros(257, dtype=bool)
+        starts[0] = True
+        starts[self.edge_table[:, 1]] = True
+        starts[self.edge_table[:, 2] + 1] = True
+        byte_class = np.cumsum(starts[:256], dtype=np.int64) - 1
+        return byte_class, byte_class.tolist()
 
 
 _READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_start", "eps_to"})
