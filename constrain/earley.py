@@ -25,15 +25,7 @@ class EarleyGrammar:
         self.nullable = self._nullable()
 
     def _nullable(self) -> set[int]:
-        nullable: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for lhs, rhs in self.productions:
-                if lhs not in nullable and all(s in nullable for s in rhs):
-                    nullable.add(lhs)
-                    changed = True
-        return nullable
+        return derivable(self.productions, given_from=None)
 
     def is_terminal(self, symbol: int) -> bool:
         return symbol >= self.num_nonterminals
@@ -41,6 +33,37 @@ class EarleyGrammar:
     def initial_set(self) -> "EarleySet":
         kernel = {(p, 0, 0) for p in self.by_lhs[self.start]}
         return EarleySet(self, None, kernel)
+
+
+def derivable(productions, given_from: int | None) -> set[int]:
+    """The left-hand sides of ``productions`` that derive a string of given symbols (those
+    >= ``given_from``; none if None): the empty string when none is given (the nullable
+    nonterminals), some string of terminals when the terminals are (the productive ones).
+
+    A worklist: each production counts its right-hand side's symbols not known yet, and a
+    symbol once known decrements the productions waiting on it. Linear in the grammar's size,
+    where passes over every production until none changes cost a pass per level of nesting."""
+    waiting: dict[int, list[int]] = {}      # symbol -> productions, once per occurrence
+    missing: list[int] = []
+    known: list[int] = []
+    for index, (lhs, rhs) in enumerate(productions):
+        pending = [s for s in rhs if given_from is None or s < given_from]
+        missing.append(len(pending))
+        for symbol in pending:
+            waiting.setdefault(symbol, []).append(index)
+        if not pending:
+            known.append(lhs)
+    found: set[int] = set()
+    while known:
+        symbol = known.pop()
+        if symbol in found:
+            continue
+        found.add(symbol)
+        for index in waiting.get(symbol, ()):
+            missing[index] -= 1
+            if missing[index] == 0:
+                known.append(productions[index][0])
+    return found
 
 
 class EarleySet:

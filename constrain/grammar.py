@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from . import deadline
 from . import regex_ast as ra
-from .earley import EarleyGrammar
+from .earley import EarleyGrammar, derivable
 from .errors import GrammarError
 
 
@@ -325,14 +325,7 @@ _MAX_HASHED_TERMINAL = 800_000    # automaton.build_nfa refuses larger trees
 
 
 def _productive_only(productions, nt: int, start: int):
-    productive: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for lhs, rhs in productions:
-            if lhs not in productive and all(s >= nt or s in productive for s in rhs):
-                productive.add(lhs)
-                changed = True
+    productive = derivable(productions, given_from=nt)
     if start not in productive:
         raise GrammarError("the grammar's start rule cannot derive any finite string "
                            "(infinite recursion without a base case)")
