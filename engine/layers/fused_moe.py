@@ -20,7 +20,14 @@ from torch import nn
 
 from tamis.engine.layers.quant_method import (FusedMoEMethodBase, QuantizationConfig,
                                               set_weight_attrs)
-from tamis.kernels.moe_routing import select_experts
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int,
+                   renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights float32 [T, top_k], expert ids int32 [T, top_k]): softmax over the experts,
+    the top_k, renormalised when asked (``tamis.kernels.moe_routing``)."""
+    from tamis.kernels.moe_routing import select_experts as route  # lazy: no Triton at import
+    return route(router_logits, top_k, renormalize)
 
 
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
