@@ -147,30 +147,44 @@ typedef struct {
     int have_trans, have_accepting;
 } DFAView;
 
+/* Releases ``view`` if it is held. */
+static inline void
+view_drop(Py_buffer *view, int *have)
+{
+    if (*have)
+        PyBuffer_Release(view);
+    *have = 0;
+}
+
+/* Takes ``obj`` (a new reference, or NULL with an error set) as ``view`` of ints
+ * (get_ints), dropping the reference: 0, or -1 with an error set. */
+static inline int
+view_take(PyObject *obj, Py_buffer *view, int *have, int itemsize, int ndim, const char *name)
+{
+    if (obj == NULL)
+        return -1;
+    int rc = get_ints(obj, itemsize, ndim, 0, view, name);
+    Py_DECREF(obj);
+    if (rc < 0)
+        return -1;
+    *have = 1;
+    return 0;
+}
+
 static inline void
 dfa_release(DFAView *d)
 {
-    if (d->have_trans)
-        PyBuffer_Release(&d->trans);
-    if (d->have_accepting)
-        PyBuffer_Release(&d->accepting);
-    d->have_trans = d->have_accepting = 0;
+    view_drop(&d->trans, &d->have_trans);
+    view_drop(&d->accepting, &d->have_accepting);
 }
 
 static inline int
 dfa_read(DFAView *d)
 {
-    if (d->have_trans)
-        PyBuffer_Release(&d->trans);
-    d->have_trans = 0;
-    PyObject *trans = PyObject_GetAttrString(d->dfa, "trans");
-    if (trans == NULL)
+    view_drop(&d->trans, &d->have_trans);
+    if (view_take(PyObject_GetAttrString(d->dfa, "trans"), &d->trans, &d->have_trans, 4, 2,
+                  "dfa.trans") < 0)
         return -1;
-    int rc = get_ints(trans, 4, 2, 0, &d->trans, "dfa.trans");
-    Py_DECREF(trans);
-    if (rc < 0)
-        return -1;
-    d->have_trans = 1;
     if (d->trans.shape[1] != 256) {
         PyErr_SetString(PyExc_ValueError, "dfa.trans: expected rows of 256 entries");
         return -1;
@@ -182,18 +196,9 @@ dfa_read(DFAView *d)
 static inline int
 dfa_read_accepting(DFAView *d)
 {
-    if (d->have_accepting)
-        PyBuffer_Release(&d->accepting);
-    d->have_accepting = 0;
-    PyObject *acc = PyObject_CallMethod(d->dfa, "accepting_array", NULL);
-    if (acc == NULL)
-        return -1;
-    int rc = get_ints(acc, 1, 1, 0, &d->accepting, "dfa.accepting_array()");
-    Py_DECREF(acc);
-    if (rc < 0)
-        return -1;
-    d->have_accepting = 1;
-    return 0;
+    view_drop(&d->accepting, &d->have_accepting);
+    return view_take(PyObject_CallMethod(d->dfa, "accepting_array", NULL), &d->accepting,
+                     &d->have_accepting, 1, 1, "dfa.accepting_array()");
 }
 
 /* The row of ``state``, built through dfa.row(state) first if need be; *reread is set when

@@ -830,8 +830,7 @@ stop:
 done:
     dfa_release(&left);
     dfa_release(&right);
-    if (count.have_rows)
-        PyBuffer_Release(&count.rows);
+    view_drop(&count.rows, &count.have_rows);
     pairmap_free(&w.map);
     vec_free(&w.pairs);
     vec_free(&w.stack);

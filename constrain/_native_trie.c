@@ -327,10 +327,8 @@ Trie_walk(Trie *self, PyObject *args)
                            (Py_ssize_t)(end_cut.len * (Py_ssize_t)sizeof(int32_t)));
 done:
     dfa_release(&d);
-    if (have_tokens)
-        PyBuffer_Release(&tokens_view);
-    if (have_first)
-        PyBuffer_Release(&first_view);
+    view_drop(&tokens_view, &have_tokens);
+    view_drop(&first_view, &have_first);
     vec_free(&end_tok);
     vec_free(&end_cut);
     PyMem_Free(alive);
