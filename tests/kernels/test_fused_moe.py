@@ -77,11 +77,18 @@ def test_align_by_expert_places_every_pair_in_its_experts_block(align, tokens, e
 def test_align_triton_lays_out_the_blocks_as_the_reference():
     """The same blocks, experts and padding; within a block only the order may differ."""
     _, ids = _routing(1000, 16, 4, only=range(11))        # 5 experts get no block
-    got, expected = align_by_expert_triton(ids, 16, 16), align_by_expert_ref(ids, 16, 16)
-    assert torch.equal(got.expert_ids, expected.expert_ids)
-    assert torch.equal(got.num_padded, expected.num_padded)
-    assert torch.equal(got.sorted_ids.view(-1, 16).sort(dim=1).values,
-                       expected.sorted_ids.view(-1, 16).sort(dim=1).values)
+    _assert_same_layout(ids, 16, 16)
+
+
+def _assert_same_layout(ids, experts: int, block_m: int) -> None:
+    """The Triton sort and the reference give the same blocks, block experts and padding;
+    only the order of the pairs within a block may differ."""
+    got, want = align_by_expert_triton(ids, experts, block_m), align_by_expert_ref(ids, experts,
+                                                                                   block_m)
+    assert torch.equal(got.expert_ids, want.expert_ids)
+    assert torch.equal(got.num_padded, want.num_padded)
+    assert torch.equal(got.sorted_ids.view(-1, block_m).sort(dim=1).values,
+                       want.sorted_ids.view(-1, block_m).sort(dim=1).values)
 
 
 @pytest.mark.parametrize("tokens,experts,top_k,renormalize,dtype", [
@@ -202,10 +209,4 @@ def test_cuda_routing_and_sort_match_the_references(tokens, experts, top_k):
     expected_weights, expected_ids = select_experts_ref(logits, top_k, renormalize=True)
     assert torch.equal(ids, expected_ids)
     torch.testing.assert_close(weights, expected_weights)
-    block_m = default_tiles(tokens, experts, top_k).block_m
-    got, want = align_by_expert_triton(ids, experts, block_m), align_by_expert_ref(ids, experts,
-                                                                                   block_m)
-    assert torch.equal(got.expert_ids, want.expert_ids)
-    assert torch.equal(got.num_padded, want.num_padded)
-    assert torch.equal(got.sorted_ids.view(-1, block_m).sort(dim=1).values,
-                       want.sorted_ids.view(-1, block_m).sort(dim=1).values)
+    _assert_same_layout(ids, experts, default_tiles(tokens, experts, top_k).block_m)
