@@ -38,7 +38,7 @@ import numpy as np
 from . import native
 from .automaton import DEAD
 from .token_table import PAD
-from .token_trie import live_tokens, trie_tokens, walk_trie_numpy
+from .token_trie import live_tokens
 
 # Counted chains (maxLength strings...) are followed this far at most: longer runs are rare
 # (token lengths: p99 = 14 bytes on SmolLM2) and each step builds a DFA row.
@@ -122,7 +122,7 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
     the token from ``state`` reaches an accepting state.
 
     With the compiled core, every token is read through the vocabulary trie in C. Without
-    it, tokens the chains cannot settle are read through the trie (``walk_trie_numpy``:
+    it, tokens the chains cannot settle are read through the trie (``live_tokens``:
     each shared prefix once); those a chain leaves mid-token are walked on from there
     (``walk``)."""
     if native.CORE is not None:
@@ -130,7 +130,7 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
     row = dfa.row(state)
     chain = chain_of(table, dfa, state)
     if chain is None or (ends is not None and chain.any_accepting):
-        return trie_tokens(table, walk_trie_numpy(table.trie, dfa, state, ends))
+        return live_tokens(table, dfa, state, ends)
     result = np.zeros(table.vocab_size, dtype=bool)
     items: list = []
     k = chain.limit
@@ -155,7 +155,7 @@ def allowed(table, dfa, state: int, ends: list | None = None) -> np.ndarray:
         if not _first_byte_group(table, dfa, target, group, ends, result, items):
             by_trie |= group
     if by_trie.any():
-        result |= trie_tokens(table, walk_trie_numpy(table.trie, dfa, state, ends, by_trie))
+        result |= live_tokens(table, dfa, state, ends, by_trie)
     tok = np.concatenate([i[0] for i in items])
     pos = np.concatenate([i[1] for i in items]).astype(np.int64)
     st = np.concatenate([i[2] for i in items]).astype(np.int64)
