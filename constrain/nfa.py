@@ -36,7 +36,8 @@ def _too_large() -> ConstraintError:
 
 class NFA:
     """Building: ``new_state``, ``reserve``, ``add_edge``, ``add_eps`` (or a table of them),
-    ``paste`` (or a chain of copies); then ``seal`` once; then reading: ``edges_of``, ``eps_of``, ``has_edges``, ``byte_classes``.
+    ``paste`` (or a chain of copies); then ``seal`` once; then reading: ``edges_of``,
+    ``eps_of``, ``has_edges``, ``byte_classes``.
     ``may_dead_end`` is set by constructs that can leave a state unable to reach the accept
     state (empty classes/alternations, products, residue automata): only then does
     ``seal(accept)`` need to trim."""
@@ -225,7 +226,7 @@ def _reaching_python(num_states: int, sources: np.ndarray, targets: np.ndarray,
     """``_reaching`` over the edges sources[i] -> targets[i]: the compiled core's reference."""
     order = np.argsort(targets, kind="stable")
     preds = sources[order].tolist()
-    start = np.searchsorted(targets[order], np.arange(num_states + 1)).tolist()
+    start = _starts(targets[order], num_states).tolist()
     alive = bytearray(num_states)
     alive[accept] = 1
     stack = [accept]
