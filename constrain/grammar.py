@@ -36,7 +36,7 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
     if root not in rules:
         raise GrammarError(f"the grammar has no start rule {root!r}")
     with_rules: dict = {}        # has_rules memo shared by every step (the rules keep ids alive)
-    refs = {name: _refs(node, with_rules) for name, node in rules.items()}
+    refs = {name: ra.rule_refs(node, with_rules) for name, node in rules.items()}
     for name, names in refs.items():
         for ref in names:
             if ref not in rules:
@@ -53,23 +53,6 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
     if not ra.has_rules(bodies[root], with_rules) and not ignore:
         return bodies[root]
     return _Builder(bodies, root, ignore, with_rules).build()
-
-
-def _refs(node, with_rules: dict) -> set:
-    """Names of the rules ``node`` refers to; sub-DAGs without any (``with_rules``, the
-    ``ra.has_rules`` memo) are not walked."""
-    out: set = set()
-    seen: set = set()
-    stack = [node]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen or not ra.has_rules(node, with_rules):
-            continue
-        seen.add(id(node))
-        if node[0] == "rule":
-            out.add(node[1])
-        stack.extend(ra.children(node))
-    return out
 
 
 def _recursive_rules(refs: dict) -> set:

@@ -228,15 +228,20 @@ def has_rules(node, memo: dict | None = None) -> bool:
     return found
 
 
-def rule_refs(node, out: set, seen: set | None = None) -> set:
-    seen = set() if seen is None else seen
-    if id(node) in seen:
-        return out
-    seen.add(id(node))
-    if node[0] == "rule":
-        out.add(node[1])
-    for child in children(node):
-        rule_refs(child, out, seen)
+def rule_refs(node, has_rules_memo: dict) -> set:
+    """Names of the rules ``node`` refers to. Sub-DAGs without any (``has_rules``, through
+    ``has_rules_memo``) are not walked, and a shared node is walked once."""
+    out: set = set()
+    seen: set = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen or not has_rules(node, has_rules_memo):
+            continue
+        seen.add(id(node))
+        if node[0] == "rule":
+            out.add(node[1])
+        stack.extend(children(node))
     return out
 
 
