@@ -70,7 +70,7 @@ class _ProductBuilder:
     def __init__(self, nfa: NFA, a, b, mode: str, classes):
         self.nfa, self.diff, self.classes = nfa, mode == "diff", classes
         self.left = LazyDFA(a, allow_empty_language=True)
-        alphabet = 256 if classes is None else len(classes)
+        self.alphabet = alphabet = 256 if classes is None else len(classes)
         bound = _length_bound(b) if classes is not None and mode == "and" else None
         counter = _UnitCounter.of(b, alphabet) if bound is None and mode == "and" else None
         self.settle, self.counter = None, counter
@@ -90,8 +90,7 @@ class _ProductBuilder:
         end = nfa.new_state()
         if left.start == DEAD:
             return end                  # empty language: nothing reaches the end
-        alphabet = 256 if self.classes is None else len(self.classes)
-        accepting, runs = self._explore(alphabet)
+        accepting, runs = self._explore(self.alphabet)
         first = nfa.reserve(len(accepting))
         nfa.add_eps(start, first)
         finals = np.flatnonzero(accepting).astype(np.int32) + first
