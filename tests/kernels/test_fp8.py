@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tamis.kernels import fp8
+from tamis.kernels import fp8, fp8_mm
 from tamis.kernels.gemv import GemvTiles, pick_gemv_tiles
 
 
@@ -161,3 +161,61 @@ def test_w8a16_gemv_summed_by_its_last_split_is_bit_equal(m, split):
     at_last = GemvTiles(16, 512, split, loop_stages=3, last_split_reduces=True)
     outs = [fp8.fp8_gemv_triton(*args, cfg) for cfg in [at_arrival] * 10 + [at_last] * 10]
     assert all(torch.equal(out, outs[0]) for out in outs)
+
+
+@pytest.mark.parametrize("m,n,k,expected", [
+    (64, 6144, 4096, fp8_mm.Fp8MmTiles(64, 64, 256, 5)),     # 96 programs of 64 columns
+    (64, 4096, 4096, fp8_mm.Fp8MmTiles(64, 32, 256, 5)),     # 128 of 32
+    (64, 28672, 4096, fp8_mm.Fp8MmTiles(64, 128, 128, 3)),   # 224 of 128
+    (128, 4096, 14336, fp8_mm.Fp8MmTiles(64, 64, 256, 5)),   # two row tiles: 128 of 64
+    (16, 256, 64, fp8_mm.Fp8MmTiles(64, 32, 128, 5)),        # K under a 256 step
+])
+def test_fp8_mm_tiles_fill_the_multiprocessors(m, n, k, expected):
+    assert fp8_mm.fp8_mm_tiles(m, n, k, 132) == expected
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+                    reason="Triton needs CUDA or TRITON_INTERPRET=1")
+@pytest.mark.parametrize("m,n,k,tiles,bias", [
+    (5, 40, 96, fp8_mm.Fp8MmTiles(16, 32, 32, 2), False),    # M, N and K tails
+    (17, 64, 128, fp8_mm.Fp8MmTiles(16, 32, 64, 3), True),   # two row tiles, bias
+    (3, 32, 64, None, False),                                # the default tiles
+])
+def test_fp8_mm_matches_the_scaled_product(m, n, k, tiles, bias):
+    """The kernel against the module table's formula on the same codes (float32 codes
+    under the interpreter, e4m3 on the GPU)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    weight, w_scale = _weight(n, k, seed=n)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)) * 2
+    xq, x_scale = fp8.per_token_quant_fp8_ref(x)
+    b = torch.randn(n, generator=torch.Generator().manual_seed(1)) if bias else None
+    expected = (xq.float() @ weight.float().t()) * x_scale * w_scale[None, :]
+    if bias:
+        expected = expected + b
+    codes = (xq, weight) if device == "cuda" else (xq.float(), weight.float())
+    got = fp8_mm.fp8_mm_triton(codes[0].to(device), codes[1].to(device), x_scale.to(device),
+                               w_scale.to(device), torch.float32,
+                               None if b is None else b.to(device), tiles)
+    assert got.shape == (m, n) and got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_mm_refuses_mismatched_k():
+    with pytest.raises(ValueError, match="b is"):
+        fp8_mm.fp8_mm_triton(torch.zeros(2, 32), torch.zeros(16, 48), torch.ones(2),
+                             torch.ones(16), torch.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not fp8.fp8_supported("cuda"),
+                    reason="needs an FP8 GPU (compute capability >= 8.9)")
+@pytest.mark.parametrize("m", [3, 64, 128, 129, 256])
+def test_fp8_linear_on_each_side_of_the_kernel_split(m):
+    """fp8_mm below FP8_MM_MAX_M rows (on Hopper), torch._scaled_mm above: both match the
+    W8A8 emulation."""
+    weight, scale = _weight(1024, 2048)
+    x = torch.randn(m, 2048, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+    bias = torch.randn(1024, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    got = fp8.fp8_linear(x.cuda(), weight.cuda(), scale.cuda(), bias=bias.cuda()).float().cpu()
+    expected = fp8.fp8_linear_ref(x.float(), weight, scale, bias=bias.float())
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
