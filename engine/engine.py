@@ -23,6 +23,7 @@ Bad input raises ``ValueError`` from ``add_request`` and never disturbs other re
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -293,6 +294,8 @@ class LLMEngine:
         """Queues the sampling of ``launched``'s rows, under their constraint masks."""
         requests = launched.requests
         meta = self._sampling_metadata(requests)
+        if meta.any_min_tokens:
+            meta = dataclasses.replace(meta, num_sampled=launched.num_sampled_before())
         bitmask, rows = self._fill_bitmask(requests)
         launched.sampled = self.runner.sample(launched.result.sample_logits, meta, bitmask, rows)
 

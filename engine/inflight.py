@@ -21,8 +21,9 @@ Consequences, all handled where the ids arrive (``LLMEngine._finish_step``):
 Structured outputs are pipelined too: a step with constrained rows queues its forward
 pass, then reads the previous step's ids and advances the matchers, then fills the
 bitmasks and queues its sampling, so the grammar work runs while the device computes
-the forward pass. Not pipelined (``pipelinable`` is False): penalties and min_tokens
-(output tokens counted on the host while sampling), prompt logprobs, and constrained
+the forward pass. ``min_tokens`` counts the tokens in flight with those appended
+(``LaunchedStep.num_sampled_before``). Not pipelined (``pipelinable`` is False): penalties
+(output token counts read on the host while sampling), prompt logprobs, and constrained
 requests when jump-forward is on (it appends tokens the next step did not schedule). A
 step holding any such request is finished before the next is scheduled, so they never
 have a token in flight. A request known to finish by length at N gets none (nothing to
@@ -42,7 +43,7 @@ from tamis.engine.scheduler import SchedulerOutput
 def is_pipelinable(params: SamplingParams, jump_forward: bool = False) -> bool:
     """Whether a request with ``params`` samples correctly with its last token in flight
     (``jump_forward``: the engine appends forced tokens of constrained requests)."""
-    return ((params.structured_outputs is None or not jump_forward) and params.min_tokens == 0
+    return ((params.structured_outputs is None or not jump_forward)
             and params.prompt_logprobs is None and params.repetition_penalty == 1.0
             and params.presence_penalty == 0.0 and params.frequency_penalty == 0.0
             and not params.bad_words_token_ids)
@@ -69,6 +70,14 @@ class LaunchedStep:
             if num_after < request.max_total_tokens:
                 request.num_inflight_tokens += 1
                 self.marked.append(request)
+
+    def num_sampled_before(self) -> list[int]:
+        """Per sampling row, the tokens its request sampled before this step's sampling:
+        those appended and those in flight, less this step's own when it is already
+        marked (a constrained step samples after ``mark_inflight``)."""
+        own = {id(r) for r in self.marked or ()}
+        return [r.num_output_tokens + r.num_inflight_tokens - (id(r) in own)
+                for r in self.requests]
 
     def unmark_inflight(self) -> None:
         """The ids arrived: the tokens are no longer in flight."""

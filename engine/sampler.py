@@ -47,6 +47,9 @@ class SamplingMetadata:
     any_bias_or_allowed: bool = True
     any_min_tokens: bool = True
     any_bad_words: bool = True
+    # Tokens each row's request has sampled before this step, those still in flight
+    # included (set per step by the engine); None: its appended output tokens.
+    num_sampled: list[int] | None = None
 
     @classmethod
     def build(cls, requests: list[Request], vocab_size: int, device: torch.device) -> "SamplingMetadata":
@@ -146,7 +149,7 @@ class Sampler:
         if meta.any_penalties:
             apply_penalties(logits, meta.requests)
         if meta.any_min_tokens:
-            apply_min_tokens(logits, meta.requests)
+            apply_min_tokens(logits, meta.requests, meta.num_sampled)
         token_ids = self.sample(logits, meta)
         top = None
         if raw_logprobs is not None:
@@ -265,12 +268,23 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     logits -= freq * output_counts + pres * (output_counts > 0).float()
 
 
-def apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
+def apply_min_tokens(logits: torch.Tensor, requests: list[Request],
+                     num_sampled: list[int] | None = None) -> None:
+    """Masks the stop ids of every row whose request has sampled fewer than its
+    ``min_tokens`` (``num_sampled[row]`` tokens, default its appended output tokens):
+    one indexed write for the whole batch, its indices copied without waiting."""
+    rows, ids = [], []
+    vocab = logits.shape[1]
     for row, request in enumerate(requests):
         params = request.sampling_params
-        if request.num_output_tokens < params.min_tokens and params.all_stop_token_ids:
-            ids = torch.tensor(sorted(params.all_stop_token_ids), device=logits.device)
-            logits[row, ids[ids < logits.shape[1]]] = _NEG_INF
+        count = request.num_output_tokens if num_sampled is None else num_sampled[row]
+        if count < params.min_tokens and params.all_stop_token_ids:
+            stop = [t for t in params.all_stop_token_ids if t < vocab]
+            rows += [row] * len(stop)
+            ids += stop
+    if rows:
+        index = _to_device_async(torch.tensor([rows, ids], dtype=torch.int64), logits.device)
+        logits[index[0], index[1]] = _NEG_INF
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,

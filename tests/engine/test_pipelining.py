@@ -14,6 +14,7 @@ import pytest
 
 from engine_helpers import make_engine, random_prompts, run_to_completion
 from tamis.constrain import StructuredOutputsParams
+from tamis.engine.inflight import is_pipelinable
 from tamis.engine.sampling_params import SamplingParams
 
 
@@ -72,10 +73,11 @@ def _assert_same(got, want) -> None:
     assert _floats(got) == pytest.approx(_floats(want), abs=1e-4)
 
 
-def _mixed_params(rng: random.Random, stop: str | None) -> list[SamplingParams]:
+def _mixed_params(rng: random.Random, stop: str | None, eos: int) -> list[SamplingParams]:
     """One SamplingParams per prompt: greedy and seeded sampling, several lengths,
-    logprobs, n > 1, a stop string, and requests that are never pipelined (penalties,
-    min_tokens, a grammar) in the same batches."""
+    logprobs, n > 1, a stop string, min_tokens holding back an EOS that logit_bias
+    pushes, and requests that are never pipelined (penalties, a grammar) in the same
+    batches."""
     choices = [
         SamplingParams(temperature=0.0, max_tokens=rng.randint(1, 24), ignore_eos=True),
         SamplingParams(temperature=0.9, top_p=0.9, seed=rng.randint(0, 99), max_tokens=20),
@@ -87,6 +89,7 @@ def _mixed_params(rng: random.Random, stop: str | None) -> list[SamplingParams]:
         SamplingParams(temperature=0.0, max_tokens=9, stop_token_ids=[rng.randrange(100, 49152)]),
         SamplingParams(temperature=0.0, max_tokens=10,
                        structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+        SamplingParams(temperature=0.0, max_tokens=12, min_tokens=4, logit_bias={eos: 100.0}),
     ]
     return choices
 
@@ -104,14 +107,42 @@ def _stop_string(path, prompt) -> str:
 @pytest.mark.parametrize("gpu_runner", [False, True])
 def test_pipelined_outputs_equal_sequential(tiny_checkpoint, gpu_runner):
     path = tiny_checkpoint("llama")
-    prompts = random_prompts(lengths=(1, 5, 16, 17, 40, 100, 33, 64, 7), seed=3)
-    params = _mixed_params(random.Random(3), _stop_string(path, prompts[4]))
+    prompts = random_prompts(lengths=(1, 5, 16, 17, 40, 100, 33, 64, 7, 12), seed=3)
+    eos = make_engine(path).tokenizer.eos_token_id
+    params = _mixed_params(random.Random(3), _stop_string(path, prompts[4]), eos)
+    assert is_pipelinable(params[9])
     want, _ = _outputs(path, prompts, params, pipelined=False, gpu_runner=gpu_runner)
     got, engine = _outputs(path, prompts, params, pipelined=True, gpu_runner=gpu_runner)
     _assert_same(got, want)
     assert want[4].outputs[0].finish_reason == "stop", "the stop string must end request 4"
     assert want[8].outputs[0].text in ("yes", "no"), "the grammar must hold"
+    held = want[9].outputs[0].token_ids
+    assert len(held) == 5 and held[-1] == eos and eos not in held[:4], "min_tokens must hold EOS"
     assert engine.get_stats().num_generation_tokens == _num_tokens(want)
+
+
+@pytest.mark.parametrize("constrained", [False, True])
+def test_min_tokens_counts_the_tokens_in_flight(tiny_checkpoint, constrained):
+    """min_tokens rows keep the pipelined schedule: the stop ids stay masked for exactly
+    min_tokens tokens, counting the one in flight, on the plain path (sampled at launch)
+    and, with a constrained row in the batch, the constrained one (every row sampled
+    once the previous step's tokens are appended)."""
+    path = tiny_checkpoint("llama")
+    eos = make_engine(path).tokenizer.eos_token_id
+    push_eos = {eos: 100.0}
+    params = [SamplingParams(temperature=0.0, max_tokens=12, min_tokens=4, logit_bias=push_eos),
+              SamplingParams(temperature=0.0, max_tokens=12, min_tokens=7, logit_bias=push_eos),
+              SamplingParams(temperature=0.0, max_tokens=12, min_tokens=6, logit_bias=push_eos,
+                             structured_outputs=StructuredOutputsParams(regex="[a-z ]{1,40}"))]
+    params = params if constrained else params[:2]
+    assert all(is_pipelinable(p) for p in params)
+    prompts = random_prompts(lengths=(6, 11, 9)[:len(params)], seed=5)
+    want, _ = _outputs(path, prompts, params, pipelined=False)
+    got, _ = _outputs(path, prompts, params, pipelined=True)
+    _assert_same(got, want)
+    for output, p in zip(got, params):
+        ids = output.outputs[0].token_ids
+        assert len(ids) == p.min_tokens + 1 and ids[-1] == eos and eos not in ids[:-1], ids
 
 
 def test_pipelined_grammars_with_row_workers_equal_sequential(tiny_checkpoint):
