@@ -31,10 +31,12 @@
  *     Marks tokens_out[t] for the tokens spelled by the trie nodes whose prefix stays live
  *     from ``state`` (its first byte in ``first_bytes`` when given), and with
  *     ``want_ends`` returns the (token, k) pairs whose first k bytes (k shorter than the
- *     token) reach an accepting state, as int32 bytes. It reads ``dfa.trans`` (int32 [states, 256]); a row not built yet (entry 0
- *     UNCOMPUTED) is built by calling ``dfa.row(state)``, after which ``dfa.trans`` and
- *     ``dfa.accepting_array()`` are read again (both may have been replaced). It builds
- *     the rows the reference builds: those of the states of live nodes with children.
+ *     token) reach an accepting state, as int32 bytes. It reads ``dfa.trans`` (int32
+ *     [states, 256]); a row not built yet (entry 0 UNCOMPUTED) is built by calling
+ *     ``dfa.row(state)``, after which ``dfa.trans`` and ``dfa.accepting_array()`` are read
+ *     again (both may have been replaced). It builds the rows the reference builds: those
+ *     of the states of live nodes with children. A subtree whose bytes all follow one
+ *     chain of states (a string's content, looping or counted) is marked without a walk.
  *
  *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
  *                counter=None) -> (pairs, accepting, runs), or None past max_states

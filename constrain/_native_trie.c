@@ -6,19 +6,27 @@
 
 /* One trie node, in depth-first (pre-)order: its subtree is nodes i .. end - 1, and the
  * tokens spelled by the nodes of that subtree are tokens[tok[i] .. tok[end]), those equal
- * to node i's prefix first (tokens[tok[i] .. tok[i + 1])). */
+ * to node i's prefix first (tokens[tok[i] .. tok[i + 1])). ``below`` indexes the set of
+ * the bytes read under node i (its descendants' bytes) in Trie.sets; ``height``: the most
+ * bytes read under it (0 for a leaf). */
 typedef struct {
-    int32_t end, tok;
-    uint16_t depth;
+    int32_t end, tok, below;
+    uint16_t depth, height;
     uint8_t byte;
 } TrieNode;
+
+/* A set of bytes, one bit each. */
+typedef struct {
+    uint64_t w[4];
+} ByteSet;
 
 typedef struct {
     PyObject_HEAD
     TrieNode *nodes;            /* num_nodes + 1: a sentinel holds the last tok */
     int32_t *tokens;
-    int32_t *tok_node;          /* tokens[k] is spelled by nodes[tok_node[k]] */
     Py_ssize_t num_nodes, num_tokens;
+    ByteSet *sets;              /* the distinct ``below`` sets (SmolLM2: 10,893 of 100,298 nodes) */
+    int32_t max_token;
     int max_depth;
 } Trie;
 
@@ -27,11 +35,65 @@ Trie_dealloc(Trie *self)
 {
     PyMem_Free(self->nodes);
     PyMem_Free(self->tokens);
-    PyMem_Free(self->tok_node);
+    PyMem_Free(self->sets);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 enum { T_CHILD_START, T_BYTE, T_UNDER_LO, T_ENDING_HERE, T_BY_BYTES, T_NUM };
+
+static inline uint64_t
+byteset_hash(const ByteSet *s)
+{
+    uint64_t h = s->w[0] * 0x9E3779B97F4A7C15ULL;
+    for (int k = 1; k < 4; k++)
+        h = (h ^ (h >> 29) ^ s->w[k]) * 0x9E3779B97F4A7C15ULL;
+    return h ^ (h >> 32);
+}
+
+/* Every node's ``below`` set (the bytes of its descendants) and height, children before
+ * parents, the distinct sets kept once in ``sets`` (found through an open-addressing table). */
+static int
+Trie_below(Trie *self)
+{
+    Py_ssize_t n = self->num_nodes, num_sets = 0, slots = 64;
+    while (slots < 2 * n)
+        slots *= 2;
+    TrieNode *nodes = self->nodes;
+    ByteSet *below = PyMem_Calloc((size_t)n, sizeof(ByteSet));
+    int32_t *table = PyMem_Malloc(sizeof(int32_t) * (size_t)slots);
+    self->sets = PyMem_Malloc(sizeof(ByteSet) * (size_t)n);
+    int rc = -1;
+    if (below == NULL || table == NULL || self->sets == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memset(table, 0xff, sizeof(int32_t) * (size_t)slots);
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        for (Py_ssize_t j = i + 1; j < nodes[i].end; j = nodes[j].end) {   /* i's children */
+            for (int k = 0; k < 4; k++)
+                below[i].w[k] |= below[j].w[k];
+            below[i].w[nodes[j].byte >> 6] |= 1ULL << (nodes[j].byte & 63);
+            if (nodes[j].height >= nodes[i].height)
+                nodes[i].height = (uint16_t)(nodes[j].height + 1);
+        }
+        Py_ssize_t slot = (Py_ssize_t)(byteset_hash(&below[i]) & (uint64_t)(slots - 1));
+        while (table[slot] >= 0 && memcmp(&self->sets[table[slot]], &below[i], sizeof(ByteSet)))
+            slot = (slot + 1) & (slots - 1);
+        if (table[slot] < 0) {
+            self->sets[num_sets] = below[i];
+            table[slot] = (int32_t)num_sets++;
+        }
+        nodes[i].below = table[slot];
+    }
+    ByteSet *kept = PyMem_Realloc(self->sets, sizeof(ByteSet) * (size_t)(num_sets ? num_sets : 1));
+    if (kept != NULL)
+        self->sets = kept;
+    rc = 0;
+done:
+    PyMem_Free(below);
+    PyMem_Free(table);
+    return rc;
+}
 
 /* Lays the trie out depth first from token_trie.VocabTrie's arrays (nodes numbered level
  * by level, children of n = child_start[n] .. child_start[n + 1]). */
@@ -71,7 +133,8 @@ Trie_layout(Trie *self, const int64_t *child_start, const int64_t *byte,
                     PyErr_SetString(PyExc_ValueError, "the trie's token ranges are malformed");
                     goto done;
                 }
-                self->tok_node[tok] = (int32_t)(count - 1);
+                if (by_bytes[i] > self->max_token)
+                    self->max_token = (int32_t)by_bytes[i];
                 self->tokens[tok++] = (int32_t)by_bytes[i];
             }
         }
@@ -105,9 +168,9 @@ Trie_layout(Trie *self, const int64_t *child_start, const int64_t *byte,
         }
         self->nodes[i].end = end;
     }
-    self->nodes[n] = (TrieNode){(int32_t)n, (int32_t)tok, 0, 0};
+    self->nodes[n] = (TrieNode){(int32_t)n, (int32_t)tok, 0, 0, 0, 0};
     self->num_tokens = tok;
-    rc = 0;
+    rc = Trie_below(self);
 done:
     PyMem_Free(stack);
     PyMem_Free(depth_of);
@@ -144,8 +207,7 @@ Trie_init(Trie *self, PyObject *args, PyObject *kwds)
     self->num_tokens = views[T_BY_BYTES].shape[0];
     self->nodes = PyMem_Calloc((size_t)n + 1, sizeof(TrieNode));
     self->tokens = PyMem_Malloc(sizeof(int32_t) * ((size_t)self->num_tokens + 1));
-    self->tok_node = PyMem_Malloc(sizeof(int32_t) * ((size_t)self->num_tokens + 1));
-    if (self->nodes == NULL || self->tokens == NULL || self->tok_node == NULL) {
+    if (self->nodes == NULL || self->tokens == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -182,14 +244,10 @@ row_in_view(const DFAView *d, int32_t state)
     return (const int32_t *)d->trans.buf + (Py_ssize_t)state * 256;
 }
 
-/* Builds the row of the path's last state (depth ``depth``) and points the path's rows at
- * the table as read again. */
+/* Points the path's rows (depths 0 .. depth) at the table as read now. */
 static int
-build_path_row(DFAView *d, int32_t *states, const int32_t **rows, int depth)
+repoint_path(DFAView *d, const int32_t *states, const int32_t **rows, int depth)
 {
-    int reread = 0;
-    if (dfa_row(d, states[depth], &reread) == NULL)
-        return -1;
     for (int k = 0; k <= depth; k++)
         if ((rows[k] = row_in_view(d, states[k])) == NULL) {
             PyErr_Format(PyExc_RuntimeError, "state %d has no row", (int)states[k]);
@@ -198,29 +256,228 @@ build_path_row(DFAView *d, int32_t *states, const int32_t **rows, int depth)
     return 0;
 }
 
+/* Builds the row of the path's last state (depth ``depth``) and points the path's rows at
+ * the table as read again. */
+static int
+build_path_row(DFAView *d, int32_t *states, const int32_t **rows, int depth)
+{
+    int reread = 0;
+    if (dfa_row(d, states[depth], &reread) == NULL)
+        return -1;
+    return repoint_path(d, states, rows, depth);
+}
+
+/* ---- chains: states whose live bytes mostly lead to one state -------------------------- */
+
+#define DEAD_STATE (-1)
+#define ENDLESS 0xffff          /* a chain that loops: longer than any token */
+
+/* The chain of a state s = s_0: s_1 = ``target``, the state most of s's live bytes lead to
+ * (a majority vote), ``cls`` the bytes that lead there; then s_2, s_3, ..., each the
+ * target of the one before, for as long as that one's class holds ``cls`` (a JSON
+ * string's content, looping, or counted by a maxLength). ``len``: the steps known to stay
+ * in the chain (exact when ``final``; ENDLESS when it loops), ``tail`` = s_len;
+ * ``accepts``: the first j in 1 .. len with s_j accepting, 0 if none. */
+typedef struct {
+    int32_t target, tail;
+    uint16_t len, accepts;
+    uint8_t final;
+    ByteSet cls;
+} Chain;
+
+/* The chains of a walk's states, each found once a walk and lengthened as needed:
+ * ``at[state]`` is 1 + its index in ``chains`` (0: not found yet), for states below
+ * ``num_states`` (grown as the walk meets newer states). */
+typedef struct {
+    int32_t *at;
+    Chain *chains;
+    Py_ssize_t num_states, len, cap;
+} Chains;
+
+static void
+chains_free(Chains *c)
+{
+    PyMem_Free(c->at);
+    PyMem_Free(c->chains);
+}
+
+static inline int
+byteset_within(const ByteSet *a, const ByteSet *b)
+{
+    return !((a->w[0] & ~b->w[0]) | (a->w[1] & ~b->w[1]) | (a->w[2] & ~b->w[2])
+             | (a->w[3] & ~b->w[3]));
+}
+
+/* The row of ``state``, built if need be; the path's rows (depths 0 .. depth) are pointed
+ * at the table again when it was read again. NULL with an error set. */
+static const int32_t *
+row_on_path(DFAView *d, int32_t state, int32_t *states, const int32_t **rows, int depth)
+{
+    int reread = 0;
+    const int32_t *row = dfa_row(d, state, &reread);
+    if (row != NULL && reread && repoint_path(d, states, rows, depth) < 0)
+        return NULL;
+    return row;
+}
+
+/* A new chain of ``state`` (its row ``row``) of no length yet, or a loop. */
+static int
+chain_start(Chain *ch, DFAView *d, int32_t state, const int32_t *row)
+{
+    int32_t target = DEAD_STATE;
+    int votes = 0;
+    for (int b = 0; b < 256; b++) {
+        if (row[b] < 0)
+            continue;
+        if (votes == 0)
+            target = row[b];
+        votes += row[b] == target ? 1 : -1;
+    }
+    *ch = (Chain){.target = target, .tail = state, .final = target < 0};
+    if (target < 0)
+        return 0;
+    for (int b = 0; b < 256; b++)
+        ch->cls.w[b >> 6] |= (uint64_t)(row[b] == target) << (b & 63);
+    if (target == state) {
+        int accepting;
+        if (dfa_accepting(d, state, &accepting) < 0)
+            return -1;
+        ch->len = ENDLESS;
+        ch->final = 1;
+        ch->accepts = (uint16_t)accepting;
+    }
+    return 0;
+}
+
+/* The index of ``state``'s chain in c->chains (found now if new), or -1 with an error. */
+static Py_ssize_t
+chain_index(Chains *c, DFAView *d, int32_t state, int32_t *states, const int32_t **rows,
+            int depth)
+{
+    if (state >= c->num_states) {
+        Py_ssize_t size = 2 * (Py_ssize_t)state + 64;
+        int32_t *at = PyMem_Realloc(c->at, sizeof(int32_t) * (size_t)size);
+        if (at == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(at + c->num_states, 0, sizeof(int32_t) * (size_t)(size - c->num_states));
+        c->at = at;
+        c->num_states = size;
+    }
+    if (c->at[state])
+        return c->at[state] - 1;
+    const int32_t *row = row_on_path(d, state, states, rows, depth);
+    if (row == NULL)
+        return -1;
+    if (c->len == c->cap) {
+        Py_ssize_t cap = c->cap ? 2 * c->cap : 16;
+        Chain *grown = PyMem_Realloc(c->chains, sizeof(Chain) * (size_t)cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->chains = grown;
+        c->cap = cap;
+    }
+    if (chain_start(&c->chains[c->len], d, state, row) < 0)
+        return -1;
+    c->at[state] = (int32_t)(c->len + 1);
+    return c->len++;
+}
+
+/* Lengthens chain ``k`` to ``height`` steps, or until it ends: 0, or -1 with an error. */
+static int
+chain_lengthen(Chains *c, Py_ssize_t k, int height, DFAView *d, int32_t *states,
+               const int32_t **rows, int depth)
+{
+    while (!c->chains[k].final && c->chains[k].len < height) {
+        int32_t tail = c->chains[k].tail;
+        Py_ssize_t t = chain_index(c, d, tail, states, rows, depth);
+        if (t < 0)
+            return -1;
+        Chain *ch = &c->chains[k];
+        const Chain *next = &c->chains[t];
+        if (next->target < 0 || !byteset_within(&ch->cls, &next->cls)) {
+            ch->final = 1;
+        } else if (next->target == tail) {          /* it loops from here */
+            ch->len = ENDLESS;
+            ch->final = 1;
+        } else {
+            int accepting;
+            if (dfa_accepting(d, next->target, &accepting) < 0)
+                return -1;
+            ch->tail = next->target;
+            ch->len++;
+            if (accepting && !ch->accepts)
+                ch->accepts = ch->len;
+        }
+    }
+    return 0;
+}
+
+/* 1 when every node under ``node`` (the path's node at ``depth``, in states[depth]) is
+ * live and records no end: every byte read under it is in its state's chain class and
+ * the chain lasts the node's height, with (when ``want_ends``) no accepting state before
+ * the last (a node of the subtree there could record an end). 0 when not; -1 with an
+ * error set. Only the rows of chain states the subtree reaches are built (each the
+ * state of a live node with children on the subtree's deepest path: the reference
+ * builds them too). */
+static int
+subtree_settled(Trie *self, DFAView *d, Chains *c, int32_t *states, const int32_t **rows,
+                int depth, const TrieNode *node, int want_ends)
+{
+    Py_ssize_t k = chain_index(c, d, states[depth], states, rows, depth);
+    if (k < 0)
+        return -1;
+    if (!byteset_within(&self->sets[node->below], &c->chains[k].cls))
+        return 0;
+    if (chain_lengthen(c, k, node->height, d, states, rows, depth) < 0)
+        return -1;
+    const Chain *ch = &c->chains[k];
+    if (ch->len < node->height)
+        return 0;
+    return !(want_ends && ch->accepts && ch->accepts < node->height);
+}
+
+/* A subtree this small is walked, not tested for a chain: the test costs more. */
+#define SETTLE_MIN_NODES 8
+
+/* Marks the tokens[lo .. hi) (those spelled by a run of nodes). */
+static inline void
+mark_tokens(const int32_t *tokens, int32_t lo, int32_t hi, uint8_t *tokens_out)
+{
+    for (int32_t k = lo; k < hi; k++)
+        tokens_out[tokens[k]] = 1;
+}
+
 /* The walk proper: nodes in depth-first order, a dead node's subtree skipped in one step;
  * rows[d] is the row of the state reached after the d bytes of the current path, built
  * when a child of that node is first read (so, as in the reference, only the rows of
- * states of live nodes with children are built). Live nodes are marked in ``alive`` (by
- * depth-first position, zeroed by the caller): marking their tokens inside the loop cost
- * more than the walk itself (a branch on each node's token count). */
+ * states of live nodes with children are built). A live node whose subtree is settled by
+ * the chain of its state (``subtree_settled``: a JSON string's content, looping or
+ * counted by a maxLength, under a node whose tokens are all letters) has the tokens of
+ * its subtree marked in one step. */
 static int
-Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *alive, const uint8_t *first,
+Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *tokens_out, const uint8_t *first,
           IntVec *end_tok, IntVec *end_cut)
 {
     int32_t *states = PyMem_Malloc(sizeof(int32_t) * ((size_t)self->max_depth + 1));
     const int32_t **rows = PyMem_Malloc(sizeof(int32_t *) * ((size_t)self->max_depth + 1));
+    Chains chains = {.num_states = d->trans.shape[0]};
+    chains.at = PyMem_Calloc((size_t)chains.num_states + 1, sizeof(int32_t));
     int rc = -1;
-    if (states == NULL || rows == NULL) {
+    if (states == NULL || rows == NULL || chains.at == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     const TrieNode *nodes = self->nodes;
+    const int32_t *tokens = self->tokens;
     Py_ssize_t n = self->num_nodes;
     states[0] = state;
     if (n > 1 && build_path_row(d, states, rows, 0) < 0)
         goto done;
-    Py_ssize_t i = 1;
+    Py_ssize_t i = 1, run_lo = 1, run_hi = 1;     /* live nodes run_lo .. run_hi - 1: unmarked */
     while (i < n) {
         const TrieNode *node = &nodes[i];
         int depth = node->depth;
@@ -246,37 +503,39 @@ Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *alive, const uint8_t *
                 goto done;
             }
         }
-        alive[i] = 1;
-        if (end_tok != NULL && node->end > i + 1) {       /* tokens longer than this node */
-            int accepting;
-            if (dfa_accepting(d, next, &accepting) < 0)
-                goto done;
-            if (accepting && add_ends(end_tok, end_cut, self->tokens, nodes[i + 1].tok,
-                                      nodes[node->end].tok, depth) < 0)
-                goto done;
+        Py_ssize_t live_end = i + 1;    /* i, or its whole subtree when settled */
+        if (node->end > i + 1) {
+            int accepting = 0;          /* tokens longer than this node */
+            if (end_tok != NULL) {
+                if (dfa_accepting(d, next, &accepting) < 0)
+                    goto done;
+                if (accepting && add_ends(end_tok, end_cut, tokens, nodes[i + 1].tok,
+                                          nodes[node->end].tok, depth) < 0)
+                    goto done;
+            }
+            if (!accepting && node->end - i >= SETTLE_MIN_NODES) {
+                int settled = subtree_settled(self, d, &chains, states, rows, depth, node,
+                                              end_tok != NULL);
+                if (settled < 0)
+                    goto done;
+                if (settled)
+                    live_end = node->end;
+            }
         }
-        i++;
+        if (i != run_hi) {
+            mark_tokens(tokens, nodes[run_lo].tok, nodes[run_hi].tok, tokens_out);
+            run_lo = i;
+        }
+        run_hi = live_end;
+        i = live_end;
     }
+    mark_tokens(tokens, nodes[run_lo].tok, nodes[run_hi].tok, tokens_out);
     rc = 0;
 done:
     PyMem_Free(states);
     PyMem_Free(rows);
+    chains_free(&chains);
     return rc;
-}
-
-/* The output of a scan: tokens_out[t] set for each token spelled by a live node. */
-static int
-Trie_mark(Trie *self, const uint8_t *alive, uint8_t *tokens_out, Py_ssize_t vocab)
-{
-    for (Py_ssize_t k = 0; k < self->num_tokens; k++) {
-        int32_t t = self->tokens[k];
-        if (t < 0 || t >= vocab) {
-            PyErr_Format(PyExc_ValueError, "token %d outside tokens_out", (int)t);
-            return -1;
-        }
-        tokens_out[t] |= alive[self->tok_node[k]];
-    }
-    return 0;
 }
 
 static PyObject *
@@ -295,7 +554,7 @@ Trie_walk(Trie *self, PyObject *args)
     DFAView d = {.dfa = dfa};
     IntVec end_tok = {0}, end_cut = {0};
     PyObject *result = NULL;
-    uint8_t *tokens = NULL, *alive = NULL;
+    uint8_t *tokens = NULL;
     const uint8_t *first = NULL;
     Py_ssize_t vocab = 0;
     if (get_ints(tokens_obj, 1, 1, 1, &tokens_view, "tokens_out") < 0)
@@ -313,13 +572,12 @@ Trie_walk(Trie *self, PyObject *args)
         }
         first = first_view.buf;
     }
-    if ((alive = PyMem_Calloc((size_t)self->num_nodes, 1)) == NULL) {
-        PyErr_NoMemory();
+    if (self->max_token >= vocab) {
+        PyErr_Format(PyExc_ValueError, "token %d outside tokens_out", (int)self->max_token);
         goto done;
     }
     if (dfa_read(&d) < 0
-            || Trie_scan(self, &d, state, alive, first, want_ends ? &end_tok : NULL, &end_cut) < 0
-            || Trie_mark(self, alive, tokens, vocab) < 0)
+            || Trie_scan(self, &d, state, tokens, first, want_ends ? &end_tok : NULL, &end_cut) < 0)
         goto done;
     result = Py_BuildValue("(y#y#)", (const char *)end_tok.data,
                            (Py_ssize_t)(end_tok.len * (Py_ssize_t)sizeof(int32_t)),
@@ -331,7 +589,6 @@ done:
     view_drop(&first_view, &have_first);
     vec_free(&end_tok);
     vec_free(&end_cut);
-    PyMem_Free(alive);
     return result;
 }
 

@@ -16,7 +16,8 @@ so the children of a node are one contiguous range::
 ``state``, found by walking the nodes whose prefix stays live (every (node, state) pair is
 read once; a node is reached in one state only, the DFA being deterministic). The compiled
 core walks the trie laid out depth first (``native.CORE.Trie``: a dead prefix's subtree
-skipped in one step) and marks the live nodes' tokens itself. ``walk_trie_numpy``, one
+skipped in one step, and so is a live one whose bytes all follow one chain of states, as a
+JSON string's content does under a node of letters) and marks the live nodes' tokens itself. ``walk_trie_numpy``, one
 vectorised step per depth, returns the live nodes (``trie_tokens`` turns them into
 tokens): the compiled walk's reference and the fallback.
 """
