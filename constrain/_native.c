@@ -25,18 +25,24 @@
  *       lo .. hi - 1, 1 where its set holds ``accept``; .num_states
  *
  *   Trie(child_start, byte, under_lo, ending_here, by_bytes)
- *       .walk(dfa, state, tokens_out, first_bytes, want_ends) -> (end tokens, cuts)
+ *       .walk(dfa, state, tokens_out, first_bytes, ends) -> (end tokens, cuts)
  *     token_trie.live_tokens over the trie laid out depth first (built once per vocabulary
  *     from token_trie.VocabTrie's arrays): a dead node's subtree is skipped in one step.
  *     Marks tokens_out[t] for the tokens spelled by the trie nodes whose prefix stays live
- *     from ``state`` (its first byte in ``first_bytes`` when given), and with
- *     ``want_ends`` returns the (token, k) pairs whose first k bytes (k shorter than the
- *     token) reach an accepting state, as int32 bytes. It reads ``dfa.trans`` (int32
+ *     from ``state`` (its first byte in ``first_bytes`` when given). With ``ends`` 1
+ *     (native.ENDS_PAIRS) it returns the (token, k) pairs whose first k bytes (k shorter
+ *     than the token) reach an accepting state, as int32 bytes; with 2 (ENDS_NODES) the
+ *     same ends as (nodes, b''): the depth-first positions of the live nodes with
+ *     children whose state accepts, each standing for the tokens below it. It reads ``dfa.trans`` (int32
  *     [states, 256]); a row not built yet (entry 0 UNCOMPUTED) is built by calling
  *     ``dfa.row(state)``, after which ``dfa.trans`` and ``dfa.accepting_array()`` are read
  *     again (both may have been replaced). It builds the rows the reference builds: those
  *     of the states of live nodes with children. A subtree whose bytes all follow one
  *     chain of states (a string's content, looping or counted) is marked without a walk.
+ *     .walk_below(dfa, state, nodes, tokens_out): for each node, marks the tokens below it
+ *       whose bytes past the node's prefix stay live from ``state`` (the crossing walk of
+ *       lexeme_ends.NodeEnds); .next_bytes(nodes) -> 256 bytes, 1 for the bytes of the
+ *       nodes' children; .end_pairs(nodes) -> the (token, k) pairs the nodes stand for.
  *
  *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
  *                counter=None) -> (pairs, accepting, runs), or None past max_states
@@ -75,7 +81,7 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 7
+#define NATIVE_VERSION 8
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,

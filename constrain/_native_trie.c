@@ -440,6 +440,9 @@ subtree_settled(Trie *self, DFAView *d, Chains *c, int32_t *states, const int32_
     return !(want_ends && ch->accepts && ch->accepts < node->height);
 }
 
+/* Trie.walk's ``ends``: none, (token, cut) pairs, or the nodes where the lexeme may end. */
+enum { ENDS_NONE, ENDS_PAIRS, ENDS_NODES };
+
 /* A subtree this small is walked, not tested for a chain: the test costs more. */
 #define SETTLE_MIN_NODES 8
 
@@ -458,33 +461,82 @@ mark_tokens(const int32_t *tokens, int32_t lo, int32_t hi, uint8_t *tokens_out)
  * the chain of its state (``subtree_settled``: a JSON string's content, looping or
  * counted by a maxLength, under a node whose tokens are all letters) has the tokens of
  * its subtree marked in one step. */
+/* The path arrays and chains of a scan (Trie_scan), kept across the scans of one call. */
+typedef struct {
+    int32_t *states;
+    const int32_t **rows;
+    Chains chains;
+} ScanBuffers;
+
 static int
-Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *tokens_out, const uint8_t *first,
-          IntVec *end_tok, IntVec *end_cut)
+scan_buffers_init(Trie *self, DFAView *d, ScanBuffers *b)
 {
-    int32_t *states = PyMem_Malloc(sizeof(int32_t) * ((size_t)self->max_depth + 1));
-    const int32_t **rows = PyMem_Malloc(sizeof(int32_t *) * ((size_t)self->max_depth + 1));
-    Chains chains = {.num_states = d->trans.shape[0]};
-    chains.at = PyMem_Calloc((size_t)chains.num_states + 1, sizeof(int32_t));
-    int rc = -1;
-    if (states == NULL || rows == NULL || chains.at == NULL) {
+    b->states = PyMem_Malloc(sizeof(int32_t) * ((size_t)self->max_depth + 1));
+    b->rows = PyMem_Malloc(sizeof(int32_t *) * ((size_t)self->max_depth + 1));
+    b->chains = (Chains){.num_states = d->trans.shape[0]};
+    b->chains.at = PyMem_Calloc((size_t)b->chains.num_states + 1, sizeof(int32_t));
+    if (b->states == NULL || b->rows == NULL || b->chains.at == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
+    return 0;
+}
+
+static void
+scan_buffers_free(ScanBuffers *b)
+{
+    PyMem_Free(b->states);
+    PyMem_Free(b->rows);
+    chains_free(&b->chains);
+}
+
+/* Where a scan records the ends (the live nodes with children whose state accepts): as
+ * (token, cut) pairs, every token longer than the node with its depth (``tok``, ``cut``),
+ * or as the nodes (``nodes``); none when all are NULL. */
+typedef struct {
+    IntVec *tok, *cut, *nodes;
+} EndsOut;
+
+static int
+record_end(Trie *self, const EndsOut *ends, Py_ssize_t i)
+{
+    const TrieNode *nodes = self->nodes;
+    if (ends->nodes != NULL)
+        return vec_push(ends->nodes, (int32_t)i);
+    return add_ends(ends->tok, ends->cut, self->tokens, nodes[i + 1].tok, nodes[nodes[i].end].tok,
+                    nodes[i].depth);
+}
+
+/* The walk proper, over the subtree of node ``root`` (0: the whole trie) read from
+ * ``state``: nodes in depth-first order, a dead node's subtree skipped in one step;
+ * rows[d] is the row of the state reached after the d bytes of the current path, built
+ * when a child of that node is first read (so, as in the reference, only the rows of
+ * states of live nodes with children are built). A live node whose subtree is settled by
+ * the chain of its state (``subtree_settled``: a JSON string's content, looping or
+ * counted by a maxLength, under a node whose tokens are all letters) has the tokens of
+ * its subtree marked in one step. */
+static int
+Trie_scan(Trie *self, DFAView *d, ScanBuffers *b, Py_ssize_t root, int32_t state,
+          uint8_t *tokens_out, const uint8_t *first, const EndsOut *ends)
+{
     const TrieNode *nodes = self->nodes;
     const int32_t *tokens = self->tokens;
-    Py_ssize_t n = self->num_nodes;
-    states[0] = state;
-    if (n > 1 && build_path_row(d, states, rows, 0) < 0)
-        goto done;
-    Py_ssize_t i = 1, run_lo = 1, run_hi = 1;     /* live nodes run_lo .. run_hi - 1: unmarked */
+    int32_t *states = b->states;
+    const int32_t **rows = b->rows;
+    int want_ends = ends->tok != NULL || ends->nodes != NULL;
+    Py_ssize_t n = nodes[root].end, i = root + 1;
+    Py_ssize_t run_lo = i, run_hi = i;         /* live nodes run_lo .. run_hi - 1: unmarked */
+    for (int k = 0; k <= nodes[root].depth; k++)   /* the path above root: never read */
+        states[k] = state;
+    if (i < n && build_path_row(d, states, rows, nodes[root].depth) < 0)
+        return -1;
     while (i < n) {
         const TrieNode *node = &nodes[i];
         int depth = node->depth;
         const int32_t *row = rows[depth - 1];
         if (row[0] == UNCOMPUTED) {
             if (build_path_row(d, states, rows, depth - 1) < 0)
-                goto done;
+                return -1;
             row = rows[depth - 1];
         }
         int32_t next = row[node->byte];
@@ -496,28 +548,27 @@ Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *tokens_out, const uint
         rows[depth] = row_in_view(d, next);
         if (rows[depth] == NULL) {          /* a state newer than the table read: read it again */
             if (dfa_read(d) < 0 || build_path_row(d, states, rows, depth - 1) < 0)
-                goto done;
+                return -1;
             rows[depth] = row_in_view(d, next);
             if (rows[depth] == NULL) {
                 PyErr_Format(PyExc_RuntimeError, "state %d has no row", (int)next);
-                goto done;
+                return -1;
             }
         }
         Py_ssize_t live_end = i + 1;    /* i, or its whole subtree when settled */
         if (node->end > i + 1) {
             int accepting = 0;          /* tokens longer than this node */
-            if (end_tok != NULL) {
+            if (want_ends) {
                 if (dfa_accepting(d, next, &accepting) < 0)
-                    goto done;
-                if (accepting && add_ends(end_tok, end_cut, tokens, nodes[i + 1].tok,
-                                          nodes[node->end].tok, depth) < 0)
-                    goto done;
+                    return -1;
+                if (accepting && record_end(self, ends, i) < 0)
+                    return -1;
             }
             if (!accepting && node->end - i >= SETTLE_MIN_NODES) {
-                int settled = subtree_settled(self, d, &chains, states, rows, depth, node,
-                                              end_tok != NULL);
+                int settled = subtree_settled(self, d, &b->chains, states, rows, depth, node,
+                                              want_ends);
                 if (settled < 0)
-                    goto done;
+                    return -1;
                 if (settled)
                     live_end = node->end;
             }
@@ -530,12 +581,21 @@ Trie_scan(Trie *self, DFAView *d, int32_t state, uint8_t *tokens_out, const uint
         i = live_end;
     }
     mark_tokens(tokens, nodes[run_lo].tok, nodes[run_hi].tok, tokens_out);
-    rc = 0;
-done:
-    PyMem_Free(states);
-    PyMem_Free(rows);
-    chains_free(&chains);
-    return rc;
+    return 0;
+}
+
+/* tokens_out as a writable bool array covering every token: 0, or -1 with an error. */
+static int
+tokens_view(Trie *self, PyObject *obj, Py_buffer *view)
+{
+    if (get_ints(obj, 1, 1, 1, view, "tokens_out") < 0)
+        return -1;
+    if (self->max_token >= view->shape[0]) {
+        PyErr_Format(PyExc_ValueError, "token %d outside tokens_out", (int)self->max_token);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *
@@ -543,25 +603,27 @@ Trie_walk(Trie *self, PyObject *args)
 {
     PyObject *dfa, *tokens_obj, *first_obj;
     int state, want_ends;
-    if (!PyArg_ParseTuple(args, "OiOOp:walk", &dfa, &state, &tokens_obj, &first_obj, &want_ends))
+    if (!PyArg_ParseTuple(args, "OiOOi:walk", &dfa, &state, &tokens_obj, &first_obj, &want_ends))
         return NULL;
     if (self->nodes == NULL) {
         PyErr_SetString(PyExc_TypeError, "Trie is not initialised");
         return NULL;
     }
-    Py_buffer tokens_view, first_view;
+    Py_buffer tokens, first_view;
     int have_tokens = 0, have_first = 0;
     DFAView d = {.dfa = dfa};
+    ScanBuffers b = {0};
     IntVec end_tok = {0}, end_cut = {0};
+    EndsOut ends = {NULL, NULL, NULL};
+    if (want_ends == ENDS_PAIRS)
+        ends = (EndsOut){&end_tok, &end_cut, NULL};
+    else if (want_ends == ENDS_NODES)
+        ends = (EndsOut){NULL, NULL, &end_tok};
     PyObject *result = NULL;
-    uint8_t *tokens = NULL;
     const uint8_t *first = NULL;
-    Py_ssize_t vocab = 0;
-    if (get_ints(tokens_obj, 1, 1, 1, &tokens_view, "tokens_out") < 0)
+    if (tokens_view(self, tokens_obj, &tokens) < 0)
         goto done;
     have_tokens = 1;
-    tokens = tokens_view.buf;
-    vocab = tokens_view.shape[0];
     if (first_obj != Py_None) {
         if (get_ints(first_obj, 1, 1, 0, &first_view, "first_bytes") < 0)
             goto done;
@@ -572,30 +634,132 @@ Trie_walk(Trie *self, PyObject *args)
         }
         first = first_view.buf;
     }
-    if (self->max_token >= vocab) {
-        PyErr_Format(PyExc_ValueError, "token %d outside tokens_out", (int)self->max_token);
-        goto done;
-    }
-    if (dfa_read(&d) < 0
-            || Trie_scan(self, &d, state, tokens, first, want_ends ? &end_tok : NULL, &end_cut) < 0)
+    if (dfa_read(&d) < 0 || scan_buffers_init(self, &d, &b) < 0
+            || Trie_scan(self, &d, &b, 0, state, tokens.buf, first, &ends) < 0)
         goto done;
     result = Py_BuildValue("(y#y#)", (const char *)end_tok.data,
                            (Py_ssize_t)(end_tok.len * (Py_ssize_t)sizeof(int32_t)),
                            (const char *)end_cut.data,
                            (Py_ssize_t)(end_cut.len * (Py_ssize_t)sizeof(int32_t)));
 done:
+    scan_buffers_free(&b);
     dfa_release(&d);
-    view_drop(&tokens_view, &have_tokens);
+    view_drop(&tokens, &have_tokens);
     view_drop(&first_view, &have_first);
     vec_free(&end_tok);
     vec_free(&end_cut);
     return result;
 }
 
+/* The node positions of an int32 array, each checked to be a node. */
+static int
+nodes_view(Trie *self, PyObject *obj, Py_buffer *view)
+{
+    if (get_ints(obj, 4, 1, 0, view, "nodes") < 0)
+        return -1;
+    const int32_t *at = view->buf;
+    for (Py_ssize_t k = 0; k < view->shape[0]; k++)
+        if (at[k] < 0 || at[k] >= self->num_nodes) {
+            PyErr_Format(PyExc_IndexError, "no trie node %d", (int)at[k]);
+            PyBuffer_Release(view);
+            return -1;
+        }
+    return 0;
+}
+
+static PyObject *
+Trie_walk_below(Trie *self, PyObject *args)
+{
+    PyObject *dfa, *nodes_obj, *tokens_obj;
+    int state;
+    if (!PyArg_ParseTuple(args, "OiOO:walk_below", &dfa, &state, &nodes_obj, &tokens_obj))
+        return NULL;
+    Py_buffer nodes, tokens;
+    int have_nodes = 0, have_tokens = 0;
+    DFAView d = {.dfa = dfa};
+    ScanBuffers b = {0};
+    EndsOut no_ends = {NULL, NULL, NULL};
+    PyObject *result = NULL;
+    if (nodes_view(self, nodes_obj, &nodes) < 0)
+        goto done;
+    have_nodes = 1;
+    if (tokens_view(self, tokens_obj, &tokens) < 0)
+        goto done;
+    have_tokens = 1;
+    if (dfa_read(&d) < 0 || scan_buffers_init(self, &d, &b) < 0)
+        goto done;
+    const int32_t *at = nodes.buf;
+    for (Py_ssize_t k = 0; k < nodes.shape[0]; k++) {
+        /* the node's own tokens end where the state is taken: only those below it count */
+        if (Trie_scan(self, &d, &b, at[k], state, tokens.buf, NULL, &no_ends) < 0)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    scan_buffers_free(&b);
+    dfa_release(&d);
+    view_drop(&nodes, &have_nodes);
+    view_drop(&tokens, &have_tokens);
+    return result;
+}
+
+static PyObject *
+Trie_next_bytes(Trie *self, PyObject *args)
+{
+    PyObject *nodes_obj;
+    if (!PyArg_ParseTuple(args, "O:next_bytes", &nodes_obj))
+        return NULL;
+    Py_buffer nodes;
+    if (nodes_view(self, nodes_obj, &nodes) < 0)
+        return NULL;
+    uint8_t seen[256] = {0};
+    const int32_t *at = nodes.buf;
+    for (Py_ssize_t k = 0; k < nodes.shape[0]; k++)
+        for (Py_ssize_t j = at[k] + 1; j < self->nodes[at[k]].end; j = self->nodes[j].end)
+            seen[self->nodes[j].byte] = 1;
+    PyBuffer_Release(&nodes);
+    return PyBytes_FromStringAndSize((const char *)seen, 256);
+}
+
+static PyObject *
+Trie_end_pairs(Trie *self, PyObject *args)
+{
+    PyObject *nodes_obj;
+    if (!PyArg_ParseTuple(args, "O:end_pairs", &nodes_obj))
+        return NULL;
+    Py_buffer nodes;
+    if (nodes_view(self, nodes_obj, &nodes) < 0)
+        return NULL;
+    IntVec tok = {0}, cut = {0};
+    PyObject *result = NULL;
+    const int32_t *at = nodes.buf;
+    EndsOut pairs = {&tok, &cut, NULL};
+    for (Py_ssize_t k = 0; k < nodes.shape[0]; k++)
+        if (self->nodes[at[k]].end > at[k] + 1 && record_end(self, &pairs, at[k]) < 0)
+            goto done;
+    result = Py_BuildValue("(y#y#)", (const char *)tok.data,
+                           (Py_ssize_t)(tok.len * (Py_ssize_t)sizeof(int32_t)),
+                           (const char *)cut.data,
+                           (Py_ssize_t)(cut.len * (Py_ssize_t)sizeof(int32_t)));
+done:
+    PyBuffer_Release(&nodes);
+    vec_free(&tok);
+    vec_free(&cut);
+    return result;
+}
+
 static PyMethodDef Trie_methods[] = {
     {"walk", (PyCFunction)Trie_walk, METH_VARARGS,
-     "walk(dfa, state, tokens_out, first_bytes, want_ends) -> (end tokens, end "
-     "cuts) as int32 bytes (see the module doc)"},
+     "walk(dfa, state, tokens_out, first_bytes, ends) -> (end tokens, end cuts) or (end "
+     "nodes, b'') as int32 bytes (see the module doc)"},
+    {"walk_below", (PyCFunction)Trie_walk_below, METH_VARARGS,
+     "walk_below(dfa, state, nodes, tokens_out): marks the tokens under the nodes whose "
+     "bytes past the node stay live from state"},
+    {"next_bytes", (PyCFunction)Trie_next_bytes, METH_VARARGS,
+     "next_bytes(nodes) -> 256 bytes, 1 for each byte of a child of a node"},
+    {"end_pairs", (PyCFunction)Trie_end_pairs, METH_VARARGS,
+     "end_pairs(nodes) -> (tokens, cuts) as int32 bytes: every token longer than a node, "
+     "with the node's depth"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,7 +11,7 @@ Masks (``CompiledGrammar.hypothesis_mask``), all cached, so a step is a union of
   over the terminals X the parser expects after t (cached per X);
 - *crossing* one lexeme boundary inside a token: ``cross(t, s, X)``, tokens whose bytes end t
   somewhere and continue as a live prefix of some t' in X: the (token, cut) pairs where t
-  can end are recorded by the walk of ``rows[t][s]`` (``token_walk.allowed``), then walked
+  can end are recorded by the walk of ``rows[t][s]`` (``lexeme_ends``), then walked
   on from each t' start (cached).
 Tokens that cross two or more boundaries are left out of the mask (``accept`` still handles
 them): the mask is exact for the others and never allows a token ``accept`` would refuse.
@@ -29,7 +29,7 @@ from .grammar import GrammarSpec
 from .matcher import ByteMatcher, write_row
 from .prefetch import OnceCache, prefetch
 from .token_masks import pack_bits
-from .token_walk import allowed, walk
+from .lexeme_ends import state_row_with_ends
 
 
 class CompiledGrammar(Grammar):
@@ -44,7 +44,7 @@ class CompiledGrammar(Grammar):
         self._rows: dict = {}
         self._fresh_rows: dict = {}
         self._cross_rows: dict = {}
-        self._end_nodes: dict = {}
+        self._ends: dict = {}              # (t, s) -> lexeme_ends.ItemEnds | NodeEnds
         self._starts: dict = {}            # terminal -> bool[256] of its possible first bytes
         self._first_memo: dict = {}
         self._once = OnceCache()        # the step path and the prefetch worker build a row once
@@ -146,13 +146,8 @@ class CompiledGrammar(Grammar):
         return row
 
     def _build_state_row(self, t: int, s: int) -> np.ndarray:
-        ends: list = []
-        alive = allowed(self.info.trie, self.dfas[t], s, ends)
-        if ends:
-            ends = (np.concatenate([e[0] for e in ends]), np.concatenate([e[1] for e in ends]))
-        else:
-            ends = (np.empty(0, np.int64), np.empty(0, np.int64))
-        self._end_nodes[(t, s)] = ends      # before the row is stored: readers of a row see it
+        alive, ends = state_row_with_ends(self.info.trie, self.dfas[t], s)
+        self._ends[(t, s)] = ends       # before the row is stored: readers of a row see it
         return pack_bits(alive, self.info.num_words)
 
     def fresh_row(self, expected: frozenset) -> np.ndarray:
@@ -173,19 +168,17 @@ class CompiledGrammar(Grammar):
 
     def _build_cross_row(self, t: int, s: int, expected: frozenset) -> np.ndarray:
         self.state_row(t, s)
-        tokens, cut = self._end_nodes[(t, s)]
+        ends = self._ends[(t, s)]
         table = self.info.trie
         alive = np.zeros(table.vocab_size, dtype=bool)
-        if len(tokens):
-            next_bytes = np.zeros(256, dtype=bool)
-            next_bytes[table.flat[table.offsets[tokens] + cut]] = True
+        if len(ends):
+            next_bytes = ends.next_bytes(table)
             for u in expected:
                 if not (self._first_bytes(u) & next_bytes).any():
                     continue            # no end is followed by a byte u can start with
                 dfa = self.dfas[u]
                 if dfa.start != DEAD:
-                    start = np.full(len(tokens), dfa.start, dtype=np.int64)
-                    alive[walk(table, dfa, tokens, cut, start)] = True
+                    ends.continued(table, dfa, dfa.start, alive)
         return pack_bits(alive, self.info.num_words)
 
     def _first_bytes(self, u: int) -> np.ndarray:
@@ -197,7 +190,7 @@ class CompiledGrammar(Grammar):
 
     def _can_end_inside(self, t: int, s: int) -> bool:
         self.state_row(t, s)
-        return self.dfas[t].is_accepting(s) or len(self._end_nodes[(t, s)][0]) > 0
+        return self.dfas[t].is_accepting(s) or len(self._ends[(t, s)]) > 0
 
 
 class _LazyList:

@@ -101,8 +101,8 @@ def live_tokens(table, dfa, state: int, ends: list | None = None,
     if first_bytes is not None:
         first_bytes = np.ascontiguousarray(first_bytes, dtype=bool)
     tokens = np.zeros(table.vocab_size, dtype=bool)
-    end_tok, end_cut = table.trie.native(core).walk(dfa, state, tokens, first_bytes,
-                                                    ends is not None)
+    want = native.ENDS_NONE if ends is None else native.ENDS_PAIRS
+    end_tok, end_cut = table.trie.native(core).walk(dfa, state, tokens, first_bytes, want)
     if end_tok:
         ends.append((np.frombuffer(end_tok, np.int32).astype(np.int64),
                      np.frombuffer(end_cut, np.int32).astype(np.int64)))

@@ -1,7 +1,8 @@
 """The compiled core (constrain/_native.c) against its numpy/Python reference: DFA rows
 (``LazyDFA._build_row_python``), trie walks (``token_trie.walk_trie_numpy``), the token
 masks of ``token_walk.allowed`` (the chain path), item walks (``token_walk.walk_numpy``) and
-the trim (``nfa._reaching_python``), on random regexes, maskbench JSON schemas and the
+the trim (``nfa._reaching_python``), a grammar terminal's ends as trie nodes
+(``lexeme_ends.NodeEnds`` against ``ItemEnds``), on random regexes, maskbench JSON schemas and the
 SmolLM2 vocabulary. The product walk: test_native_product.py.
 
 The extension must be built (``pip install -e .`` builds it; CI runs that): a missing or
@@ -21,6 +22,7 @@ from conformance import maskbench_sample, smollm2
 from tamis.constrain import ConstraintError, StructuredOutputsParams, compile_constraint, native
 from tamis.constrain import nfa as nfa_module
 from tamis.constrain.automaton import DEAD, LazyDFA, build_nfa
+from tamis.constrain.lexeme_ends import NodeEnds, state_row_with_ends
 from tamis.constrain.regex_parser import parse_regex
 from tamis.constrain.token_trie import live_tokens, trie_tokens, walk_trie_numpy
 from tamis.constrain.token_walk import allowed, walk, walk_numpy
@@ -234,6 +236,36 @@ def test_allowed_equals_the_chain_path(core, table, monkeypatch, seed):
                 assert (got == want).all(), where
                 if with_ends:
                     assert end_pairs(got_ends) == end_pairs(want_ends), where
+
+
+@pytest.mark.parametrize("seed", [SEED])
+def test_lexeme_ends_as_nodes_equal_the_items(core, table, monkeypatch, seed):
+    """The compiled walk's end nodes stand for the numpy path's (token, cut) ends, follow the
+    same bytes, and continue into the same tokens from another automaton's states."""
+    rng = random.Random(seed)
+    built = list(automata(seed))
+    for (description, nfa, start, accept), (_, other_nfa, other_start, other_accept) in \
+            zip(built, built[1:] + built[:1]):
+        dfa = fresh_dfa(nfa, start, accept)
+        other = fresh_dfa(other_nfa, other_start, other_accept)
+        for state in walk_states(dfa, rng, table, 4):
+            where = (seed, description, state)
+            monkeypatch.setattr(native, "CORE", None)
+            want_alive, want = state_row_with_ends(table, dfa, state)
+            monkeypatch.setattr(native, "CORE", core)
+            got_alive, got = state_row_with_ends(table, dfa, state)
+            assert isinstance(got, NodeEnds), where
+            assert (got_alive == want_alive).all(), where
+            items = got.as_items()
+            assert end_pairs([(items.tokens, items.cuts)]) == \
+                end_pairs([(want.tokens, want.cuts)]), where
+            assert (got.next_bytes(table) == want.next_bytes(table)).all(), where
+            for next_state in walk_states(other, rng, table, 3):
+                want_cross = np.zeros(table.vocab_size, dtype=bool)
+                got_cross = np.zeros(table.vocab_size, dtype=bool)
+                want.continued(table, other, next_state, want_cross)
+                got.continued(table, other, next_state, got_cross)
+                assert (got_cross == want_cross).all(), (where, next_state)
 
 
 def test_walk_builds_rows_of_a_growing_table(core, table, monkeypatch):
