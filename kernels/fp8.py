@@ -14,8 +14,8 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
   scale applied once at the end). No activation quantization, so the weight bytes are all it
   reads.
 - ``fp8_linear`` dispatches: on CUDA, M <= ``GEMV_DISPATCH_M`` runs that GEMV (any CUDA GPU);
-  larger M on a GPU with FP8 (compute capability >= 8.9) runs W8A8: on Hopper up to
-  ``fp8_mm.FP8_MM_MAX_M`` rows through ``tamis.kernels.fp8_mm`` (tiles sized to fill the
+  larger M on a GPU with FP8 (compute capability >= 8.9) runs W8A8: on Hopper for
+  ``fp8_mm.FP8_MM_ROWS`` rows through ``tamis.kernels.fp8_mm`` (tiles sized to fill the
   multiprocessors at decode batches), otherwise through ``torch._scaled_mm``; anything
   else runs W8A16 (the weight upcast to x's dtype), which is also the CPU reference.
   ``fp8_linear_ref`` emulates W8A8 exactly in fp32.
@@ -27,7 +27,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from tamis.kernels.fp8_mm import FP8_MM_MAX_M, fp8_mm_triton
+from tamis.kernels.fp8_mm import FP8_MM_ROWS, fp8_mm_triton
 from tamis.kernels.gemv import GemvTiles, gemv_triton
 
 try:
@@ -132,15 +132,15 @@ def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
                   input_scale: torch.Tensor | None = None,
                   bias: torch.Tensor | None = None) -> torch.Tensor:
     """W8A8 on an FP8 GPU: per-token (dynamic) or per-tensor (static) activation scales,
-    per-channel weight scales, through ``fp8_mm`` on Hopper up to ``FP8_MM_MAX_M`` rows,
-    else ``torch._scaled_mm``. x: [M, K] bf16/fp16."""
+    per-channel weight scales, through ``fp8_mm`` on Hopper for ``FP8_MM_ROWS`` rows, else
+    ``torch._scaled_mm``. x: [M, K] bf16/fp16."""
     if input_scale is None:
         xq, x_scale = per_token_quant_fp8(x)
     else:
         x_scale = input_scale.float().reshape(1, 1)
         xq = quantize_fp8(x, x_scale)
         x_scale = x_scale.expand(x.shape[0], 1).contiguous()
-    if x.shape[0] <= FP8_MM_MAX_M and triton is not None and _is_hopper(x.device):
+    if x.shape[0] in FP8_MM_ROWS and triton is not None and _is_hopper(x.device):
         return fp8_mm_triton(xq, weight, x_scale, weight_scale, x.dtype, bias)
     # Row-wise scaling (scale_a [M, 1], scale_b [1, N]) takes bf16 output only.
     out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,

@@ -8,16 +8,17 @@ a_scale  float32 [M]            b_scale float32 [N]
 out[m, n] = (sum_k a[m, k] * b[n, k]) * a_scale[m] * b_scale[n]   (+ bias[n])
 ```
 
-Why not ``torch._scaled_mm`` at these sizes. For 3..128 rows cuBLASLt's row-wise scaled FP8
-GEMM runs one 128 x 128 tile shape on every Llama-3.1-8B layer, so a layer of N = 4096
-columns has 32 programs for an H100's 132 multiprocessors, and the step is bound by how
-fast 32 of them can stream the weight. Here a program takes 64 rows (Hopper's warpgroup
+Why not ``torch._scaled_mm`` at these sizes. At 64 rows cuBLASLt's row-wise scaled FP8
+GEMM ran one 128 x 128 tile shape on every Llama-3.1-8B layer (an H100's decode profile),
+so a layer of N = 4096 columns had 32 programs for 132 multiprocessors, and the step is
+bound by how fast 32 of them can stream the weight. Here a program takes 64 rows (Hopper's warpgroup
 MMA height) and the widest of 128 / 64 / 32 columns that still gives about one program a
 multiprocessor (``fp8_mm_tiles``). Measured at 64 rows on an H100 against cuBLASLt, the four
 layer shapes (K x N 4096 x 6144, 4096 x 4096, 4096 x 28672, 14336 x 4096): 11.9 / 9.1 / 43.9
 / 24.3 us against 15.3 / 14.1 / 49.6 / 38.2 us, and vLLM's CUTLASS kernel 12.3 / 9.2 / 46.7 /
 24.2 us. From 256 rows cuBLASLt's larger tiles tie or win, so ``kernels.fp8.fp8_linear``
-sends only M <= ``FP8_MM_MAX_M`` here.
+sends only ``FP8_MM_ROWS`` here: from 33 rows (where a 64-row tile is at least half used,
+and the measured 64-row case stands) to 128.
 
 On the CPU the kernel runs under Triton's interpreter, whose ``tl.dot`` takes the same
 codes as float32 values (the tests); ``fp8_linear_ref`` in ``kernels.fp8`` is the
@@ -35,7 +36,7 @@ from tamis.kernels._triton import kernel, triton_available
 if triton_available():
     import triton.language as tl
 
-FP8_MM_MAX_M = 128   # rows fp8_linear sends here on Hopper; cuBLASLt above
+FP8_MM_ROWS = range(33, 129)   # rows fp8_linear sends here on Hopper; cuBLASLt outside
 
 
 @dataclass(frozen=True)

@@ -209,10 +209,10 @@ def test_fp8_mm_refuses_mismatched_k():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or not fp8.fp8_supported("cuda"),
                     reason="needs an FP8 GPU (compute capability >= 8.9)")
-@pytest.mark.parametrize("m", [3, 64, 128, 129, 256])
+@pytest.mark.parametrize("m", [3, 32, 33, 64, 128, 129, 256])
 def test_fp8_linear_on_each_side_of_the_kernel_split(m):
-    """fp8_mm below FP8_MM_MAX_M rows (on Hopper), torch._scaled_mm above: both match the
-    W8A8 emulation."""
+    """fp8_mm for FP8_MM_ROWS (on Hopper), torch._scaled_mm outside: both match the W8A8
+    emulation."""
     weight, scale = _weight(1024, 2048)
     x = torch.randn(m, 2048, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
     bias = torch.randn(1024, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
