@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_quant import (SHAPES, cycling, graph_time, parse_shapes,  # noqa: E402
-                         relative_error, start_on_gpu)
+from bench_quant import (cycling, graph_time, parse_shapes, relative_error,  # noqa: E402
+                         start_on_gpu)
 
 COPIES = 8
 
@@ -88,7 +88,7 @@ def main() -> None:
     names = list(impls) + ["bf16"]
     rows = []
     for m in args.ms:
-        for k, n in parse_shapes(args.shapes) or SHAPES:
+        for k, n in parse_shapes(args.shapes):
             row = time_shape(m, k, n, impls)
             rows.append((m, k, n, row))
             print(f"M={m} {k}x{n}: " + ", ".join(f"{key} {us:.1f} us" for key, us in row.items()),
