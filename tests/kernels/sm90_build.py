@@ -41,6 +41,7 @@ class Build:
     sass: str
     registers: int
     stack_bytes: int
+    shared_bytes: int = 0   # shared memory a program asks at launch
 
     def instructions(self) -> list[Instruction]:
         return parse_sass(self.sass)
@@ -51,7 +52,7 @@ class Build:
 
 def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps: int,
                  **options) -> Build:
-    """Compile a Gluon kernel for sm_90a; ``signature`` gives each runtime argument's
+    """Compile a Gluon kernel (or a ``tamis.kernels._triton.kernel``) for sm_90a; ``signature`` gives each runtime argument's
     type ("*bf16", "i32", ...), every argument also taken as divisible by 16 (as Triton
     specialises pointers and strides at launch); ``options`` go to the compiler as a
     launch's would (``maxnreg`` ...).
@@ -87,23 +88,32 @@ def _quiet_child() -> None:
 
 def _compile(module: str, name: str, signature: dict[str, str], constexprs: dict,
              num_warps: int, options: dict) -> Build:
+    import dataclasses
+
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
 
     kernel = getattr(importlib.import_module(module), name)
+    if hasattr(kernel, "params"):   # a Gluon kernel
+        from triton.experimental.gluon._runtime import GluonASTSource
+        source_class = GluonASTSource
+    else:                           # a dual-mode Triton kernel: its function, jitted here
+        kernel, source_class = JITFunction(kernel.fn), ASTSource
     names = [p.name for p in kernel.params]
     full = {name: signature.get(name, "constexpr") for name in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if full[name] != "constexpr"}
-    source = GluonASTSource(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs)
+    source = source_class(fn=kernel, signature=full, constexprs=constexprs, attrs=attrs)
     try:
         compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
                                   options={"num_warps": num_warps, "enable_fp_fusion": True,
                                            **options})
     except Exception as exc:  # noqa: BLE001  (sent back as text)
         raise _ChildError(_error_chain(exc)) from None
-    return _read_cubin(compiled.asm["cubin"])
+    return dataclasses.replace(_read_cubin(compiled.asm["cubin"]),
+                               shared_bytes=compiled.metadata.shared)
 
 
 def _error_chain(exc: BaseException) -> str:

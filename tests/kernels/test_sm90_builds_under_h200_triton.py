@@ -1,6 +1,6 @@
 """The sm_90 build checks (``test_w4a16_sm90_build.py``: registers, stack, the wgmma
-operands in flight) again under Triton 3.6, which the H200 machine's image runs, not only
-under the one torch's pins install here.
+operands in flight; ``test_fp8_mm_sm90_build.py``) again under Triton 3.6, which the H200
+machine's image runs, not only under the one torch's pins install here.
 
 Both versions build the same Gluon source to different machine code: a refactor (426ac62,
 reverted) left Triton 3.9's builds byte-identical and took 3.6's 2-split 128-row tile
@@ -22,7 +22,8 @@ import pytest
 
 pytestmark = pytest.mark.network   # that Triton is installed from PyPI on first use
 H200_TRITON = "3.6.0"  # the H200 image's, in every device run of this project so far
-BUILD_TESTS = Path(__file__).with_name("test_w4a16_sm90_build.py")
+BUILD_TESTS = [Path(__file__).with_name(name) for name in
+               ("test_w4a16_sm90_build.py", "test_fp8_mm_sm90_build.py")]
 
 
 def _h200_triton_dir() -> Path:
@@ -56,8 +57,8 @@ def test_sm90_builds_hold_under_the_h200_triton():
                              env=env, capture_output=True, text=True, timeout=120)
     assert version.stdout.strip() == H200_TRITON, version.stderr[-600:]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          str(BUILD_TESTS)], env=env, capture_output=True, text=True,
-                         timeout=1800, cwd=BUILD_TESTS.parents[2])
+                          *map(str, BUILD_TESTS)], env=env, capture_output=True, text=True,
+                         timeout=1800, cwd=BUILD_TESTS[0].parents[2])
     summary = run.stdout.strip().splitlines()[-1:] or [""]
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-1000:]
     assert " passed" in summary[0] and "skipped" not in summary[0], summary[0]
