@@ -47,8 +47,10 @@
  *   product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
  *                counter=None) -> (pairs, accepting, runs), or None past max_states
  *     product._ProductBuilder._explore_python: the pairs of two lazy DFAs (``left``,
- *     ``right``: dfa.trans and dfa.accepting_array() read as Trie.walk reads them, rows
- *     built through dfa.row) reachable from (left_start, right_start) over the symbols
+ *     ``right``, private to the caller: no other thread may use them meanwhile; a missing
+ *     row is built in place through dfa._native_rows, as LazyDFA._build_row builds it,
+ *     dfa.row called only when dfa.trans must grow; without the compiled index, or when
+ *     both are one DFA, read as Trie.walk reads them) reachable from (left_start, right_start) over the symbols
  *     0 .. alphabet - 1, a pair expanded last-found first, numbered as found. ``pairs``:
  *     int32 (left, right) per id; ``accepting``: one byte per id, the left side accepting
  *     and the right side accepting (``diff``: not accepting, a DEAD right side included);
@@ -74,14 +76,14 @@
  *     ``accept`` over the edges sources[i] -> targets[i] (int32, byte and epsilon edges
  *     alike): the trim of a sealed NFA.
  *
- * Files: _native_rows.c (NFARows, product_runs, reaching), _native_trie.c (Trie,
- * walk_items), _native_common.h (int arrays, buffers, a lazy DFA read from Python); this one holds the
- * module.
+ * Files: _native_rows.c (NFARows, reaching), _native_product.c (product_runs),
+ * _native_trie.c (Trie, walk_items), _native_common.h (int arrays, buffers, a lazy DFA read
+ * from Python); this one holds the module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 8
+#define NATIVE_VERSION 9
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,

@@ -242,6 +242,17 @@ dfa_accepting(DFAView *d, int32_t state, int *out)
 }
 
 extern PyTypeObject NFARowsType, TrieType;
+
+/* NFARows.build over buffers already read: the row of DFA ``state`` into ``trans`` (int32
+ * [trans_rows, 256]), its new states' flags into ``flags`` and appended to ``accepting``
+ * (a list), when all of them have room; returns the number of states either way (more
+ * than the room: nothing written, grow and ask again), -1 with an exception. */
+Py_ssize_t nfarows_build_into(PyObject *rows, Py_ssize_t state, int32_t *trans,
+                              Py_ssize_t trans_rows, uint8_t *flags, Py_ssize_t flags_len,
+                              PyObject *accepting);
+/* Whether the indexed DFA ``state`` of NFARows ``rows`` holds the accept state; -1 with an
+ * exception for a state not indexed. */
+int nfarows_accepting(PyObject *rows, Py_ssize_t state);
 PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
 PyObject *reaching(PyObject *module, PyObject *args);
