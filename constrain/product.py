@@ -47,13 +47,34 @@ def build_product(nfa: NFA, a, b, start: int, mode: str) -> int:
     """Adds to ``nfa`` a path from ``start`` to the returned end state for each string of
     ``a`` in (``mode`` "and") or not in ("diff") the language of ``b``."""
     nfa.may_dead_end = True
-    alphabet = _char_classes(a, b)
+    alphabet = None if mode == "diff" and _is_finite(b) else _char_classes(a, b)
     if alphabet is None:
         return _ProductBuilder(nfa, a, b, mode, None).build(start)
     classes, ids_of = alphabet
     memo: dict = {}
     return _ProductBuilder(nfa, _renamed(a, ids_of, memo), _renamed(b, ids_of, memo),
                            mode, classes).build(start)
+
+
+def _is_finite(node) -> bool:
+    """Whether ``node`` is built of chars, seq and alt alone: a finite set of strings. A
+    difference with one (an object's extra keys: any key less the declared names' spellings)
+    is walked over bytes: renamed operands are new nodes in every product, so the subtracted
+    strings' automaton would be built again, node by node, where over bytes it is pasted
+    from the fragments of the nodes every schema shares (a name's spellings); and a finite
+    right side adds few pairs inside multi-byte characters."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node[0] not in ("chars", "seq", "alt"):
+            return False
+        if node[0] != "chars":
+            stack.extend(node[1])
+    return True
 
 
 def _length_bound(node):
