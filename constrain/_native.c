@@ -76,14 +76,19 @@
  *     ``accept`` over the edges sources[i] -> targets[i] (int32, byte and epsilon edges
  *     alike): the trim of a sealed NFA.
  *
- * Files: _native_rows.c (NFARows, reaching), _native_product.c (product_runs),
+ *   shifted_states(table, state_columns, offset, start) -> bytes
+ *     nfa._shifted_python: the rows of a sealed fragment's edge table (int32 [n, k], k <= 8)
+ *     as pasted: in each column whose bit is set in ``state_columns`` (the states), state 0
+ *     becomes ``start`` and every other state s becomes s + offset; int32 bytes, row-major.
+ *
+ * Files: _native_rows.c (NFARows, reaching, shifted_states), _native_product.c (product_runs),
  * _native_trie.c (Trie, walk_items), _native_common.h (int arrays, buffers, a lazy DFA read
  * from Python); this one holds the module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 9
+#define NATIVE_VERSION 10
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -93,6 +98,9 @@ static PyMethodDef module_methods[] = {
     {"walk_items", walk_items, METH_VARARGS,
      "walk_items(dfa, flat, tok, at, st, want_ends) -> (accepted, end tokens, end positions): "
      "tokens' remaining bytes walked through a lazy DFA"},
+    {"shifted_states", shifted_states, METH_VARARGS,
+     "shifted_states(table, state_columns, offset, start) -> bytes: a fragment's edge rows "
+     "as pasted"},
     {"reaching", reaching, METH_VARARGS,
      "reaching(num_states, sources, targets, accept) -> bytes: 1 for each state with a path "
      "to accept"},

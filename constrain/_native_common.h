@@ -256,5 +256,6 @@ int nfarows_accepting(PyObject *rows, Py_ssize_t state);
 PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
 PyObject *reaching(PyObject *module, PyObject *args);
+PyObject *shifted_states(PyObject *module, PyObject *args);
 
 #endif

@@ -654,3 +654,35 @@ done:
     PyMem_Free(stack);
     return result;
 }
+
+/* ---- shifted_states: a pasted fragment's edge rows ----------------------------------------- */
+
+/* shifted_states(table, state_columns, offset, start) -> bytes (see _native.c). */
+PyObject *
+shifted_states(PyObject *module, PyObject *args)
+{
+    PyObject *table_obj;
+    int columns_mask, offset, start;
+    if (!PyArg_ParseTuple(args, "Oiii:shifted_states", &table_obj, &columns_mask, &offset, &start))
+        return NULL;
+    Py_buffer table;
+    if (get_ints(table_obj, 4, 2, 0, &table, "table") < 0)
+        return NULL;
+    Py_ssize_t rows = table.shape[0], width = table.shape[1];
+    PyObject *out = NULL;
+    if (width < 1 || width > 8) {
+        PyErr_SetString(PyExc_ValueError, "shifted_states(): tables of 1 to 8 columns");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, rows * width * (Py_ssize_t)sizeof(int32_t));
+    if (out == NULL)
+        goto done;
+    const int32_t *in = table.buf;
+    int32_t *to = (int32_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < rows; i++)
+        for (Py_ssize_t c = 0; c < width; c++, in++, to++)
+            *to = !(columns_mask >> c & 1) ? *in : *in == 0 ? start : *in + offset;
+done:
+    PyBuffer_Release(&table);
+    return out;
+}

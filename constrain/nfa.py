@@ -87,13 +87,13 @@ class NFA:
         assert fragment.sealed and not self.sealed
         self.may_dead_end |= fragment.may_dead_end
         offset = self.reserve(fragment.num_states - 1) - 1
-        for table, states, at_start, out in (
-                (fragment.edge_table, _EDGE_STATES, fragment.edge_at_start, self._edges),
-                (fragment.eps_table, _EPS_STATES, fragment.eps_at_start, self._eps)):
-            shifted = table + states * offset
-            for column, rows in at_start:
-                shifted[rows, column] = start
-            out.frombytes(shifted.tobytes())
+        core = native.CORE
+        for table, columns, out in ((fragment.edge_table, _EDGE_COLUMNS, self._edges),
+                                    (fragment.eps_table, _EPS_COLUMNS, self._eps)):
+            if core is not None:       # a fragment is small: numpy's calls cost more than it
+                out.frombytes(core.shifted_states(table, columns, offset, start))
+            else:
+                out.frombytes(_shifted_python(fragment, table, offset, start))
         return start if end == 0 else end + offset
 
     def paste_chain(self, fragment: "NFA", start: int, end: int, count: int,
@@ -189,6 +189,21 @@ _READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_st
 _PASTE_ROWS = frozenset({"edge_at_start", "eps_at_start"})     # (column, rows) holding state 0
 _EDGE_STATES = np.array([1, 0, 0, 1], dtype=np.int32)     # which columns hold states
 _EPS_STATES = np.array([1, 1], dtype=np.int32)
+_EDGE_COLUMNS, _EPS_COLUMNS = 0b1001, 0b11                 # the same as bits (column c: bit c)
+
+
+def _shifted_python(fragment: NFA, table: np.ndarray, offset: int, start: int) -> bytes:
+    """The rows of ``table`` (``fragment``'s edge or epsilon table) as ``paste`` writes them:
+    state 0 becomes ``start``, every other state s becomes s + offset (the compiled core's
+    ``shifted_states``, its reference)."""
+    if table is fragment.edge_table:
+        states, at_start = _EDGE_STATES, fragment.edge_at_start
+    else:
+        states, at_start = _EPS_STATES, fragment.eps_at_start
+    shifted = table + states * offset
+    for column, rows in at_start:
+        shifted[rows, column] = start
+    return shifted.tobytes()
 
 
 def _rows_at_start(table: np.ndarray, columns: tuple) -> list:

@@ -55,3 +55,18 @@ def test_a_counted_repetition_is_the_same_nfa(monkeypatch, lo, hi):
         nfa, start, accept = automaton.build_nfa(node)
         built.append((tables(nfa), start, accept))
     assert built[0] == built[1]
+
+
+@pytest.mark.parametrize("pattern", [CHILD, "ab", "(ab)*", "x?", "[a-z]+@[a-z]+"])
+def test_shifted_states_in_the_core_equal_the_reference(pattern):
+    """``nfa._shifted_python`` against ``native.CORE.shifted_states`` (when it is built)."""
+    from tamis.constrain import native, nfa as nfa_module
+    core = native.CORE
+    if core is None:
+        pytest.skip("the compiled core is not built")
+    local, _ = fragment(pattern)
+    for table, columns in ((local.edge_table, nfa_module._EDGE_COLUMNS),
+                           (local.eps_table, nfa_module._EPS_COLUMNS)):
+        for offset, start in ((0, 0), (5, 3), (1000, 77)):
+            assert core.shifted_states(table, columns, offset, start) == \
+                nfa_module._shifted_python(local, table, offset, start)
