@@ -81,14 +81,24 @@
  *     as pasted: in each column whose bit is set in ``state_columns`` (the states), state 0
  *     becomes ``start`` and every other state s becomes s + offset; int32 bytes, row-major.
  *
- * Files: _native_rows.c (NFARows, reaching, shifted_states), _native_product.c (product_runs),
+ *   read_arrays(edge_table, eps_table, num_states) -> (edge_start, edge_lo, edge_hi, edge_to,
+ *                                                       eps_start, eps_to)
+ *     nfa._read_arrays_python: a sealed NFA's tables (int32 [n, 4] and [m, 2], sorted by
+ *     source state) as the per-state offsets (num_states + 1) and columns that NFA.edges_of
+ *     and NFARows read; int32 bytes each.
+ *
+ *   byte_classes(edge_table) -> bytes
+ *     nfa._byte_classes_python: each byte's class (0, 1, ...), classes cut at byte 0 and at
+ *     every edge's lo and hi + 1 (no edge splits one); 256 bytes.
+ *
+ * Files: _native_rows.c (NFARows, reaching, NFA tables), _native_product.c (product_runs),
  * _native_trie.c (Trie, walk_items), _native_common.h (int arrays, buffers, a lazy DFA read
  * from Python); this one holds the module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 10
+#define NATIVE_VERSION 11
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -101,6 +111,11 @@ static PyMethodDef module_methods[] = {
     {"shifted_states", shifted_states, METH_VARARGS,
      "shifted_states(table, state_columns, offset, start) -> bytes: a fragment's edge rows "
      "as pasted"},
+    {"read_arrays", read_arrays, METH_VARARGS,
+     "read_arrays(edge_table, eps_table, num_states) -> the per-state offsets and columns of a "
+     "sealed NFA"},
+    {"byte_classes", byte_classes, METH_O,
+     "byte_classes(edge_table) -> bytes: each byte's class, no edge splitting one"},
     {"reaching", reaching, METH_VARARGS,
      "reaching(num_states, sources, targets, accept) -> bytes: 1 for each state with a path "
      "to accept"},

@@ -257,5 +257,7 @@ PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
 PyObject *reaching(PyObject *module, PyObject *args);
 PyObject *shifted_states(PyObject *module, PyObject *args);
+PyObject *read_arrays(PyObject *module, PyObject *args);
+PyObject *byte_classes(PyObject *module, PyObject *arg);
 
 #endif

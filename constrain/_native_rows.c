@@ -686,3 +686,113 @@ done:
     PyBuffer_Release(&table);
     return out;
 }
+
+/* ---- read_arrays, byte_classes: a sealed NFA's tables as LazyDFA reads them ------------- */
+
+/* Offsets per state (num_states + 1) of rows sorted by their source, and one column of
+ * them, from ``table`` (int32 [rows, width], column 0 the source); -1 with an exception for
+ * a source out of range or out of order. */
+static int
+starts_and_columns(const Py_buffer *table, Py_ssize_t num_states, int32_t *starts,
+                   int32_t **columns, int num_columns)
+{
+    const int32_t *t = table->buf;
+    Py_ssize_t rows = table->shape[0], width = table->shape[1];
+    Py_ssize_t q = 0;
+    starts[0] = 0;
+    for (Py_ssize_t i = 0; i < rows; i++, t += width) {
+        if (t[0] < q || t[0] >= num_states) {
+            PyErr_SetString(PyExc_ValueError, "read_arrays(): rows not sorted by a source "
+                            "state in 0 .. num_states - 1");
+            return -1;
+        }
+        while (q < t[0])
+            starts[++q] = (int32_t)i;
+        for (int c = 0; c < num_columns; c++)
+            columns[c][i] = t[c + 1];
+    }
+    while (q < num_states)
+        starts[++q] = (int32_t)rows;
+    return 0;
+}
+
+/* read_arrays(edge_table, eps_table, num_states) -> (edge_start, edge_lo, edge_hi, edge_to,
+ * eps_start, eps_to), each int32 bytes (see _native.c). */
+PyObject *
+read_arrays(PyObject *module, PyObject *args)
+{
+    PyObject *edges_obj, *eps_obj;
+    Py_ssize_t num_states;
+    if (!PyArg_ParseTuple(args, "OOn:read_arrays", &edges_obj, &eps_obj, &num_states))
+        return NULL;
+    Py_buffer edges, eps;
+    if (get_ints(edges_obj, 4, 2, 0, &edges, "edge_table") < 0)
+        return NULL;
+    if (get_ints(eps_obj, 4, 2, 0, &eps, "eps_table") < 0) {
+        PyBuffer_Release(&edges);
+        return NULL;
+    }
+    PyObject *out[6] = {NULL}, *result = NULL;
+    if (edges.shape[1] != 4 || eps.shape[1] != 2 || num_states < 0 || num_states >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "read_arrays(): tables of 4 and 2 columns");
+        goto done;
+    }
+    Py_ssize_t sizes[6] = {num_states + 1, edges.shape[0], edges.shape[0], edges.shape[0],
+                           num_states + 1, eps.shape[0]};
+    int32_t *data[6];
+    for (int k = 0; k < 6; k++) {
+        out[k] = PyBytes_FromStringAndSize(NULL, sizes[k] * (Py_ssize_t)sizeof(int32_t));
+        if (out[k] == NULL)
+            goto done;
+        data[k] = (int32_t *)PyBytes_AS_STRING(out[k]);
+    }
+    if (starts_and_columns(&edges, num_states, data[0], data + 1, 3) < 0
+            || starts_and_columns(&eps, num_states, data[4], data + 5, 1) < 0)
+        goto done;
+    result = PyTuple_New(6);
+    if (result == NULL)
+        goto done;
+    for (int k = 0; k < 6; k++) {
+        PyTuple_SET_ITEM(result, k, out[k]);
+        out[k] = NULL;
+    }
+done:
+    for (int k = 0; k < 6; k++)
+        Py_XDECREF(out[k]);
+    PyBuffer_Release(&edges);
+    PyBuffer_Release(&eps);
+    return result;
+}
+
+/* byte_classes(edge_table) -> bytes (256), each byte's class (see _native.c). */
+PyObject *
+byte_classes(PyObject *module, PyObject *arg)
+{
+    Py_buffer edges;
+    if (get_ints(arg, 4, 2, 0, &edges, "edge_table") < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (edges.shape[1] != 4) {
+        PyErr_SetString(PyExc_ValueError, "byte_classes(): a table of 4 columns");
+        goto done;
+    }
+    uint8_t starts[257] = {1};
+    const int32_t *t = edges.buf;
+    for (Py_ssize_t i = 0; i < edges.shape[0]; i++, t += 4) {
+        if (t[1] < 0 || t[1] > t[2] || t[2] > 255) {
+            PyErr_SetString(PyExc_ValueError, "byte_classes(): an edge's bytes outside 0..255");
+            goto done;
+        }
+        starts[t[1]] = starts[t[2] + 1] = 1;
+    }
+    result = PyBytes_FromStringAndSize(NULL, 256);
+    if (result == NULL)
+        goto done;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result);
+    int c = -1;
+    for (int b = 0; b < 256; b++)
+        out[b] = (uint8_t)(c += starts[b]);
+done:
+    PyBuffer_Release(&edges);
+    return result;
+}

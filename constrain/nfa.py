@@ -148,11 +148,10 @@ class NFA:
         if not self.__dict__.get("sealed"):
             raise AttributeError(name)
         if name in _READ_ARRAYS:
-            self.edge_start = _starts(self.edge_table[:, 0], self.num_states)
-            self.edge_lo, self.edge_hi, self.edge_to = (
-                array("i", self.edge_table[:, c].tobytes()) for c in (1, 2, 3))
-            self.eps_start = _starts(self.eps_table[:, 0], self.num_states)
-            self.eps_to = array("i", self.eps_table[:, 1].tobytes())
+            core = native.CORE
+            read = core.read_arrays if core is not None else _read_arrays_python
+            (self.edge_start, self.edge_lo, self.edge_hi, self.edge_to, self.eps_start,
+             self.eps_to) = map(_ints, read(self.edge_table, self.eps_table, self.num_states))
         elif name in _PASTE_ROWS:
             self.edge_at_start = _rows_at_start(self.edge_table, (0, 3))
             self.eps_at_start = _rows_at_start(self.eps_table, (0, 1))
@@ -175,14 +174,9 @@ class NFA:
     def byte_classes(self) -> tuple[np.ndarray, list]:
         """Partitions 0..255 into classes no edge splits; returns (byte -> class as an
         int64 array, the same as a list)."""
-        # a class starts at byte 0 and at every edge's lo and hi + 1: marked in a table of
-        # 257 flags (no sort of the edges' bounds, which number 2 per edge)
-        starts = np.zeros(257, dtype=bool)
-        starts[0] = True
-        starts[self.edge_table[:, 1]] = True
-        starts[self.edge_table[:, 2] + 1] = True
-        byte_class = np.cumsum(starts[:256], dtype=np.int64) - 1
-        return byte_class, byte_class.tolist()
+        core = native.CORE
+        classes = (core.byte_classes if core is not None else _byte_classes_python)(self.edge_table)
+        return np.frombuffer(classes, dtype=np.uint8).astype(np.int64), list(classes)
 
 
 _READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_start", "eps_to"})
@@ -204,6 +198,30 @@ def _shifted_python(fragment: NFA, table: np.ndarray, offset: int, start: int) -
     for column, rows in at_start:
         shifted[rows, column] = start
     return shifted.tobytes()
+
+
+def _ints(data: bytes) -> array:
+    return array("i", data)
+
+
+def _read_arrays_python(edge_table: np.ndarray, eps_table: np.ndarray, num_states: int) -> tuple:
+    """(edge_start, edge_lo, edge_hi, edge_to, eps_start, eps_to) as int32 bytes: the
+    per-state offsets into the sealed tables and their columns (the compiled core's
+    ``read_arrays``, its reference)."""
+    return (_starts(edge_table[:, 0], num_states).tobytes(),
+            *(edge_table[:, c].tobytes() for c in (1, 2, 3)),
+            _starts(eps_table[:, 0], num_states).tobytes(), eps_table[:, 1].tobytes())
+
+
+def _byte_classes_python(edge_table: np.ndarray) -> bytes:
+    """Each byte's class, 256 bytes (the compiled core's ``byte_classes``, its reference)."""
+    # a class starts at byte 0 and at every edge's lo and hi + 1: marked in a table of
+    # 257 flags (no sort of the edges' bounds, which number 2 per edge)
+    starts = np.zeros(257, dtype=bool)
+    starts[0] = True
+    starts[edge_table[:, 1]] = True
+    starts[edge_table[:, 2] + 1] = True
+    return (np.cumsum(starts[:256], dtype=np.int64) - 1).astype(np.uint8).tobytes()
 
 
 def _rows_at_start(table: np.ndarray, columns: tuple) -> list:

@@ -70,3 +70,17 @@ def test_shifted_states_in_the_core_equal_the_reference(pattern):
         for offset, start in ((0, 0), (5, 3), (1000, 77)):
             assert core.shifted_states(table, columns, offset, start) == \
                 nfa_module._shifted_python(local, table, offset, start)
+
+
+@pytest.mark.parametrize("pattern", [CHILD, "ab", "(ab)*", "x?", "[a-z]+@[a-z]+", "é|😀*", "[^a]"])
+def test_read_arrays_and_byte_classes_in_the_core_equal_the_reference(pattern):
+    """``nfa._read_arrays_python`` and ``nfa._byte_classes_python`` against the compiled
+    core's ``read_arrays`` and ``byte_classes`` (when it is built)."""
+    from tamis.constrain import native, nfa as nfa_module
+    core = native.CORE
+    if core is None:
+        pytest.skip("the compiled core is not built")
+    local, _ = fragment(pattern)
+    tables_ = (local.edge_table, local.eps_table, local.num_states)
+    assert core.read_arrays(*tables_) == nfa_module._read_arrays_python(*tables_)
+    assert core.byte_classes(local.edge_table) == nfa_module._byte_classes_python(local.edge_table)
