@@ -87,6 +87,10 @@
  *     source state) as the per-state offsets (num_states + 1) and columns that NFA.edges_of
  *     and NFARows read; int32 bytes each.
  *
+ *   sorted_by_source(table, num_states) -> bytes
+ *     nfa._by_source_python: the rows of ``table`` (int32 [n, k], column 0 a source state
+ *     in 0 .. num_states - 1) sorted by source, stably (a counting sort); int32 bytes.
+ *
  *   byte_classes(edge_table) -> bytes
  *     nfa._byte_classes_python: each byte's class (0, 1, ...), classes cut at byte 0 and at
  *     every edge's lo and hi + 1 (no edge splits one); 256 bytes.
@@ -98,7 +102,7 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 11
+#define NATIVE_VERSION 12
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -114,6 +118,8 @@ static PyMethodDef module_methods[] = {
     {"read_arrays", read_arrays, METH_VARARGS,
      "read_arrays(edge_table, eps_table, num_states) -> the per-state offsets and columns of a "
      "sealed NFA"},
+    {"sorted_by_source", sorted_by_source, METH_VARARGS,
+     "sorted_by_source(table, num_states) -> bytes: the rows sorted by their source, stably"},
     {"byte_classes", byte_classes, METH_O,
      "byte_classes(edge_table) -> bytes: each byte's class, no edge splitting one"},
     {"reaching", reaching, METH_VARARGS,

@@ -259,5 +259,6 @@ PyObject *reaching(PyObject *module, PyObject *args);
 PyObject *shifted_states(PyObject *module, PyObject *args);
 PyObject *read_arrays(PyObject *module, PyObject *args);
 PyObject *byte_classes(PyObject *module, PyObject *arg);
+PyObject *sorted_by_source(PyObject *module, PyObject *args);
 
 #endif

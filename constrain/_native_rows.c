@@ -796,3 +796,49 @@ done:
     PyBuffer_Release(&edges);
     return result;
 }
+
+/* sorted_by_source(table, num_states) -> bytes (see _native.c). */
+PyObject *
+sorted_by_source(PyObject *module, PyObject *args)
+{
+    PyObject *table_obj;
+    Py_ssize_t num_states;
+    if (!PyArg_ParseTuple(args, "On:sorted_by_source", &table_obj, &num_states))
+        return NULL;
+    Py_buffer table;
+    if (get_ints(table_obj, 4, 2, 0, &table, "table") < 0)
+        return NULL;
+    Py_ssize_t rows = table.shape[0], width = table.shape[1];
+    PyObject *out = NULL;
+    Py_ssize_t *next = NULL;
+    if (width < 1 || num_states < 0) {
+        PyErr_SetString(PyExc_ValueError, "sorted_by_source(): a table of rows with a source");
+        goto done;
+    }
+    next = PyMem_Calloc((size_t)num_states + 1, sizeof(Py_ssize_t));
+    if (next == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int32_t *in = table.buf;
+    for (Py_ssize_t i = 0; i < rows; i++) {          /* rows per source, then offsets */
+        int32_t q = in[i * width];
+        if (q < 0 || q >= num_states) {
+            PyErr_SetString(PyExc_ValueError, "sorted_by_source(): a source out of range");
+            goto done;
+        }
+        next[q + 1]++;
+    }
+    for (Py_ssize_t q = 0; q < num_states; q++)
+        next[q + 1] += next[q];
+    out = PyBytes_FromStringAndSize(NULL, rows * width * (Py_ssize_t)sizeof(int32_t));
+    if (out == NULL)
+        goto done;
+    int32_t *to = (int32_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < rows; i++)            /* stable: rows of a source in order */
+        memcpy(to + next[in[i * width]]++ * width, in + i * width, sizeof(int32_t) * width);
+done:
+    PyMem_Free(next);
+    PyBuffer_Release(&table);
+    return out;
+}

@@ -84,3 +84,20 @@ def test_read_arrays_and_byte_classes_in_the_core_equal_the_reference(pattern):
     tables_ = (local.edge_table, local.eps_table, local.num_states)
     assert core.read_arrays(*tables_) == nfa_module._read_arrays_python(*tables_)
     assert core.byte_classes(local.edge_table) == nfa_module._byte_classes_python(local.edge_table)
+
+
+@pytest.mark.parametrize("pattern", [CHILD, "ab", "(ab)*", "x?", "[a-z]+@[a-z]+", "é|😀*"])
+def test_sorted_by_source_in_the_core_equals_the_reference(pattern):
+    """``nfa._by_source_python`` against the compiled core's ``sorted_by_source``, on the
+    unsorted rows a build writes (when the core is built)."""
+    import numpy as np
+    from tamis.constrain import native, nfa as nfa_module
+    core = native.CORE
+    if core is None:
+        pytest.skip("the compiled core is not built")
+    local = NFA()
+    automaton._build_node(local, parse_regex(pattern), local.new_state())
+    for flat, width in ((local._edges, 4), (local._eps, 2)):
+        table = np.frombuffer(flat, dtype=np.int32).reshape(-1, width)
+        assert core.sorted_by_source(table, local.num_states) == \
+            nfa_module._by_source_python(table).tobytes()
