@@ -22,13 +22,12 @@ y = (x_q * x_scale) @ (weight * weight_scale).T + bias
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
 from tamis.kernels.fp8_mm import FP8_MM_ROWS, fp8_mm_triton
 from tamis.kernels.gemv import GemvTiles, gemv_triton
+from tamis.kernels.w4a16_common import cuda_capability
 
 try:
     import triton
@@ -47,11 +46,6 @@ def fp8_supported(device: torch.device | str) -> bool:
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
-@functools.cache
-def _is_hopper(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device)[0] == 9
 
 
 def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -140,7 +134,7 @@ def fp8_scaled_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
         x_scale = input_scale.float().reshape(1, 1)
         xq = quantize_fp8(x, x_scale)
         x_scale = x_scale.expand(x.shape[0], 1).contiguous()
-    if x.shape[0] in FP8_MM_ROWS and triton is not None and _is_hopper(x.device):
+    if x.shape[0] in FP8_MM_ROWS and triton is not None and cuda_capability(x.device)[0] == 9:
         return fp8_mm_triton(xq, weight, x_scale, weight_scale, x.dtype, bias)
     # Row-wise scaling (scale_a [M, 1], scale_b [1, N]) takes bf16 output only.
     out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale,

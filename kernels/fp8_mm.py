@@ -26,12 +26,12 @@ reference.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from tamis.kernels._triton import kernel, triton_available
+from tamis.kernels.splitk import sm_count
 
 if triton_available():
     import triton.language as tl
@@ -118,7 +118,7 @@ def fp8_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
     if b.shape[1] != k:
         raise ValueError(f"fp8_mm: a is [{m}, {k}] but b is {list(b.shape)}")
     if tiles is None:
-        tiles = fp8_mm_tiles(m, n, k, _num_sms(a.device))
+        tiles = fp8_mm_tiles(m, n, k, sm_count(a))
     a, b = a.contiguous(), b.contiguous()
     a_scale = a_scale.float().reshape(m).contiguous()
     b_scale = b_scale.float().reshape(n).contiguous()
@@ -131,10 +131,3 @@ def fp8_mm_triton(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                          BLOCK_K=tiles.block_k, STAGES=tiles.stages,
                          num_warps=tiles.num_warps)
     return out
-
-
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132   # the interpreter: tiles as on an H100
-    return torch.cuda.get_device_properties(device).multi_processor_count

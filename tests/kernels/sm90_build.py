@@ -52,10 +52,10 @@ class Build:
 
 def compile_sm90(kernel, signature: dict[str, str], constexprs: dict, num_warps: int,
                  **options) -> Build:
-    """Compile a Gluon kernel (or a ``tamis.kernels._triton.kernel``) for sm_90a; ``signature`` gives each runtime argument's
-    type ("*bf16", "i32", ...), every argument also taken as divisible by 16 (as Triton
-    specialises pointers and strides at launch); ``options`` go to the compiler as a
-    launch's would (``maxnreg`` ...).
+    """Compile a Gluon kernel (or a ``tamis.kernels._triton.kernel``) for sm_90a;
+    ``signature`` gives each runtime argument's type ("*bf16", "i32", ...), every argument
+    also taken as divisible by 16 (as Triton specialises pointers and strides at launch);
+    ``options`` go to the compiler as a launch's would (``maxnreg`` ...).
 
     The compile runs in a child process (one for the whole test run), whose Triton is
     imported without TRITON_INTERPRET: the CPU tests' interpreter leaves triton.language
