@@ -183,7 +183,8 @@ _READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_st
 _PASTE_ROWS = frozenset({"edge_at_start", "eps_at_start"})     # (column, rows) holding state 0
 _EDGE_STATES = np.array([1, 0, 0, 1], dtype=np.int32)     # which columns hold states
 _EPS_STATES = np.array([1, 1], dtype=np.int32)
-_EDGE_COLUMNS, _EPS_COLUMNS = 0b1001, 0b11                 # the same as bits (column c: bit c)
+_EDGE_COLUMNS, _EPS_COLUMNS = (sum(1 << int(c) for c in np.flatnonzero(states))  # as bits:
+                                for states in (_EDGE_STATES, _EPS_STATES))         # column c, bit c
 
 
 def _shifted_python(fragment: NFA, table: np.ndarray, offset: int, start: int) -> bytes:
