@@ -95,14 +95,23 @@
  *     nfa._byte_classes_python: each byte's class (0, 1, ...), classes cut at byte 0 and at
  *     every edge's lo and hi + 1 (no edge splits one); 256 bytes.
  *
+ *   build_nfa(nfa, node, start, context) -> end; build_nfa_node(...) -> end;
+ *   nfa_size(node, context) -> int
+ *     automaton._build_python, _build_node_python and _size_python: the regex AST's plain
+ *     kinds (characters of ASCII classes, sequences, alternations, repetitions) built into
+ *     the unsealed nfa.NFA ``nfa`` from state ``start``, the rest (and every fragment
+ *     paste or record) through the Python helpers in ``context``
+ *     (automaton._native_context()): the same states and edges, in the same order, and
+ *     the same caches filled as the Python builder.
+ *
  * Files: _native_rows.c (NFARows, reaching, NFA tables), _native_product.c (product_runs),
- * _native_trie.c (Trie, walk_items), _native_common.h (int arrays, buffers, a lazy DFA read
+ * _native_trie.c (Trie, walk_items), _native_build.c (the NFA builder), _native_common.h (int arrays, buffers, a lazy DFA read
  * from Python); this one holds the module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 12
+#define NATIVE_VERSION 13
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -122,6 +131,12 @@ static PyMethodDef module_methods[] = {
      "sorted_by_source(table, num_states) -> bytes: the rows sorted by their source, stably"},
     {"byte_classes", byte_classes, METH_O,
      "byte_classes(edge_table) -> bytes: each byte's class, no edge splitting one"},
+    {"build_nfa", build_nfa, METH_VARARGS,
+     "build_nfa(nfa, node, start, context) -> end: automaton._build_python in C"},
+    {"build_nfa_node", build_nfa_node, METH_VARARGS,
+     "build_nfa_node(nfa, node, start, context) -> end: automaton._build_node_python in C"},
+    {"nfa_size", nfa_size, METH_VARARGS,
+     "nfa_size(node, context) -> int: automaton._size_python in C"},
     {"reaching", reaching, METH_VARARGS,
      "reaching(num_states, sources, targets, accept) -> bytes: 1 for each state with a path "
      "to accept"},

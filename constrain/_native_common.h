@@ -136,15 +136,41 @@ get_ints(PyObject *obj, Py_ssize_t itemsize, int ndim, int writable, Py_buffer *
 }
 
 
-/* ---- a lazy DFA read from Python (Trie.walk, product_runs) ------------------------------ */
+extern PyTypeObject NFARowsType, TrieType;
 
-/* A DFA read from Python: dfa.trans (int32 [states, 256]), read again after dfa.row()
- * built a row, and, for ends, dfa.accepting_array() (bool [states]), read again when a
- * state past it is met. */
+/* NFARows.build over buffers already read: the row of DFA ``state`` into ``trans`` (int32
+ * [trans_rows, 256]), its new states' flags into ``flags`` and appended to ``accepting``
+ * (a list), when all of them have room; returns the number of states either way (more
+ * than the room: nothing written, grow and ask again), -1 with an exception. */
+Py_ssize_t nfarows_build_into(PyObject *rows, Py_ssize_t state, int32_t *trans,
+                              Py_ssize_t trans_rows, uint8_t *flags, Py_ssize_t flags_len,
+                              PyObject *accepting);
+/* Whether the indexed DFA ``state`` of NFARows ``rows`` holds the accept state; -1 with an
+ * exception for a state not indexed. */
+int nfarows_accepting(PyObject *rows, Py_ssize_t state);
+/* ---- a lazy DFA read from Python (Trie.walk, walk_items, product_runs) ------------------- */
+
+/* How a walk opens a LazyDFA (dfa_open). DFA_READ: its rows are built through dfa.row()
+ * (a Python call each) and its accepting flags read from dfa.accepting_array().
+ * DFA_IN_PLACE: with the compiled set index (dfa._native_rows), a missing row is built
+ * here, as LazyDFA._build_row builds it (the new states' flags, then ``accepting``, then
+ * the row), and accepting flags are read from the index; dfa.row() is called only when the
+ * table must grow. For a DFA private to the caller (a product's operands).
+ * DFA_IN_PLACE_LOCKED: the same, holding dfa._lock from open to release, as dfa.row()
+ * holds it around a build (the prefetch worker builds rows of the same DFAs). The lock is
+ * taken through its Python method, which waits with the GIL released. A DFA without the
+ * index (made while the compiled core was off, or not a LazyDFA) is read as DFA_READ. */
+enum { DFA_READ, DFA_IN_PLACE, DFA_IN_PLACE_LOCKED };
+
 typedef struct {
     PyObject *dfa;
     Py_buffer trans, accepting;
     int have_trans, have_accepting;
+    PyObject *rows;              /* dfa._native_rows when rows are built in place */
+    PyObject *accepting_list;    /* dfa.accepting (a list), in place */
+    Py_buffer flags;             /* dfa._accepting_flags (writable), in place */
+    int have_flags;
+    PyObject *lock;              /* dfa._lock while held */
 } DFAView;
 
 /* Releases ``view`` if it is held. */
@@ -159,11 +185,12 @@ view_drop(Py_buffer *view, int *have)
 /* Takes ``obj`` (a new reference, or NULL with an error set) as ``view`` of ints
  * (get_ints), dropping the reference: 0, or -1 with an error set. */
 static inline int
-view_take(PyObject *obj, Py_buffer *view, int *have, int itemsize, int ndim, const char *name)
+view_take_as(PyObject *obj, Py_buffer *view, int *have, int itemsize, int ndim, int writable,
+             const char *name)
 {
     if (obj == NULL)
         return -1;
-    int rc = get_ints(obj, itemsize, ndim, 0, view, name);
+    int rc = get_ints(obj, itemsize, ndim, writable, view, name);
     Py_DECREF(obj);
     if (rc < 0)
         return -1;
@@ -171,25 +198,91 @@ view_take(PyObject *obj, Py_buffer *view, int *have, int itemsize, int ndim, con
     return 0;
 }
 
+static inline int
+view_take(PyObject *obj, Py_buffer *view, int *have, int itemsize, int ndim, const char *name)
+{
+    return view_take_as(obj, view, have, itemsize, ndim, 0, name);
+}
+
+/* Releases what the view holds, the lock last (an error already set is kept). */
 static inline void
 dfa_release(DFAView *d)
 {
     view_drop(&d->trans, &d->have_trans);
     view_drop(&d->accepting, &d->have_accepting);
+    view_drop(&d->flags, &d->have_flags);
+    Py_CLEAR(d->rows);
+    Py_CLEAR(d->accepting_list);
+    if (d->lock != NULL) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback);
+        PyObject *r = PyObject_CallMethod(d->lock, "release", NULL);
+        if (r == NULL)
+            PyErr_WriteUnraisable(d->lock);
+        Py_XDECREF(r);
+        PyErr_Restore(type, value, traceback);
+        Py_CLEAR(d->lock);
+    }
 }
 
+/* (Re)reads dfa.trans, and in place dfa._accepting_flags, both writable: after dfa.row()
+ * may have grown them. */
 static inline int
 dfa_read(DFAView *d)
 {
+    int in_place = d->rows != NULL;
     view_drop(&d->trans, &d->have_trans);
-    if (view_take(PyObject_GetAttrString(d->dfa, "trans"), &d->trans, &d->have_trans, 4, 2,
-                  "dfa.trans") < 0)
+    view_drop(&d->flags, &d->have_flags);
+    if (view_take_as(PyObject_GetAttrString(d->dfa, "trans"), &d->trans, &d->have_trans, 4, 2,
+                     in_place, "dfa.trans") < 0)
         return -1;
     if (d->trans.shape[1] != 256) {
         PyErr_SetString(PyExc_ValueError, "dfa.trans: expected rows of 256 entries");
         return -1;
     }
+    if (in_place && view_take_as(PyObject_GetAttrString(d->dfa, "_accepting_flags"), &d->flags,
+                                 &d->have_flags, 1, 1, 1, "dfa._accepting_flags") < 0)
+        return -1;
     return 0;
+}
+
+/* Opens ``dfa`` (``mode``: DFA_READ, DFA_IN_PLACE or DFA_IN_PLACE_LOCKED) and reads its
+ * table; on failure the caller still calls dfa_release. */
+static inline int
+dfa_open(DFAView *d, PyObject *dfa, int mode)
+{
+    d->dfa = dfa;
+    if (mode != DFA_READ) {
+        PyObject *rows = PyObject_GetAttrString(dfa, "_native_rows");
+        if (rows == NULL && !PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        if (rows == NULL || !PyObject_TypeCheck(rows, &NFARowsType)) {   /* read through Python */
+            Py_XDECREF(rows);
+            return dfa_read(d);
+        }
+        d->rows = rows;
+        d->accepting_list = PyObject_GetAttrString(dfa, "accepting");
+        if (d->accepting_list == NULL)
+            return -1;
+        if (!PyList_Check(d->accepting_list)) {
+            PyErr_SetString(PyExc_TypeError, "dfa.accepting: expected a list");
+            return -1;
+        }
+    }
+    if (mode == DFA_IN_PLACE_LOCKED) {
+        PyObject *lock = PyObject_GetAttrString(dfa, "_lock");
+        if (lock == NULL)
+            return -1;
+        PyObject *r = PyObject_CallMethod(lock, "acquire", NULL);
+        if (r == NULL) {
+            Py_DECREF(lock);
+            return -1;
+        }
+        Py_DECREF(r);
+        d->lock = lock;
+    }
+    return dfa_read(d);
 }
 
 /* (Re)reads dfa.accepting_array(): only when a state past the flags read is asked about. */
@@ -201,17 +294,27 @@ dfa_read_accepting(DFAView *d)
                      &d->have_accepting, 1, 1, "dfa.accepting_array()");
 }
 
-/* The row of ``state``, built through dfa.row(state) first if need be; *reread is set when
- * the table was read again (row pointers taken before are stale then). */
+/* The row of ``state``, built first if need be (in place, or through dfa.row(state));
+ * *reread is set when the table was read again (row pointers taken before are stale
+ * then). */
 static inline const int32_t *
 dfa_row(DFAView *d, int32_t state, int *reread)
 {
     for (int attempt = 0; attempt < 3; attempt++) {
         if (state >= 0 && state < d->trans.shape[0]) {
-            const int32_t *row = (const int32_t *)d->trans.buf + (Py_ssize_t)state * 256;
+            int32_t *row = (int32_t *)d->trans.buf + (Py_ssize_t)state * 256;
             if (row[0] != UNCOMPUTED)
                 return row;
-            PyObject *built = PyObject_CallMethod(d->dfa, "row", "i", (int)state);
+            if (d->rows != NULL) {
+                Py_ssize_t num_states = nfarows_build_into(
+                    d->rows, state, d->trans.buf, d->trans.shape[0], d->flags.buf,
+                    d->flags.shape[0], d->accepting_list);
+                if (num_states < 0)
+                    return NULL;
+                if (row[0] != UNCOMPUTED)
+                    return row;
+            }
+            PyObject *built = PyObject_CallMethod(d->dfa, "row", "i", (int)state);  /* grows */
             if (built == NULL)
                 return NULL;
             Py_DECREF(built);
@@ -227,6 +330,13 @@ dfa_row(DFAView *d, int32_t state, int *reread)
 static inline int
 dfa_accepting(DFAView *d, int32_t state, int *out)
 {
+    if (d->rows != NULL) {
+        int flag = nfarows_accepting(d->rows, state);
+        if (flag < 0)
+            return -1;
+        *out = flag;
+        return 0;
+    }
     if (d->have_accepting && state < d->accepting.shape[0]) {
         *out = ((const uint8_t *)d->accepting.buf)[state] != 0;
         return 0;
@@ -241,18 +351,6 @@ dfa_accepting(DFAView *d, int32_t state, int *out)
     return 0;
 }
 
-extern PyTypeObject NFARowsType, TrieType;
-
-/* NFARows.build over buffers already read: the row of DFA ``state`` into ``trans`` (int32
- * [trans_rows, 256]), its new states' flags into ``flags`` and appended to ``accepting``
- * (a list), when all of them have room; returns the number of states either way (more
- * than the room: nothing written, grow and ask again), -1 with an exception. */
-Py_ssize_t nfarows_build_into(PyObject *rows, Py_ssize_t state, int32_t *trans,
-                              Py_ssize_t trans_rows, uint8_t *flags, Py_ssize_t flags_len,
-                              PyObject *accepting);
-/* Whether the indexed DFA ``state`` of NFARows ``rows`` holds the accept state; -1 with an
- * exception for a state not indexed. */
-int nfarows_accepting(PyObject *rows, Py_ssize_t state);
 PyObject *product_runs(PyObject *module, PyObject *args);
 PyObject *walk_items(PyObject *module, PyObject *args);
 PyObject *reaching(PyObject *module, PyObject *args);
@@ -260,5 +358,8 @@ PyObject *shifted_states(PyObject *module, PyObject *args);
 PyObject *read_arrays(PyObject *module, PyObject *args);
 PyObject *byte_classes(PyObject *module, PyObject *arg);
 PyObject *sorted_by_source(PyObject *module, PyObject *args);
+PyObject *build_nfa(PyObject *module, PyObject *args);
+PyObject *build_nfa_node(PyObject *module, PyObject *args);
+PyObject *nfa_size(PyObject *module, PyObject *args);
 
 #endif

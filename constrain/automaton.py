@@ -57,9 +57,20 @@ _FRAGMENTS_MAX = 4096
 
 
 def _build(nfa: NFA, node, start: int) -> int:
+    """Builds ``node`` into ``nfa`` from ``start``; returns its end state. The compiled core
+    builds the plain kinds (characters, sequences, alternations, repetitions) itself and
+    calls the Python helpers below for the rest; ``_build_python`` is its reference (the
+    same states and edges in the same order, the same caches filled)."""
+    core = native.CORE
+    if core is not None:
+        return core.build_nfa(nfa, node, start, _native_context())
+    return _build_python(nfa, node, start)
+
+
+def _build_python(nfa: NFA, node, start: int) -> int:
     fragment = _FRAGMENTS.get(id(node))
     if fragment is not None and fragment[0] is node:
-        return _paste(nfa, _pasted_again(fragment), start)
+        return _paste_again(nfa, fragment, start)
     small = _size(node) < _FRAGMENT_MIN_SIZE and node[0] not in ("and", "diff")  # products: costly
     if node[0] in ("chars", "rule") or small:
         return _build_node(nfa, node, start)
@@ -71,6 +82,15 @@ def _build(nfa: NFA, node, start: int) -> int:
         if len(_SEEN_ONCE) > 100_000:
             _SEEN_ONCE.clear()
         return _build_node(nfa, node, start)
+    return _record_and_paste(nfa, node, start)
+
+
+def _paste_again(nfa: NFA, fragment, start: int) -> int:
+    return _paste(nfa, _pasted_again(fragment), start)
+
+
+def _record_and_paste(nfa: NFA, node, start: int) -> int:
+    """``node`` met again: recorded as a fragment, then pasted."""
     fragment = _record(node)
     _PASTES[id(node)] = 0
     if len(_FRAGMENTS) >= _FRAGMENTS_MAX:
@@ -90,6 +110,13 @@ def estimated_states(node) -> int:
 
 
 def _size(node) -> int:
+    core = native.CORE
+    if core is not None:
+        return core.nfa_size(node, _native_context())
+    return _size_python(node)
+
+
+def _size_python(node) -> int:
     found = _SIZES.get(id(node))
     if found is not None and found[0] is node:
         return found[1]
@@ -174,6 +201,14 @@ def _paste(nfa: NFA, fragment, start: int) -> int:
 
 
 def _build_node(nfa: NFA, node, start: int) -> int:
+    """``node`` built in place, no fragment looked up or recorded for it (its parts may)."""
+    core = native.CORE
+    if core is not None:
+        return core.build_nfa_node(nfa, node, start, _native_context())
+    return _build_node_python(nfa, node, start)
+
+
+def _build_node_python(nfa: NFA, node, start: int) -> int:
     kind = node[0]
     if kind == "chars":
         return _build_chars(nfa, node[1], start)
@@ -251,12 +286,18 @@ def _build_copies(nfa: NFA, child, count: int, state: int, exit: int | None) -> 
     for done in range(count):
         fragment = _settled_fragment(child)
         if fragment is not None:
-            _PASTES[id(child)] = _PASTES.get(id(child), 0) + count - done
-            return nfa.paste_chain(fragment[1], state, fragment[2], count - done, exit)
+            return _paste_copies(nfa, fragment, count - done, state, exit)
         if exit is not None:
             nfa.add_eps(state, exit)
         state = _build(nfa, child, state)
     return state
+
+
+def _paste_copies(nfa: NFA, fragment, count: int, state: int, exit: int | None) -> int:
+    """``count`` copies of a settled fragment pasted in a row (``_build_copies``)."""
+    node = fragment[0]
+    _PASTES[id(node)] = _PASTES.get(id(node), 0) + count
+    return nfa.paste_chain(fragment[1], state, fragment[2], count, exit)
 
 
 def _settled_fragment(node) -> tuple | None:
@@ -348,6 +389,17 @@ def _build_multiple(nfa: NFA, m: int, p: int, start: int) -> int:
     nfa.add_edge(tail_zeros, 0x30, 0x30, tail_zeros)
     nfa.add_eps(tail_zeros, end)
     return end
+
+
+def _native_context() -> tuple:
+    """What the compiled builder (native.CORE.build_nfa / build_nfa_node / nfa_size) shares
+    with the Python one: the caches it reads and fills, the helpers it calls for the kinds
+    it does not build itself, and the thresholds, read at each call (tests replace them).
+    The order is the C side's (_native_build.c)."""
+    return (_FRAGMENTS, _SEEN_ONCE, _SIZES, _PASTES,
+            _size_python, _paste_again, _record_and_paste, _build_node_python, _build_chars,
+            _paste_copies, deadline.check,
+            _FRAGMENT_MIN_SIZE, MAX_MINIMIZED_NFA, MINIMIZE_AFTER_PASTES)
 
 
 _DEAD_ROW = np.full(256, DEAD, dtype=np.int32)
