@@ -166,122 +166,6 @@ unit_count_row(const UnitCount *c, int alphabet, int32_t r, int32_t *out)
     }
 }
 
-/* ---- an operand's rows, built in place ---------------------------------------------------- */
-
-/* A product operand, a LazyDFA private to the product (no other thread reads it: its lock
- * is not taken). With the compiled set index (dfa._native_rows), a missing row is built in
- * place, as LazyDFA._build_row builds it (the new states' flags, then ``accepting``, then
- * the row), and accepting flags are read from the index: dfa.row() is called only when the
- * table must grow. Otherwise (or when both sides are one DFA) it is read as a DFAView. */
-typedef struct {
-    DFAView view;                /* trans read writable when ``rows`` is set */
-    PyObject *rows;              /* dfa._native_rows, or NULL */
-    PyObject *accepting;         /* dfa.accepting (a list) when ``rows`` is set */
-    Py_buffer flags;             /* dfa._accepting_flags, writable */
-    int have_flags;
-} Operand;
-
-static void
-operand_release(Operand *o)
-{
-    dfa_release(&o->view);
-    view_drop(&o->flags, &o->have_flags);
-    Py_CLEAR(o->rows);
-    Py_CLEAR(o->accepting);
-}
-
-/* Reads the table and flags again (writable): after dfa.row() may have grown them. */
-static int
-operand_read(Operand *o)
-{
-    view_drop(&o->view.trans, &o->view.have_trans);
-    view_drop(&o->flags, &o->have_flags);
-    if (view_take(PyObject_GetAttrString(o->view.dfa, "trans"), &o->view.trans,
-                  &o->view.have_trans, 4, 2, "dfa.trans") < 0)
-        return -1;
-    if (o->view.trans.shape[1] != 256 || o->view.trans.readonly) {
-        PyErr_SetString(PyExc_ValueError, "dfa.trans: expected writable rows of 256 entries");
-        return -1;
-    }
-    PyObject *flags = PyObject_GetAttrString(o->view.dfa, "_accepting_flags");
-    if (flags == NULL)
-        return -1;
-    int rc = get_ints(flags, 1, 1, 1, &o->flags, "dfa._accepting_flags");
-    Py_DECREF(flags);
-    if (rc < 0)
-        return -1;
-    o->have_flags = 1;
-    return 0;
-}
-
-/* Opens ``dfa`` as an operand; ``in_place``: rows may be built here. */
-static int
-operand_open(Operand *o, PyObject *dfa, int in_place)
-{
-    o->view.dfa = dfa;
-    PyObject *rows = in_place ? PyObject_GetAttrString(dfa, "_native_rows") : NULL;
-    if (rows == NULL || !PyObject_TypeCheck(rows, &NFARowsType)) {
-        PyErr_Clear();
-        Py_XDECREF(rows);
-        return dfa_read(&o->view);
-    }
-    o->rows = rows;
-    o->accepting = PyObject_GetAttrString(dfa, "accepting");
-    if (o->accepting == NULL)
-        return -1;
-    if (!PyList_Check(o->accepting)) {
-        PyErr_SetString(PyExc_TypeError, "dfa.accepting: expected a list");
-        return -1;
-    }
-    return operand_read(o);
-}
-
-/* The row of ``state`` (built first if need be); *reread is set when the table was read
- * again (row pointers taken before are stale then). */
-static const int32_t *
-operand_row(Operand *o, int32_t state, int *reread)
-{
-    if (o->rows == NULL)
-        return dfa_row(&o->view, state, reread);
-    Py_buffer *t = &o->view.trans;
-    if (state >= 0 && state < t->shape[0]) {
-        int32_t *row = (int32_t *)t->buf + (Py_ssize_t)state * 256;
-        if (row[0] != UNCOMPUTED)
-            return row;
-        Py_ssize_t num_states = nfarows_build_into(o->rows, state, t->buf, t->shape[0],
-                                                   o->flags.buf, o->flags.shape[0], o->accepting);
-        if (num_states < 0)
-            return NULL;
-        if (row[0] != UNCOMPUTED)
-            return row;
-    }
-    PyObject *built = PyObject_CallMethod(o->view.dfa, "row", "i", (int)state);   /* grows */
-    if (built == NULL)
-        return NULL;
-    Py_DECREF(built);
-    if (operand_read(o) < 0)
-        return NULL;
-    *reread = 1;
-    if (state < 0 || state >= t->shape[0]
-            || ((int32_t *)t->buf)[(Py_ssize_t)state * 256] == UNCOMPUTED) {
-        PyErr_Format(PyExc_RuntimeError, "dfa.row(%d) left its row unbuilt", (int)state);
-        return NULL;
-    }
-    return (const int32_t *)t->buf + (Py_ssize_t)state * 256;
-}
-
-static int
-operand_accepting(Operand *o, int32_t state, int *out)
-{
-    if (o->rows == NULL)
-        return dfa_accepting(&o->view, state, out);
-    int flag = nfarows_accepting(o->rows, state);
-    if (flag < 0)
-        return -1;
-    *out = flag;
-    return 0;
-}
-
 /* product_runs(left, right, left_start, right_start, alphabet, diff, max_states, check,
  *              counter=None) -> (pairs, accepting, runs) or None past max_states (see
  * _native.c). */
@@ -301,8 +185,10 @@ product_runs(PyObject *module, PyObject *args)
     int32_t count_row[256];      /* a counter's row, computed */
     for (int b = 0; b < 256; b++)
         dead_row[b] = DEAD;
-    Operand left = {0}, right = {0};
-    int in_place = left_obj != right_obj;
+    /* the operands are private to the product: their rows are built in place, unless both
+     * sides are one DFA (then read through dfa.row(), so that neither sees a stale table) */
+    DFAView left = {0}, right = {0};
+    int mode = left_obj != right_obj ? DFA_IN_PLACE : DFA_READ;
     UnitCount count = {0};
     PairWalk w = {.max_states = max_states, .check = check};
     IntVec accepting = {0}, runs = {0};
@@ -313,8 +199,8 @@ product_runs(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "product_runs(): a counter's start out of range");
         goto done;
     }
-    if (pairmap_init(&w.map, 1024) < 0 || operand_open(&left, left_obj, in_place) < 0
-            || (!count.have_rows && operand_open(&right, right_obj, in_place) < 0))
+    if (pairmap_init(&w.map, 1024) < 0 || dfa_open(&left, left_obj, mode) < 0
+            || (!count.have_rows && dfa_open(&right, right_obj, mode) < 0))
         goto done;
     if (pair_id(&w, l0, r0) < 0)
         goto stop;
@@ -322,11 +208,11 @@ product_runs(PyObject *module, PyObject *args)
         int32_t here = w.stack.data[--w.stack.len];
         int32_t l = w.pairs.data[2 * here], r = w.pairs.data[2 * here + 1];
         int accept_l, accept_r = 0, reread = 0;
-        if (operand_accepting(&left, l, &accept_l) < 0)
+        if (dfa_accepting(&left, l, &accept_l) < 0)
             goto done;
         if (count.have_rows)
             accept_r = r != DEAD && r % count.units == 0 && r / count.units >= count.lo;
-        else if (r != DEAD && operand_accepting(&right, r, &accept_r) < 0)
+        else if (r != DEAD && dfa_accepting(&right, r, &accept_r) < 0)
             goto done;
         if (vec_reserve(&accepting, w.map.len) < 0)
             goto done;
@@ -334,16 +220,16 @@ product_runs(PyObject *module, PyObject *args)
         accepting.data[here] = accept_l && (accept_r != diff);
         /* the left row first, as the reference builds them; read again after the right
          * one is built, in case both sides are one DFA */
-        if (operand_row(&left, l, &reread) == NULL)
+        if (dfa_row(&left, l, &reread) == NULL)
             goto done;
         const int32_t *row_r = dead_row;
         if (r != DEAD && count.have_rows) {
             unit_count_row(&count, alphabet, r, count_row);
             row_r = count_row;
         } else if (r != DEAD) {
-            row_r = operand_row(&right, r, &reread);
+            row_r = dfa_row(&right, r, &reread);
         }
-        const int32_t *row_l = row_r == NULL ? NULL : operand_row(&left, l, &reread);
+        const int32_t *row_l = row_r == NULL ? NULL : dfa_row(&left, l, &reread);
         if (row_l == NULL)
             goto done;
         for (int lo = 0; lo < alphabet;) {
@@ -383,8 +269,8 @@ stop:
     if (w.over && !PyErr_Occurred())
         result = Py_NewRef(Py_None);
 done:
-    operand_release(&left);
-    operand_release(&right);
+    dfa_release(&left);
+    dfa_release(&right);
     view_drop(&count.rows, &count.have_rows);
     pairmap_free(&w.map);
     vec_free(&w.pairs);

@@ -611,7 +611,7 @@ Trie_walk(Trie *self, PyObject *args)
     }
     Py_buffer tokens, first_view;
     int have_tokens = 0, have_first = 0;
-    DFAView d = {.dfa = dfa};
+    DFAView d = {0};
     ScanBuffers b = {0};
     IntVec end_tok = {0}, end_cut = {0};
     EndsOut ends = {NULL, NULL, NULL};
@@ -634,7 +634,7 @@ Trie_walk(Trie *self, PyObject *args)
         }
         first = first_view.buf;
     }
-    if (dfa_read(&d) < 0 || scan_buffers_init(self, &d, &b) < 0
+    if (dfa_open(&d, dfa, DFA_IN_PLACE_LOCKED) < 0 || scan_buffers_init(self, &d, &b) < 0
             || Trie_scan(self, &d, &b, 0, state, tokens.buf, first, &ends) < 0)
         goto done;
     result = Py_BuildValue("(y#y#)", (const char *)end_tok.data,
@@ -676,7 +676,7 @@ Trie_walk_below(Trie *self, PyObject *args)
         return NULL;
     Py_buffer nodes, tokens;
     int have_nodes = 0, have_tokens = 0;
-    DFAView d = {.dfa = dfa};
+    DFAView d = {0};
     ScanBuffers b = {0};
     EndsOut no_ends = {NULL, NULL, NULL};
     PyObject *result = NULL;
@@ -686,7 +686,7 @@ Trie_walk_below(Trie *self, PyObject *args)
     if (tokens_view(self, tokens_obj, &tokens) < 0)
         goto done;
     have_tokens = 1;
-    if (dfa_read(&d) < 0 || scan_buffers_init(self, &d, &b) < 0)
+    if (dfa_open(&d, dfa, DFA_IN_PLACE_LOCKED) < 0 || scan_buffers_init(self, &d, &b) < 0)
         goto done;
     const int32_t *at = nodes.buf;
     for (Py_ssize_t k = 0; k < nodes.shape[0]; k++) {
@@ -793,7 +793,7 @@ walk_items(PyObject *module, PyObject *args)
     static const char *names[4] = {"flat", "tok", "at", "st"};
     Py_buffer views[4];
     int have = 0;
-    DFAView d = {.dfa = dfa_obj};
+    DFAView d = {0};
     IntVec accepted = {0}, end_tok = {0}, end_at = {0};
     PyObject *result = NULL;
     for (; have < 4; have++)
@@ -810,7 +810,7 @@ walk_items(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "walk_items(): flat must end with PAD");
         goto done;
     }
-    if (dfa_read(&d) < 0)
+    if (dfa_open(&d, dfa_obj, DFA_IN_PLACE_LOCKED) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t k = at[i];
