@@ -1,5 +1,5 @@
 """A lazy DFA's transition table, grown past 4 MB in a mapping of its own
-(``automaton._uncomputed_table``), reads and grows like one from numpy."""
+(``automaton._grown_table``), reads and grows like one from numpy."""
 import numpy as np
 
 from tamis.constrain import automaton
@@ -7,12 +7,13 @@ from tamis.constrain.automaton import UNCOMPUTED, LazyDFA
 from tamis.constrain.regex_parser import parse_regex
 
 
-def test_large_tables_are_filled_and_writable():
+def test_grown_tables_keep_their_rows_and_are_writable():
+    old = np.arange(32 * 256, dtype=np.int32).reshape(32, 256)
     for rows in (64, 8192):
-        table = automaton._uncomputed_table(rows)
+        table = automaton._grown_table(old, rows)
         assert table.shape == (rows, 256) and table.dtype == np.int32
         assert table.flags.c_contiguous and table.flags.writeable
-        assert (table == UNCOMPUTED).all()
+        assert (table[:32] == old).all() and (table[32:] == UNCOMPUTED).all()
         table[rows - 1] = 7
         assert table[rows - 1, 255] == 7
 
