@@ -7,10 +7,11 @@
  * node cost a few calls (the fragment lookup, its size, the kind's builder, new_state,
  * add_edge). Here a node costs a dictionary lookup or two. Whatever is not one of the
  * plain kinds (products, object members, residues, rule references, non-ASCII character
- * classes) and every fragment paste or record goes back to the Python helpers that the
+ * classes), a fragment's record and the paste that minimises it go back to the Python helpers that the
  * context names, so the caches (_FRAGMENTS, _SEEN_ONCE, _SIZES, _PASTES) are read and
  * filled as the Python builder fills them, and the NFA gets the same states and edges in
- * the same order. Before each such call the edges gathered here are appended to the NFA's
+ * the same order. A recorded fragment is pasted here (nfa.NFA.paste), except on the paste
+ * that minimises it. Before each such call the edges gathered here are appended to the NFA's
  * arrays and its state count written; after it the count is read again.
  */
 #include "_native_common.h"
@@ -27,6 +28,9 @@ enum {
 #define CACHE_MAX 100000          /* _SEEN_ONCE and _SIZES are cleared past this many */
 #define SIZE_SATURATED ((int64_t)1 << 60)
 #define SIZES_PER_CHECK 256       /* deadline.check() every this many sizes computed */
+#define PASTES_PER_CHECK 64       /* and every this many fragments pasted */
+#define EDGE_STATE_COLUMNS 0x9    /* nfa._EDGE_COLUMNS: (q, lo, hi, t), q and t states */
+#define EPS_STATE_COLUMNS 0x3     /* nfa._EPS_COLUMNS: (q, t) */
 
 typedef enum { K_OTHER, K_CHARS, K_SEQ, K_ALT, K_REP, K_RULE, K_PRODUCT } Kind;
 
@@ -39,8 +43,16 @@ typedef struct {
     IntVec edges, eps;            /* appended since the last flush */
     int may_dead_end;
     long fragment_min_size, max_minimized, minimize_after;
-    long sizes_computed;
+    long sizes_computed, pastes;
 } Builder;
+
+static int
+deadline_check(Builder *b)
+{
+    PyObject *r = PyObject_CallNoArgs(b->ctx[CTX_CHECK]);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
 
 static Kind
 kind_of(PyObject *node)
@@ -273,13 +285,9 @@ size_of(Builder *b, PyObject *node)
     }
     if (PyDict_GET_SIZE(sizes) > CACHE_MAX)
         PyDict_Clear(sizes);
-    if (++b->sizes_computed % SIZES_PER_CHECK == 0) {
-        PyObject *r = PyObject_CallNoArgs(b->ctx[CTX_CHECK]);
-        if (r == NULL) {
-            Py_DECREF(key);
-            return -1;
-        }
-        Py_DECREF(r);
+    if (++b->sizes_computed % SIZES_PER_CHECK == 0 && deadline_check(b) < 0) {
+        Py_DECREF(key);
+        return -1;
     }
     int64_t size = -1;
     if (!Py_EnterRecursiveCall(" while sizing an NFA")) {
@@ -299,6 +307,77 @@ size_of(Builder *b, PyObject *node)
 /* ---- building (_build_python and friends) --------------------------------------------- */
 
 static long build(Builder *b, PyObject *node, long start);
+
+/* The rows of one of a fragment's sealed tables (int32 [n, width]) appended to ``out``
+ * as nfa.NFA.paste appends them: in the state columns (``state_columns`` bits), state 0
+ * becomes ``start``, any other s becomes s + offset. */
+static int
+paste_table(PyObject *local, const char *name, int state_columns, long offset, long start,
+            IntVec *out)
+{
+    Py_buffer table;
+    int have = 0;
+    if (view_take(PyObject_GetAttrString(local, name), &table, &have, 4, 2, name) < 0)
+        return -1;
+    Py_ssize_t n = table.shape[0] * table.shape[1], width = table.shape[1];
+    int rc = vec_reserve(out, out->len + n);
+    if (rc == 0) {
+        const int32_t *in = table.buf;
+        int32_t *to = out->data + out->len;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int32_t x = in[i];
+            to[i] = !(state_columns >> (i % width) & 1) ? x
+                    : x == 0 ? (int32_t)start : (int32_t)(x + offset);
+        }
+        out->len += n;
+    }
+    view_drop(&table, &have);
+    return rc;
+}
+
+/* _paste_again(nfa, fragment, start): the fragment's paste counted, then pasted here;
+ * the paste that minimises it (the MINIMIZE_AFTER_PASTES-th) is left to Python. */
+static long
+paste_fragment(Builder *b, PyObject *fragment, long start, PyObject *key)
+{
+    PyObject *local = PyTuple_GET_ITEM(fragment, 1), *pastes = b->ctx[CTX_PASTES];
+    long end = PyLong_AsLong(PyTuple_GET_ITEM(fragment, 2));
+    PyObject *n_obj = PyObject_GetAttrString(local, "num_states");
+    long size = n_obj == NULL ? -1 : PyLong_AsLong(n_obj);
+    Py_XDECREF(n_obj);
+    if (end < 0 || size < 1)
+        return PyErr_Occurred() ? -1 : call_py(b, b->ctx[CTX_PASTE_AGAIN],
+                                             Py_BuildValue("(OOl)", b->nfa, fragment, start));
+    PyObject *before = PyDict_GetItemWithError(pastes, key);
+    if (before == NULL && PyErr_Occurred())
+        return -1;
+    long count = (before == NULL ? 0 : PyLong_AsLong(before)) + 1;
+    if (count == 0 && PyErr_Occurred())
+        return -1;
+    if ((count == b->minimize_after && size <= b->max_minimized)
+            || b->num_states + size - 1 > b->max_states)     /* nfa.reserve raises */
+        return call_py(b, b->ctx[CTX_PASTE_AGAIN], Py_BuildValue("(OOl)", b->nfa, fragment, start));
+    PyObject *count_obj = PyLong_FromLong(count);
+    if (count_obj == NULL || PyDict_SetItem(pastes, key, count_obj) < 0) {
+        Py_XDECREF(count_obj);
+        return -1;
+    }
+    Py_DECREF(count_obj);
+    PyObject *dead_end = PyObject_GetAttrString(local, "may_dead_end");
+    int truth = dead_end == NULL ? -1 : PyObject_IsTrue(dead_end);
+    Py_XDECREF(dead_end);
+    if (truth < 0)
+        return -1;
+    b->may_dead_end |= truth;
+    if (++b->pastes % PASTES_PER_CHECK == 0 && deadline_check(b) < 0)
+        return -1;
+    long offset = b->num_states - 1;           /* nfa.reserve(size - 1) - 1 */
+    b->num_states += size - 1;
+    if (paste_table(local, "edge_table", EDGE_STATE_COLUMNS, offset, start, &b->edges) < 0
+            || paste_table(local, "eps_table", EPS_STATE_COLUMNS, offset, start, &b->eps) < 0)
+        return -1;
+    return end == 0 ? start : end + offset;
+}
 
 /* _build_chars: ASCII classes here; any other class (or none) by the Python helper. */
 static long
@@ -460,9 +539,9 @@ static long
 build_inner(Builder *b, PyObject *node, long start, PyObject *key)
 {
     PyObject *fragment = PyDict_GetItemWithError(b->ctx[CTX_FRAGMENTS], key);
-    if (fragment != NULL && PyTuple_Check(fragment) && PyTuple_GET_SIZE(fragment) >= 1
+    if (fragment != NULL && PyTuple_Check(fragment) && PyTuple_GET_SIZE(fragment) >= 3
             && PyTuple_GET_ITEM(fragment, 0) == node)
-        return call_py(b, b->ctx[CTX_PASTE_AGAIN], Py_BuildValue("(OOl)", b->nfa, fragment, start));
+        return paste_fragment(b, fragment, start, key);
     if (fragment == NULL && PyErr_Occurred())
         return -1;
     Kind kind = kind_of(node);
