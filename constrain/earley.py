@@ -11,6 +11,8 @@ advances over it.
 """
 from __future__ import annotations
 
+import weakref
+
 
 class EarleyGrammar:
     def __init__(self, num_nonterminals: int, productions: list[tuple[int, tuple]], start: int,
@@ -73,7 +75,7 @@ class EarleySet:
     parse's length, and every full garbage collection rescanned it. Items waiting on a
     symbol are kept as tuples of int tuples, which the collector stops tracking."""
     __slots__ = ("grammar", "position", "previous", "_jump", "waiting", "expected", "accepting",
-                 "_scans", "mask_cache")
+                 "_scans", "mask_cache", "__weakref__")
 
     def __init__(self, grammar: EarleyGrammar, previous: "EarleySet | None", kernel: set):
         self.grammar = grammar
@@ -88,7 +90,12 @@ class EarleySet:
         self.accepting = any(
             grammar.productions[p][0] == grammar.start and o == 0
             and d == len(grammar.productions[p][1]) for p, d, o in items)
-        self._scans: dict[int, EarleySet | None] = {}
+        # terminal -> the set after it (a weak reference), or None when not expected. Weak:
+        # a set reaches its past (``previous``), and a strong link forward made every parse
+        # a cycle, kept until a full garbage collection (tens of ms inside a mask fill), and
+        # a cached grammar's root held every parse ever made with it. A successor lives as
+        # long as a matcher (or a later set) holds it.
+        self._scans: dict[int, weakref.ref | None] = {}
         self.mask_cache: dict = {}
 
     def ancestor(self, position: int) -> "EarleySet":
@@ -140,16 +147,32 @@ class EarleySet:
 
     def scan(self, terminal: int) -> "EarleySet | None":
         """The set after reading ``terminal``, or None if it is not expected here."""
-        if terminal in self._scans:
-            return self._scans[terminal]
-        result = None
-        if terminal in self.expected:
-            symbol = terminal + self.grammar.num_nonterminals
-            kernel = {(p, d + 1, o) for p, d, o in self.waiting[symbol]}
-            result = EarleySet(self.grammar, self, kernel)
+        known = self._scans.get(terminal, _NOT_SCANNED)
+        if known is None:
+            return None
+        if known is not _NOT_SCANNED:
+            alive = known()
+            if alive is not None:
+                return alive
+        if terminal not in self.expected:
+            self._scans[terminal] = None
+            return None
+        symbol = terminal + self.grammar.num_nonterminals
+        kernel = {(p, d + 1, o) for p, d, o in self.waiting[symbol]}
+        result = EarleySet(self.grammar, self, kernel)
         # setdefault: a set scanned by two threads at once (the prefetch worker and the step)
         # keeps one successor object, so their mask caches stay shared
-        return self._scans.setdefault(terminal, result)
+        mine = weakref.ref(result)
+        stored = self._scans.setdefault(terminal, mine)
+        if stored is not mine and stored is not known:
+            other = stored()
+            if other is not None:
+                return other
+        self._scans[terminal] = mine
+        return result
+
+
+_NOT_SCANNED = object()
 
 
 def _jump_for_child_of(parent: EarleySet) -> EarleySet:

@@ -48,3 +48,27 @@ def test_a_long_list_completes_against_its_opening_bracket():
     end = state.scan(3)
     assert end is not None and end.accepting
     assert state.scan(B) is None
+
+
+def test_a_parse_is_freed_with_its_last_holder_without_the_collector():
+    """A set links forward to its successors weakly: a parse forms no reference cycle, so
+    its sets go as soon as nothing holds the last one (no full collection needed), while a
+    successor that is still held is found again by the same scan."""
+    import gc
+    import weakref
+    grammar = _list_grammar()
+    root = grammar.initial_set()
+    gc.disable()
+    try:
+        last = root.scan(2)
+        for _ in range(50):
+            last = last.scan(A)
+        first_after_root = root.scan(2)
+        assert first_after_root is root.scan(2)          # held: the same successor
+        watched = weakref.ref(last.ancestor(first_after_root.position + 10))
+        del last
+        assert watched() is None                         # freed by reference counting
+        assert root.scan(2) is first_after_root
+        assert root.scan(B) is None and root.scan(B) is None       # not expected here
+    finally:
+        gc.enable()
