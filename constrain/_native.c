@@ -103,6 +103,11 @@
  *     paste or record) through the Python helpers in ``context``
  *     (automaton._native_context()): the same states and edges, in the same order, and
  *     the same caches filled as the Python builder.
+ *   untrack_ast(node) -> bool
+ *     The tuples of the regex AST ``node`` untracked by the garbage collector, as the
+ *     collector itself untracks a tuple none of whose items may be tracked, for the whole
+ *     tree at once (it would take a full collection per level); True when ``node`` is
+ *     untracked afterwards.
  *
  * Files: _native_rows.c (NFARows, reaching, NFA tables), _native_product.c (product_runs),
  * _native_trie.c (Trie, walk_items), _native_build.c (the NFA builder), _native_common.h (int arrays, buffers, a lazy DFA read
@@ -111,7 +116,7 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 13
+#define NATIVE_VERSION 14
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -137,6 +142,8 @@ static PyMethodDef module_methods[] = {
      "build_nfa_node(nfa, node, start, context) -> end: automaton._build_node_python in C"},
     {"nfa_size", nfa_size, METH_VARARGS,
      "nfa_size(node, context) -> int: automaton._size_python in C"},
+    {"untrack_ast", untrack_ast, METH_O,
+     "untrack_ast(node) -> bool: the AST's tuples untracked by the garbage collector"},
     {"reaching", reaching, METH_VARARGS,
      "reaching(num_states, sources, targets, accept) -> bytes: 1 for each state with a path "
      "to accept"},

@@ -296,6 +296,8 @@ size_of(Builder *b, PyObject *node)
     }
     if (size >= 0) {
         PyObject *entry = Py_BuildValue("(OL)", node, (long long)size);
+        if (entry != NULL && !PyObject_GC_IsTracked(node))
+            PyObject_GC_UnTrack(entry);      /* (node, size): as the collector would */
         if (entry == NULL || PyDict_SetItem(sizes, key, entry) < 0)
             size = -1;
         Py_XDECREF(entry);
@@ -675,6 +677,33 @@ PyObject *
 build_nfa_node(PyObject *self, PyObject *args)
 {
     return build_entry(args, 1);
+}
+
+/* A tuple and the tuples under it no longer tracked by the garbage collector where that is
+ * what the collector itself would conclude (_PyTuple_MaybeUntrack: no item that may be
+ * tracked), done at once for the whole tree: 1 when ``obj`` is not tracked afterwards. */
+static int
+untrack_tree(PyObject *obj)
+{
+    if (!PyObject_GC_IsTracked(obj))
+        return 1;
+    if (!PyTuple_CheckExact(obj) || Py_EnterRecursiveCall(" while untracking a regex AST")) {
+        PyErr_Clear();
+        return 0;
+    }
+    int all = 1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(obj); i++)
+        all &= untrack_tree(PyTuple_GET_ITEM(obj, i));
+    Py_LeaveRecursiveCall();
+    if (all)
+        PyObject_GC_UnTrack(obj);
+    return all;
+}
+
+PyObject *
+untrack_ast(PyObject *self, PyObject *node)
+{
+    return PyBool_FromLong(untrack_tree(node));
 }
 
 PyObject *

@@ -361,5 +361,6 @@ PyObject *sorted_by_source(PyObject *module, PyObject *args);
 PyObject *build_nfa(PyObject *module, PyObject *args);
 PyObject *build_nfa_node(PyObject *module, PyObject *args);
 PyObject *nfa_size(PyObject *module, PyObject *args);
+PyObject *untrack_ast(PyObject *module, PyObject *node);
 
 #endif

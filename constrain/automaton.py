@@ -34,6 +34,12 @@ UNCOMPUTED = -2
 
 def build_nfa(node) -> tuple[NFA, int, int]:
     """(sealed NFA, start, accept) of ``node``, trimmed when a construct may dead-end."""
+    core = native.CORE
+    if core is not None:
+        # The AST is kept as long as its automaton (fragments, sizes, the grammar): tens of
+        # thousands of nested tuples that every full garbage collection would scan, and
+        # that the collector stops tracking only one nesting level per full collection.
+        core.untrack_ast(node)
     # A tree past twice the limit is refused before building; below that, fragments
     # replaced by their minimal DFA may still fit (the states are counted as they come).
     if _size(node) > 2 * MAX_NFA_STATES:

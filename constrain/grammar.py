@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import deadline
+from . import deadline, native
 from . import regex_ast as ra
 from .earley import EarleyGrammar, derivable
 from .errors import GrammarError
@@ -52,7 +52,12 @@ def build_grammar(rules: dict, root: str, ignore=()) -> tuple | GrammarSpec:
             pending.extend(kept - bodies.keys())
     if not ra.has_rules(bodies[root], with_rules) and not ignore:
         return bodies[root]
-    return _Builder(bodies, root, ignore, with_rules).build()
+    spec = _Builder(bodies, root, ignore, with_rules).build()
+    core = native.CORE
+    if core is not None:        # kept with the grammar: see automaton.build_nfa
+        for terminal in spec.terminals:
+            core.untrack_ast(terminal)
+    return spec
 
 
 def _recursive_rules(refs: dict) -> set:

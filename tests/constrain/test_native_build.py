@@ -159,3 +159,16 @@ def test_an_expired_deadline_stops_the_build(core):
     with deadline.deadline(0):
         with pytest.raises(ConstraintError, match="time limit|deadline|exceeded"):
             automaton.build_nfa(node)
+
+
+def test_built_asts_are_untracked_where_the_collector_would_untrack_them(core):
+    """``build_nfa`` untracks the AST's tuples (nothing in them may be tracked), not a
+    tuple that holds a tracked object."""
+    import gc
+    node = ra.seq(parse_regex("(ab|c[d-f])*"), parse_regex("x{2,4}"))
+    assert gc.is_tracked(node)
+    automaton.build_nfa(node)
+    assert not gc.is_tracked(node) and not gc.is_tracked(node[1][0])
+    holder = ("seq", (node, [1, 2]))                  # a list may be part of a cycle
+    assert core.untrack_ast(holder) is False
+    assert gc.is_tracked(holder) and gc.is_tracked(holder[1])
