@@ -19,6 +19,7 @@ them): the mask is exact for the others and never allows a token ``accept`` woul
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 import numpy as np
 
@@ -30,6 +31,11 @@ from .matcher import ByteMatcher, write_row
 from .prefetch import OnceCache, prefetch
 from .token_masks import pack_bits
 from .lexeme_ends import state_row_with_ends
+
+
+# Earley sets a compiled grammar keeps alive after their parses ended (each with its past
+# and its cached masks): requests on one schema mostly repeat the same first sets.
+RECENT_SETS = 1024
 
 
 class CompiledGrammar(Grammar):
@@ -48,6 +54,10 @@ class CompiledGrammar(Grammar):
         self._starts: dict = {}            # terminal -> bool[256] of its possible first bytes
         self._first_memo: dict = {}
         self._once = OnceCache()        # the step path and the prefetch worker build a row once
+        # The Earley sets scanned last, kept alive with their pasts (and mask caches): a set
+        # holds its successors weakly, so without this a parse would be recomputed by every
+        # request after the ones that made it had finished.
+        self._recent_sets: deque = deque(maxlen=RECENT_SETS)
         self.empty_row = np.zeros(info.num_words, dtype=np.int32)
         eos = np.zeros(info.vocab_size, dtype=bool)
         eos[list(info.eos_token_ids)] = True
@@ -70,7 +80,10 @@ class CompiledGrammar(Grammar):
         """The Earley set once ``terminal`` is complete (ignored terminals do not advance it)."""
         if terminal in self.ignore and terminal not in earley_set.expected:
             return earley_set
-        return earley_set.scan(terminal)
+        after = earley_set.scan(terminal)
+        if after is not None:
+            self._recent_sets.append(after)
+        return after
 
     def advance(self, hypotheses, byte: int) -> list:
         out = {}
