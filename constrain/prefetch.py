@@ -62,12 +62,17 @@ class OnceCache:
             if found is not None:
                 return found
             marker = (id(store), key)
-            event = self._building.get(marker)
-            mine = event is None
+            busy = self._building.get(marker)
+            mine = busy is None
             if mine:
-                event = self._building[marker] = threading.Event()
+                # held by the builder until it is done: a waiter acquires it once released
+                # (a plain lock: a threading.Event costs a condition and two locks, and a
+                # mask fill that first expects hundreds of terminals makes hundreds of them)
+                busy = self._building[marker] = threading.Lock()
+                busy.acquire()
         if not mine:
-            event.wait()
+            with busy:
+                pass
             found = store.get(key)
             return found if found is not None else self.get(store, key, build)
         try:
@@ -77,7 +82,7 @@ class OnceCache:
         finally:
             with self._lock:
                 del self._building[marker]
-            event.set()
+            busy.release()
 
 
 class _Worker:
