@@ -21,6 +21,8 @@
  *       (bool array, whether the set holds ``accept``) and then accepting.append(...)
  *       first. When trans or flags has too few rows for the new states, nothing is
  *       written: the caller makes room and calls again.
+ *     .state_at(nfa_state) -> the state named by the closure of one NFA state (the important
+ *       states reachable from it without input, sorted), added if new; -1 if empty
  *     .set_of(state) -> its set as a tuple; .accepting_flags(lo, hi) -> one byte per state
  *       lo .. hi - 1, 1 where its set holds ``accept``; .num_states
  *
@@ -116,7 +118,7 @@
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 14
+#define NATIVE_VERSION 15
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,

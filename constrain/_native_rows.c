@@ -429,6 +429,27 @@ NFARows_state_of(NFARows *self, PyObject *nfa_set)
     return id == -2 ? NULL : PyLong_FromLong(id);
 }
 
+/* state_at(nfa_state) -> the DFA state of the important states reachable from
+ * ``nfa_state`` without input (LazyDFA._state_of(LazyDFA._closure((nfa_state,)))), added
+ * if new; -1 (DEAD) when none is. */
+static PyObject *
+NFARows_state_at(NFARows *self, PyObject *arg)
+{
+    long q = PyLong_AsLong(arg);
+    if (q == -1 && PyErr_Occurred())
+        return NULL;
+    if (q < 0 || q >= self->num_states) {
+        PyErr_Format(PyExc_IndexError, "no NFA state %ld", q);
+        return NULL;
+    }
+    int32_t start = (int32_t)q;
+    if (closure(self, &start, 1) < 0)
+        return NULL;
+    int32_t id = index_add(self, self->found.data, self->found.len,
+                           hash_ints(self->found.data, self->found.len));
+    return id == -2 ? NULL : PyLong_FromLong(id);
+}
+
 static int
 check_state(NFARows *self, Py_ssize_t state)
 {
@@ -556,6 +577,8 @@ static PyGetSetDef NFARows_getset[] = {
 static PyMethodDef NFARows_methods[] = {
     {"state_of", (PyCFunction)NFARows_state_of, METH_O,
      "state_of(nfa_set) -> the DFA state named nfa_set, added if new (-1 for the empty set)"},
+    {"state_at", (PyCFunction)NFARows_state_at, METH_O,
+     "state_at(nfa_state) -> the DFA state of nfa_state's closure, added if new (-1 if empty)"},
     {"set_of", (PyCFunction)NFARows_set_of, METH_O,
      "set_of(state) -> the state's NFA set as a tuple"},
     {"accepting_flags", (PyCFunction)NFARows_accepting_flags, METH_VARARGS,

@@ -479,7 +479,7 @@ class LazyDFA:
     def __init__(self, node, allow_empty_language: bool = False):
         nfa, nfa_start, nfa_accept = build_nfa(node)
         self._setup(nfa, nfa_accept)
-        self.start = self._state_of(self._closure((nfa_start,)))
+        self.start = self._state_at(nfa_start)
         if self.start == DEAD and not allow_empty_language:
             raise ConstraintError("the constraint matches no string at all")
 
@@ -496,7 +496,7 @@ class LazyDFA:
     def start_at(self, nfa_state: int) -> int:
         """The state reached from ``nfa_state`` without input (added if new)."""
         with self._lock:
-            return self._state_of(self._closure((nfa_state,)))
+            return self._state_at(nfa_state)
 
     def state_of_set(self, nfa_set: tuple) -> int:
         """The state whose NFA state set is ``nfa_set`` (``self.sets[state]``, a sorted
@@ -507,9 +507,8 @@ class LazyDFA:
     def _setup(self, nfa: NFA, nfa_accept: int) -> None:
         nfa.seal()
         self.nfa, self.nfa_accept = nfa, nfa_accept
-        self._byte_class, self._class_of = nfa.byte_classes()
+        self._classes = nfa.byte_classes()          # each byte's class, as bytes
         self._class_edges: dict[int, list] = {}     # NFA state -> edges over classes (lazy)
-        self._num_classes = int(self._byte_class.max()) + 1
         self._closures: dict[int, tuple] = {}
         self._lock = threading.RLock()
         self.accepting: list[bool] = []
@@ -518,7 +517,7 @@ class LazyDFA:
         if core is not None:
             self._native_rows = core.NFARows(
                 nfa.edge_start, nfa.edge_lo, nfa.edge_hi, nfa.edge_to, nfa.eps_start,
-                nfa.eps_to, bytes(self._class_of), nfa_accept)
+                nfa.eps_to, self._classes, nfa_accept)
             self.sets = _NativeSets(self._native_rows, self.accepting)
         else:
             self.sets: list[tuple] = []        # state -> its NFA states, sorted
@@ -579,6 +578,17 @@ class LazyDFA:
         return int(live[0]) if len(live) == 1 else None
 
     # ---- construction --------------------------------------------------------------------
+    def _state_at(self, nfa_state: int) -> int:
+        """The state named by the closure of ``nfa_state``, added if new (lock held)."""
+        rows = self._native_rows
+        if rows is None:
+            return self._state_of(self._closure((nfa_state,)))
+        before = len(self.accepting)
+        sid = rows.state_at(nfa_state)
+        if sid >= before:
+            self._added(before, rows.num_states)
+        return sid
+
     def _closure(self, states) -> tuple:
         """The important NFA states reachable from ``states`` without input, as a sorted
         tuple: a DFA state's name. (Tuples of ints drop out of the garbage collector's
@@ -656,7 +666,7 @@ class LazyDFA:
     def _edges_in_classes(self, q: int) -> list:
         found = self._class_edges.get(q)
         if found is None:
-            cls = self._class_of
+            cls = self._classes
             found = tuple((cls[lo], cls[hi], t) for lo, hi, t in self.nfa.edges_of(q))
             self._class_edges[q] = found
         return found
@@ -679,11 +689,12 @@ class LazyDFA:
             for clo, chi, t in self._edges_in_classes(q):
                 for c in range(clo, chi + 1):
                     buckets.setdefault(c, set()).add(t)
-        by_class = np.full(self._num_classes, DEAD, dtype=np.int32)
+        byte_class = np.frombuffer(self._classes, dtype=np.uint8)
+        by_class = np.full(int(byte_class.max()) + 1, DEAD, dtype=np.int32)
         memo: dict[frozenset, int] = {}
         for c, targets in buckets.items():
             key = frozenset(targets)
             if key not in memo:
                 memo[key] = self._state_of(self._closure(key))
             by_class[c] = memo[key]
-        self.trans[state] = by_class[self._byte_class]
+        self.trans[state] = by_class[byte_class]

@@ -171,12 +171,10 @@ class NFA:
     def has_edges(self, q: int) -> bool:
         return self.edge_start[q + 1] > self.edge_start[q]
 
-    def byte_classes(self) -> tuple[np.ndarray, list]:
-        """Partitions 0..255 into classes no edge splits; returns (byte -> class as an
-        int64 array, the same as a list)."""
+    def byte_classes(self) -> bytes:
+        """Partitions 0..255 into classes no edge splits: each byte's class (0, 1, ...)."""
         core = native.CORE
-        classes = (core.byte_classes if core is not None else _byte_classes_python)(self.edge_table)
-        return np.frombuffer(classes, dtype=np.uint8).astype(np.int64), list(classes)
+        return (core.byte_classes if core is not None else _byte_classes_python)(self.edge_table)
 
 
 _READ_ARRAYS = frozenset({"edge_start", "edge_lo", "edge_hi", "edge_to", "eps_start", "eps_to"})

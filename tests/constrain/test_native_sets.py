@@ -161,3 +161,13 @@ def test_masks_equal_over_maskbench_walks(core, monkeypatch, seed):
         want = _mask_digest(reference, texts)
         monkeypatch.setattr(native, "CORE", core)
         assert _mask_digest(compiled, texts) == want, (seed, path.name)
+
+
+@pytest.mark.parametrize("pattern", ["(ab|cd)*e?", "x{2,5}(y|z)*", "a*|b+|()", "[é-ü]+\\d?"])
+def test_start_at_every_nfa_state_numbers_states_alike(monkeypatch, core, pattern):
+    """``start_at`` (the compiled ``NFARows.state_at``: one state's closure, indexed) against
+    the Python closure and index, from every NFA state in turn."""
+    reference, compiled = both(monkeypatch, core, lambda: LazyDFA(parse_regex(pattern)))
+    for q in range(compiled.nfa.num_states):
+        assert compiled.start_at(q) == reference.start_at(q), q
+    assert_same(reference, compiled)
