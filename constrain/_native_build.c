@@ -161,16 +161,12 @@ new_state(Builder *b)
 {
     long n = b->num_states;
     if (n >= b->max_states || (n & 1023) == 0) {
-        if (flush(b) < 0)
+        PyObject *method = PyObject_GetAttrString(b->nfa, "new_state");
+        if (method == NULL)
             return -1;
-        PyObject *r = PyObject_CallMethod(b->nfa, "new_state", NULL);
-        if (r == NULL)
-            return -1;
-        long v = PyLong_AsLong(r);
-        Py_DECREF(r);
-        if (v == -1 && PyErr_Occurred())
-            return -1;
-        return reload(b) < 0 ? -1 : v;
+        long v = call_py(b, method, PyTuple_New(0));
+        Py_DECREF(method);
+        return v;
     }
     b->num_states = n + 1;
     return n;
