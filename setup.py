@@ -47,7 +47,7 @@ class OptionalBuildExt(build_ext):
 
 
 native = Extension("tamis.constrain._native", optional=True,
-                   sources=[f"constrain/_native{part}.c" for part in ("", "_rows", "_product", "_trie", "_build")],
+                   sources=[f"constrain/_native{part}.c" for part in ("", "_rows", "_product", "_trie", "_build", "_earley")],
                    depends=["constrain/_native_common.h"])
 
 setup(packages=packages, package_dir=package_dir,

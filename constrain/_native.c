@@ -105,6 +105,16 @@
  *     paste or record) through the Python helpers in ``context``
  *     (automaton._native_context()): the same states and edges, in the same order, and
  *     the same caches filled as the Python builder.
+ *   EarleyTables(num_nonterminals, num_symbols, start, lhs, rhs_start, rhs, by_lhs_start,
+ *                by_lhs, nullable)
+ *       .closure(kernel, position, new_set) -> (waiting, accepting)
+ *     earley.EarleySet._closure over a grammar's productions as int32 arrays (CSR: the
+ *     right-hand sides by production, the productions by left-hand side; nullable one
+ *     byte a nonterminal): from ``kernel`` (a list of (p, d, o) tuples, in the order the
+ *     reference takes them), the items of the set at ``position``, completed against the
+ *     sets of earlier origins found by new_set.ancestor(origin).waiting. ``waiting``: symbol
+ *     after the dot -> tuple of the items waiting on it, each in the reference's order;
+ *     ``accepting``: whether a start production is complete from origin 0.
  *   untrack_ast(node) -> bool
  *     The tuples of the regex AST ``node`` untracked by the garbage collector, as the
  *     collector itself untracks a tuple none of whose items may be tracked, for the whole
@@ -112,13 +122,14 @@
  *     untracked afterwards.
  *
  * Files: _native_rows.c (NFARows, reaching, NFA tables), _native_product.c (product_runs),
- * _native_trie.c (Trie, walk_items), _native_build.c (the NFA builder), _native_common.h (int arrays, buffers, a lazy DFA read
+ * _native_trie.c (Trie, walk_items), _native_build.c (the NFA builder), _native_earley.c
+ * (EarleyTables), _native_common.h (int arrays, buffers, a lazy DFA read
  * from Python); this one holds the module.
  */
 #include "_native_common.h"
 
 /* Bumped when a signature or result changes: native.py refuses a stale build. */
-#define NATIVE_VERSION 15
+#define NATIVE_VERSION 16
 
 static PyMethodDef module_methods[] = {
     {"product_runs", product_runs, METH_VARARGS,
@@ -177,6 +188,7 @@ PyInit__native(void)
     if (m == NULL)
         return NULL;
     if (add_type(m, &NFARowsType, "NFARows") < 0 || add_type(m, &TrieType, "Trie") < 0
+            || add_type(m, &EarleyTablesType, "EarleyTables") < 0
             || PyModule_AddIntConstant(m, "VERSION", NATIVE_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;

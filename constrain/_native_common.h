@@ -136,7 +136,7 @@ get_ints(PyObject *obj, Py_ssize_t itemsize, int ndim, int writable, Py_buffer *
 }
 
 
-extern PyTypeObject NFARowsType, TrieType;
+extern PyTypeObject NFARowsType, TrieType, EarleyTablesType;
 
 /* NFARows.build over buffers already read: the row of DFA ``state`` into ``trans`` (int32
  * [trans_rows, 256]), its new states' flags into ``flags`` and appended to ``accepting``

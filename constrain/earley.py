@@ -12,6 +12,9 @@ advances over it.
 from __future__ import annotations
 
 import weakref
+from array import array
+
+from . import native
 
 
 class EarleyGrammar:
@@ -25,6 +28,25 @@ class EarleyGrammar:
         for index, (lhs, _) in enumerate(productions):
             self.by_lhs[lhs].append(index)
         self.nullable = self._nullable()
+        self._native = None           # native.CORE.EarleyTables, made on first use
+
+    def native_tables(self, core):
+        """The productions as the compiled core's EarleyTables (made once)."""
+        if self._native is None:
+            rhs_start, rhs = array("i", [0]), array("i")
+            for _, right in self.productions:
+                rhs.extend(right)
+                rhs_start.append(len(rhs))
+            by_lhs_start, by_lhs = array("i", [0]), array("i")
+            for indices in self.by_lhs:
+                by_lhs.extend(indices)
+                by_lhs_start.append(len(by_lhs))
+            nullable = bytes(1 if n in self.nullable else 0 for n in range(self.num_nonterminals))
+            self._native = core.EarleyTables(
+                self.num_nonterminals, self.num_nonterminals + self.num_terminals, self.start,
+                array("i", (lhs for lhs, _ in self.productions)), rhs_start, rhs, by_lhs_start,
+                by_lhs, nullable)
+        return self._native
 
     def _nullable(self) -> set[int]:
         return derivable(self.productions, given_from=None)
@@ -82,14 +104,19 @@ class EarleySet:
         self.previous = previous
         self.position = 0 if previous is None else previous.position + 1
         self._jump = None if previous is None else _jump_for_child_of(previous)
-        waiting: dict[int, list] = {}        # symbol after the dot -> items
-        items = self._closure(kernel, waiting)
-        self.waiting = {symbol: tuple(found) for symbol, found in waiting.items()}
+        core = native.CORE
+        if core is not None:         # the compiled closure: the same waiting, the same flag
+            self.waiting, self.accepting = grammar.native_tables(core).closure(
+                list(kernel), self.position, self)
+        else:
+            waiting: dict[int, list] = {}        # symbol after the dot -> items
+            items = self._closure(kernel, waiting)
+            self.waiting = {symbol: tuple(found) for symbol, found in waiting.items()}
+            self.accepting = any(
+                grammar.productions[p][0] == grammar.start and o == 0
+                and d == len(grammar.productions[p][1]) for p, d, o in items)
         nt = grammar.num_nonterminals
-        self.expected = frozenset(s - nt for s in waiting if s >= nt)
-        self.accepting = any(
-            grammar.productions[p][0] == grammar.start and o == 0
-            and d == len(grammar.productions[p][1]) for p, d, o in items)
+        self.expected = frozenset(s - nt for s in self.waiting if s >= nt)
         # terminal -> the set after it (a weak reference), or None when not expected. Weak:
         # a set reaches its past (``previous``), and a strong link forward made every parse
         # a cycle, kept until a full garbage collection (tens of ms inside a mask fill), and
