@@ -333,10 +333,23 @@ paste_table(PyObject *local, const char *name, int state_columns, long offset, l
     return rc;
 }
 
+static long paste_fragment_held(Builder *b, PyObject *fragment, long start, PyObject *key);
+
 /* _paste_again(nfa, fragment, start): the fragment's paste counted, then pasted here;
- * the paste that minimises it (the MINIMIZE_AFTER_PASTES-th) is left to Python. */
+ * the paste that minimises it (the MINIMIZE_AFTER_PASTES-th) is left to Python. The
+ * fragment (found in _FRAGMENTS) is held meanwhile: the deadline check runs Python, where
+ * another thread's build may clear the cache. */
 static long
 paste_fragment(Builder *b, PyObject *fragment, long start, PyObject *key)
+{
+    Py_INCREF(fragment);
+    long end = paste_fragment_held(b, fragment, start, key);
+    Py_DECREF(fragment);
+    return end;
+}
+
+static long
+paste_fragment_held(Builder *b, PyObject *fragment, long start, PyObject *key)
 {
     PyObject *local = PyTuple_GET_ITEM(fragment, 1), *pastes = b->ctx[CTX_PASTES];
     long end = PyLong_AsLong(PyTuple_GET_ITEM(fragment, 2));
