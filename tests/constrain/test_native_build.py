@@ -26,11 +26,6 @@ ATOMS = ["a", "b", "0", " ", "\\n", "é", "😀", "\\.", "\"", "[a-z]", "[^\"\\\
 CACHES = ("_FRAGMENTS", "_SEEN_ONCE", "_MINIMAL", "_PASTES", "_SIZES")
 
 
-@pytest.fixture(scope="module")
-def core():
-    return native.load_extension()       # ImportError (a failure) when not built or stale
-
-
 def python_builder(monkeypatch) -> None:
     monkeypatch.setattr(automaton, "_build", automaton._build_python)
     monkeypatch.setattr(automaton, "_build_node", automaton._build_node_python)

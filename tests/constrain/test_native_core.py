@@ -31,11 +31,6 @@ SEED = random.randrange(1 << 30)
 
 
 @pytest.fixture(scope="module")
-def core():
-    return native.load_extension()       # ImportError (a failure) when not built or stale
-
-
-@pytest.fixture(scope="module")
 def table():
     return smollm2()[1].trie
 

@@ -19,11 +19,6 @@ from tamis.constrain.earley import EarleySet
 SEED = random.randrange(1 << 30)
 
 
-@pytest.fixture(scope="module")
-def core():
-    return native.load_extension()       # ImportError (a failure) when not built or stale
-
-
 def grammars(rng: random.Random, count: int) -> list:
     """json.gbnf's Earley grammar and those of ``count`` maskbench schemas that compile to
     grammars (sampled)."""

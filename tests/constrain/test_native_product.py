@@ -23,11 +23,6 @@ SEED = random.randrange(1 << 30)
 ATOMS = ["a", "b", "c", "0", " ", "é", "😀", "[a-c]", "[^a]", "[0-9]", "\\w", ".", "[é-ü]"]
 
 
-@pytest.fixture(scope="module")
-def core():
-    return native.load_extension()       # ImportError (a failure) when not built or stale
-
-
 def random_regex(rng: random.Random) -> str:
     return random_regexes.random_regex(rng, ATOMS, ("*", "+", "?", "{1,4}", "{2}"))
 

@@ -21,11 +21,6 @@ from tamis.constrain.regex_parser import parse_regex
 SEED = random.randrange(1 << 30)
 
 
-@pytest.fixture(scope="module")
-def core():
-    return native.load_extension()
-
-
 def both(monkeypatch, core, make):
     """(Python-index object, compiled-index object) made by ``make()``."""
     monkeypatch.setattr(native, "CORE", None)
