@@ -306,9 +306,8 @@ size_of(Builder *b, PyObject *node)
 
 static long build(Builder *b, PyObject *node, long start);
 
-/* The rows of one of a fragment's sealed tables (int32 [n, width]) appended to ``out``
- * as nfa.NFA.paste appends them: in the state columns (``state_columns`` bits), state 0
- * becomes ``start``, any other s becomes s + offset. */
+/* The rows of one of a fragment's sealed tables (int32 [rows, width]) appended to
+ * ``out`` as nfa.NFA.paste appends them (shift_states). */
 static int
 paste_table(PyObject *local, const char *name, int state_columns, long offset, long start,
             IntVec *out)
@@ -320,13 +319,7 @@ paste_table(PyObject *local, const char *name, int state_columns, long offset, l
     Py_ssize_t n = table.shape[0] * table.shape[1], width = table.shape[1];
     int rc = vec_reserve(out, out->len + n);
     if (rc == 0) {
-        const int32_t *in = table.buf;
-        int32_t *to = out->data + out->len;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int32_t x = in[i];
-            to[i] = !(state_columns >> (i % width) & 1) ? x
-                    : x == 0 ? (int32_t)start : (int32_t)(x + offset);
-        }
+        shift_states(table.buf, n, width, state_columns, offset, start, out->data + out->len);
         out->len += n;
     }
     view_drop(&table, &have);

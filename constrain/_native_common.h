@@ -109,6 +109,20 @@ hash_ints(const int32_t *a, Py_ssize_t n)
     return h;
 }
 
+/* A sealed NFA fragment's table rows (int32, ``n`` values, ``width`` a row) as pasted
+ * (nfa.NFA.paste): in the columns whose bit is set in ``state_columns`` (the states),
+ * state 0 becomes ``start`` and any other s becomes s + offset; the rest copied. */
+static inline void
+shift_states(const int32_t *in, Py_ssize_t n, Py_ssize_t width, int state_columns,
+             long offset, long start, int32_t *out)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t x = in[i];
+        out[i] = !(state_columns >> (i % width) & 1) ? x
+                 : x == 0 ? (int32_t)start : (int32_t)(x + offset);
+    }
+}
+
 /* ---- buffers ------------------------------------------------------------------------------ */
 
 /* A C-contiguous buffer of integers (or bools) of ``itemsize`` bytes and ``ndim`` dims. */

@@ -700,11 +700,8 @@ shifted_states(PyObject *module, PyObject *args)
     out = PyBytes_FromStringAndSize(NULL, rows * width * (Py_ssize_t)sizeof(int32_t));
     if (out == NULL)
         goto done;
-    const int32_t *in = table.buf;
-    int32_t *to = (int32_t *)PyBytes_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < rows; i++)
-        for (Py_ssize_t c = 0; c < width; c++, in++, to++)
-            *to = !(columns_mask >> c & 1) ? *in : *in == 0 ? start : *in + offset;
+    shift_states(table.buf, rows * width, width, columns_mask, offset, start,
+                 (int32_t *)PyBytes_AS_STRING(out));
 done:
     PyBuffer_Release(&table);
     return out;
