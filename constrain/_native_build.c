@@ -22,6 +22,7 @@ enum {
     CTX_SIZE_PY, CTX_PASTE_AGAIN, CTX_RECORD_AND_PASTE, CTX_BUILD_NODE_PY, CTX_BUILD_CHARS_PY,
     CTX_PASTE_COPIES, CTX_CHECK,
     CTX_FRAGMENT_MIN_SIZE, CTX_MAX_MINIMIZED_NFA, CTX_MINIMIZE_AFTER_PASTES,
+    CTX_MAX_NFA_STATES,
     CTX_LEN
 };
 
@@ -39,7 +40,7 @@ typedef struct {
     PyObject *const *ctx;
     PyObject *edges_out, *eps_out;  /* nfa._edges, nfa._eps (array('i')) */
     long num_states;              /* nfa.num_states while the builder holds it */
-    long max_states;              /* nfa.MAX_NFA_STATES (read from the module) */
+    long max_states;              /* nfa.MAX_NFA_STATES */
     IntVec edges, eps;            /* appended since the last flush */
     int may_dead_end;
     long fragment_min_size, max_minimized, minimize_after;
@@ -616,6 +617,7 @@ builder_open(Builder *b, PyObject *nfa, PyObject *ctx)
     b->fragment_min_size = ctx_long(ctx, CTX_FRAGMENT_MIN_SIZE);
     b->max_minimized = ctx_long(ctx, CTX_MAX_MINIMIZED_NFA);
     b->minimize_after = ctx_long(ctx, CTX_MINIMIZE_AFTER_PASTES);
+    b->max_states = ctx_long(ctx, CTX_MAX_NFA_STATES);
     if (PyErr_Occurred())
         return -1;
     if (nfa == NULL)
@@ -629,15 +631,6 @@ builder_open(Builder *b, PyObject *nfa, PyObject *ctx)
         PyErr_SetString(PyExc_ValueError, "the NFA is sealed: nothing can be added to it");
         return -1;
     }
-    PyObject *module = PyImport_ImportModule("tamis.constrain.nfa");
-    PyObject *limit = module ? PyObject_GetAttrString(module, "MAX_NFA_STATES") : NULL;
-    Py_XDECREF(module);
-    if (limit == NULL)
-        return -1;
-    b->max_states = PyLong_AsLong(limit);
-    Py_DECREF(limit);
-    if (b->max_states == -1 && PyErr_Occurred())
-        return -1;
     return reload(b);
 }
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import regex_ast as ra
 from . import deadline, native
+from . import nfa as nfa_module
 from .errors import ConstraintError
 from .nfa import MAX_NFA_STATES, NFA
 from .utf8 import utf8_sequences
@@ -405,7 +406,8 @@ def _native_context() -> tuple:
     return (_FRAGMENTS, _SEEN_ONCE, _SIZES, _PASTES,
             _size_python, _paste_again, _record_and_paste, _build_node_python, _build_chars,
             _paste_copies, deadline.check,
-            _FRAGMENT_MIN_SIZE, MAX_MINIMIZED_NFA, MINIMIZE_AFTER_PASTES)
+            _FRAGMENT_MIN_SIZE, MAX_MINIMIZED_NFA, MINIMIZE_AFTER_PASTES,
+            nfa_module.MAX_NFA_STATES)
 
 
 _DEAD_ROW = np.full(256, DEAD, dtype=np.int32)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-VERSION = 16          # _native.c's NATIVE_VERSION that this code calls
+VERSION = 17          # _native.c's NATIVE_VERSION that this code calls
 
 # Trie.walk's ``ends``: none, (token, cut) pairs, or the trie nodes where a lexeme may end.
 ENDS_NONE, ENDS_PAIRS, ENDS_NODES = 0, 1, 2
