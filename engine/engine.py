@@ -512,6 +512,17 @@ class LLMEngine:
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache.reset_prefix_cache()
 
+    def shutdown(self) -> None:
+        """Stops what the engine started beside this process: a tensor- or pipeline-
+        parallel runner's other ranks and the structured-output row workers. Unfinished
+        requests are aborted (their blocks freed). Idempotent."""
+        self.abort_request(list(self.outputs.groups))
+        if self._structured is not None:
+            self._structured.close()
+        stop_ranks = getattr(self.runner, "shutdown", None)
+        if stop_ranks is not None:
+            stop_ranks()
+
 
 def _cache_salt(prompt: Any) -> str | None:
     """A dict prompt's ``cache_salt`` (vLLM's prompt key): a non-empty string, or None."""

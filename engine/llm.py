@@ -10,6 +10,7 @@
 or one per prompt. Outputs come back in input order, finished. Engine arguments keep
 vLLM's names (``max_model_len``, ``dtype``, ``seed``, ``enable_prefix_caching``...).
 ``beam_search(prompts, BeamSearchParams(...))`` is vLLM's too (``engine/beam_search.py``).
+``shutdown()`` (or ``with LLM(...) as llm:``) stops the processes a parallel engine started.
 """
 from __future__ import annotations
 
@@ -31,6 +32,18 @@ class LLM:
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_args))
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stops the processes the engine started (a parallel model's other ranks, the
+        structured-output workers). Idempotent; ``with LLM(...) as llm:`` calls it on exit.
+        Without it they are stopped when the interpreter exits."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.shutdown()
 
     def get_tokenizer(self):
         return self.llm_engine.tokenizer

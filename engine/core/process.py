@@ -271,6 +271,18 @@ def run_core(make_engine: Callable[[], Any], commands, events, log_level: int) -
         sys.exit(1)
     finally:
         loop.abort_all()
+        _stop_engine(engine)
+
+
+def _stop_engine(engine) -> None:
+    """Stops the ranks and workers the engine started: a process ends here through
+    ``os._exit`` (multiprocessing), which runs no exit handler."""
+    try:
+        shutdown = getattr(engine, "shutdown", None)   # a test's stand-in may have none
+        if shutdown is not None:
+            shutdown()
+    except Exception:  # noqa: BLE001 - the process ends either way
+        logger.exception("engine shutdown failed")
 
 
 def _freeze_startup_objects() -> None:

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from typing import NoReturn
 
 from tamis.engine.config import EngineConfig
 from tamis.engine.distributed.torchrun import NODE_FLAGS, TorchrunRank
@@ -70,12 +72,23 @@ def run_torchrun_rank(launch: TorchrunRank, argv: list[str]) -> int:
     except ValueError as exc:
         raise SystemExit(f"torchrun rank {launch.rank}: {exc}") from None
     if launch.rank == 0:
-        return int(args.func(args) or 0)
+        _exit_without_teardown(int(args.func(args) or 0))
     _setup_logging()
     logger.info("torchrun rank %d (local rank %d of node %d) joining %s:%d", launch.rank,
                 launch.local_rank, launch.node_rank, launch.master_addr, launch.master_port)
     run_rank(config, launch.rank, launch.local_rank,
              lambda: launch.connect_store(STARTUP_TIMEOUT_S), config.resolved_device().type)
+
+
+def _exit_without_teardown(code: int) -> NoReturn:
+    """Ends rank 0's process as ``run_rank`` ends the others': output flushed, then
+    ``os._exit``. The command has stopped the other ranks by then; interpreter teardown
+    would destroy process groups whose peers are gone, which can abort the process from
+    C++ ("terminate called without an active exception") after a successful run."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _parse_for_torchrun(launch: TorchrunRank,

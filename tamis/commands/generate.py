@@ -42,12 +42,12 @@ def run(args: argparse.Namespace) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
                                 seed=args.sampling_seed, stop=args.stop, ignore_eos=args.ignore_eos)
-        llm = LLM(**dataclasses.asdict(EngineConfig.from_cli_args(args)))
-        if args.chat:
-            conversations = [[{"role": "user", "content": p}] for p in args.prompts]
-            outputs = llm.chat(conversations, params, use_tqdm=False)
-        else:
-            outputs = llm.generate(args.prompts, params, use_tqdm=False)
+        with LLM(**dataclasses.asdict(EngineConfig.from_cli_args(args))) as llm:
+            if args.chat:
+                conversations = [[{"role": "user", "content": p}] for p in args.prompts]
+                outputs = llm.chat(conversations, params, use_tqdm=False)
+            else:
+                outputs = llm.generate(args.prompts, params, use_tqdm=False)
     except (ValueError, FileNotFoundError) as exc:
         print(f"tamis generate: {exc}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tp_helpers import TP_ATOL, close, greedy, make_engine, max_logprob_gap, run
+from tp_helpers import TP_ATOL, greedy, make_engine, max_logprob_gap, run
 
 PROMPTS = [list(range(300, 340)), list(range(1000, 1013)), [5, 17, 923, 40000, 12]]
 
@@ -14,7 +14,7 @@ def _outputs(path, tp: int, pp: int):
     try:
         return run(engine, PROMPTS, greedy(8)), engine.runner.model
     finally:
-        close(engine)
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("arch,tp", [("llama", 1), ("mistral", 1), ("qwen2", 1), ("qwen3", 1),

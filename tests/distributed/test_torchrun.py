@@ -16,7 +16,7 @@ from tamis.engine.config import EngineConfig
 from tamis.engine.distributed.node import main as node_main
 from tamis.engine.distributed.torchrun import TorchrunRank
 from live_server import _wait_loaded, free_port
-from tp_helpers import close, greedy, make_engine, run
+from tp_helpers import greedy, make_engine, run
 
 PROMPTS = ["The quick brown fox", "Once upon a time there was"]
 MAX_TOKENS = 8
@@ -46,7 +46,7 @@ def _torchrun(args: list[str], timeout_s: float = 120) -> subprocess.CompletedPr
 def _tp1_texts(model) -> list[str]:
     engine = make_engine(model, 1)
     want = [out.outputs[0].text for out in run(engine, PROMPTS, greedy(MAX_TOKENS, None))]
-    close(engine)
+    engine.shutdown()
     assert all(want)   # an empty text would make the comparisons vacuous
     return want
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tamis import SamplingParams, StructuredOutputsParams
-from tp_helpers import close, greedy, make_engine, run
+from tp_helpers import greedy, make_engine, run
 
 # One key/value head for two ranks: each rank keeps (a copy of) that head.
 ONE_KV_HEAD = dict(num_key_value_heads=1)
@@ -30,7 +30,7 @@ def engines(checkpoint):
     built = {size: make_engine(checkpoint, size) for size in (1, 2)}
     yield built
     for engine in built.values():
-        close(engine)
+        engine.shutdown()
 
 
 def test_one_kv_head_is_replicated_on_both_ranks(engines, checkpoint):
@@ -93,3 +93,21 @@ def test_pipelined_steps_broadcast_in_flight_ids(engines):
 def test_mixture_of_experts_is_refused(tiny_checkpoint):
     with pytest.raises(ValueError, match="mixture of experts"):
         make_engine(tiny_checkpoint("mixtral"), 2)
+
+
+def test_llm_shutdown_stops_the_ranks_and_aborts_what_is_unfinished(checkpoint):
+    from tamis import LLM
+
+    with LLM(str(checkpoint), dtype="float32", kv_cache_memory_bytes="32MiB",
+             max_model_len=256, tensor_parallel_size=2, device="cpu") as llm:
+        engine = llm.llm_engine
+        ranks = list(engine.runner.workers.processes.values())
+        assert ranks and all(rank.is_alive() for rank in ranks)
+        assert llm.generate([PROMPT], greedy(4), use_tqdm=False)[0].outputs[0].token_ids
+        engine.add_request("left", PROMPT, greedy(64))
+        engine.step()
+        used = engine.kv_cache.num_free_blocks
+    assert not engine.has_unfinished_requests()
+    assert engine.kv_cache.num_free_blocks > used   # the aborted request's blocks came back
+    assert all(not rank.is_alive() for rank in ranks)
+    llm.shutdown()   # idempotent

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tamis.engine.distributed.workers import RankFailedError
-from tp_helpers import close, greedy, make_engine
+from tp_helpers import greedy, make_engine
 
 # A hung rank fails its peers' collectives after this long (TAMIS_DISTRIBUTED_TIMEOUT_S).
 COLLECTIVE_TIMEOUT_S = 5
@@ -34,7 +34,7 @@ def engine(tiny_checkpoint, monkeypatch):
     for _ in range(3):   # mid-run: prompts computed, decoding
         built.step()
     yield built
-    close(built)
+    built.shutdown()
 
 
 @pytest.mark.parametrize("how", ["killed", "hung"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tp_helpers import close, greedy, make_engine, max_logprob_gap, run
+from tp_helpers import greedy, make_engine, max_logprob_gap, run
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
@@ -20,7 +20,7 @@ def _outputs(path, tp: int, pp: int):
         assert engine.async_scheduling   # in-flight ids: broadcast over NCCL
         return run(engine, PROMPTS, greedy(16))
     finally:
-        close(engine)
+        engine.shutdown()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tp_helpers import (HF_ATOL, TP_ATOL, close, greedy, make_engine, max_logprob_gap, run,
+from tp_helpers import (HF_ATOL, TP_ATOL, greedy, make_engine, max_logprob_gap, run,
                         transformers_greedy, transformers_prompt_logprobs)
 
 MAX_TOKENS = 8
@@ -23,7 +23,7 @@ def runs(request, tiny_checkpoint):
         try:
             outputs[size] = run(engine, PROMPTS, greedy(MAX_TOKENS))
         finally:
-            close(engine)
+            engine.shutdown()
     return path, outputs[1], outputs[2], engine.runner.model
 
 

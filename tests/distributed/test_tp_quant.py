@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tamis.quant.quantizer.pipeline import QuantizeOptions, quantize_checkpoint
-from tp_helpers import TP_ATOL, close, greedy, make_engine, max_logprob_gap, run
+from tp_helpers import TP_ATOL, greedy, make_engine, max_logprob_gap, run
 
 # K = 128 (o_proj) and 256 (down_proj): 64 and 128 rows per rank, whole groups of 32.
 SHAPES = dict(hidden_size=128, intermediate_size=256, head_dim=32)
@@ -40,7 +40,7 @@ def runs(request, source, tmp_path_factory):
         try:
             outputs[size] = run(engine, PROMPTS, greedy(8))
         finally:
-            close(engine)
+            engine.shutdown()
     return request.param, outputs[1], outputs[2], engine.runner.model
 
 

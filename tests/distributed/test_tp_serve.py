@@ -10,7 +10,7 @@ import sys
 import httpx
 
 from live_server import _wait_loaded, free_port
-from tp_helpers import close, greedy, make_engine, run
+from tp_helpers import greedy, make_engine, run
 
 PROMPT = "The quick brown fox"
 
@@ -19,7 +19,7 @@ def test_serve_with_two_ranks_answers_like_one(tiny_checkpoint, tmp_path):
     model = tiny_checkpoint("llama")
     engine = make_engine(model, 1)
     want = run(engine, [PROMPT], greedy(8, logprobs=None))[0].outputs[0].text
-    close(engine)
+    engine.shutdown()
     port, log_path = free_port(), tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "tamis.cli", "serve", "--model", str(model), "--port", str(port),
            "--api-key", "k", "--tensor-parallel-size", "2", "--max-model-len", "256",

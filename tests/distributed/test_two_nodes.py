@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from live_server import free_port
-from tp_helpers import close, greedy, make_engine, run
+from tp_helpers import greedy, make_engine, run
 
 PROMPTS = [list(range(300, 340)), list(range(1000, 1013))]
 
@@ -34,7 +34,7 @@ def test_a_rank_on_a_second_node_joins_the_engine(tiny_checkpoint, tmp_path):
             got = [out.outputs[0].token_ids for out in run(engine, PROMPTS, greedy(8, None))]
             assert engine.runner.workers.processes == {}   # rank 1 is node 1's
         finally:
-            close(engine)
+            engine.shutdown()
         code = node1.wait(timeout=60)
     finally:
         if node1.poll() is None:

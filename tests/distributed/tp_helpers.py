@@ -21,13 +21,6 @@ def make_engine(model, tensor_parallel_size: int, **engine_args) -> LLMEngine:
     return LLMEngine(**{**args, **engine_args})
 
 
-def close(engine: LLMEngine) -> None:
-    """Stops a tensor-parallel engine's other ranks (a one-rank engine has none)."""
-    shutdown = getattr(engine.runner, "shutdown", None)
-    if shutdown is not None:
-        shutdown()
-
-
 def greedy(max_tokens: int = 8, logprobs: int | None = 5, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                           logprobs=logprobs, prompt_logprobs=logprobs, **kw)
