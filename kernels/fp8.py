@@ -71,12 +71,14 @@ if triton is not None:
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = tl.maximum(tl.max(amax, axis=0) / FP8_MAX_C, MIN_SCALE)
+        # IEEE quotients (div_rn), as torch computes them: Triton's `/` is approximate on
+        # CUDA, and one ulp moves some quotients across an e4m3 rounding boundary.
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), FP8_MAX_C), MIN_SCALE)
         tl.store(s_ptr + row, scale)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_ptr + row * stride_x + offs, mask=offs < K, other=0.0)
-            q = tl.clamp(x.to(tl.float32) / scale, -FP8_MAX_C, FP8_MAX_C)
+            q = tl.clamp(tl.math.div_rn(x.to(tl.float32), scale), -FP8_MAX_C, FP8_MAX_C)
             tl.store(q_ptr + row * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
 
 

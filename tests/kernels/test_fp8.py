@@ -27,8 +27,10 @@ def test_per_token_ref_scales_each_row_to_the_fp8_max():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                     reason="Triton needs CUDA or TRITON_INTERPRET=1")
-@pytest.mark.parametrize("m,k", [(1, 16), (5, 100), (3, 300)])
+@pytest.mark.parametrize("m,k", [(1, 16), (5, 100), (3, 300), (33, 2048)])
 def test_per_token_triton_matches_reference(m, k):
+    """Codes equal element for element: at 33 x 2048 an approximate quotient flipped some
+    (Triton's fp32 `/` on CUDA), which W8A8 outputs then missed by up to 0.15."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(k)) * 5
     q_ref, s_ref = fp8.per_token_quant_fp8_ref(x)
@@ -37,11 +39,12 @@ def test_per_token_triton_matches_reference(m, k):
     compare = torch.ones_like(x, dtype=torch.bool)
     if device == "cpu":
         # The interpreter's fp32 -> e4m3 cast does not carry a mantissa round-up into the
-        # exponent (126.2 becomes 64, not 128); the GPU run compares every element.
+        # exponent (126.2 becomes 64, not 128) and truncates subnormals (below 2^-6); the
+        # GPU run compares every element.
         scaled = (x / s_ref).abs()
         carries = (2.0 ** torch.ceil(torch.log2(scaled)) - scaled) < 2.0 ** (
             torch.floor(torch.log2(scaled)) - 3)
-        compare = ~carries
+        compare = ~carries & (scaled >= 2.0 ** -6)
         assert compare.float().mean() > 0.8
     assert torch.equal(q.float().cpu()[compare], q_ref.float()[compare])
 
