@@ -22,6 +22,7 @@ from typing import Any
 
 from tamis.engine.request import Request, RequestStatus
 from tamis.engine.sampling_params import SamplingParams
+from tamis.engine.tokenizer import id_decoder
 
 _CONTEXT_TOKENS = 5   # prompt tokens kept as decoding context (vLLM's initial offset)
 _INCOMPLETE = "\ufffd"
@@ -31,6 +32,7 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
         self.tokenizer = tokenizer
         self.params = params
+        self._decode = id_decoder(tokenizer)
         self.output_text = ""
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0
@@ -63,10 +65,9 @@ class IncrementalDetokenizer:
 
     def _append(self, token_id: int) -> int:
         self._ids.append(token_id)
-        decode = lambda ids: self.tokenizer.decode(  # noqa: E731
-            ids, skip_special_tokens=self.params.skip_special_tokens)
-        prefix_text = decode(self._ids[self._prefix_offset:self._read_offset])
-        new_text = decode(self._ids[self._prefix_offset:])
+        skip = self.params.skip_special_tokens
+        prefix_text = self._decode(self._ids[self._prefix_offset:self._read_offset], skip)
+        new_text = self._decode(self._ids[self._prefix_offset:], skip)
         if len(new_text) <= len(prefix_text) or new_text.endswith(_INCOMPLETE):
             return 0   # an incomplete character (or nothing visible) so far
         delta = new_text[len(prefix_text):]

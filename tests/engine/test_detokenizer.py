@@ -102,3 +102,44 @@ def test_detokenize_false_produces_no_text(tokenizer):
     detok = IncrementalDetokenizer(tokenizer, [1], SamplingParams(detokenize=False))
     detok.update(tokenizer.encode("hello"), False)
     assert detok.output_text == ""
+
+
+def test_id_decoder_decodes_as_the_tokenizer_does(tokenizer):
+    """The Rust tokenizer directly for a plain fast tokenizer: the same text as
+    ``tokenizer.decode``, special tokens kept or skipped."""
+    import copy
+    import random
+
+    from tamis.engine.tokenizer import id_decoder
+
+    direct = copy.copy(tokenizer)
+    direct.decode = None   # the direct path never calls transformers' wrapper
+    decode = id_decoder(direct)
+    rng = random.Random(0)
+    special = sorted(tokenizer.all_special_ids)
+    windows = [tokenizer.encode(TEXT)[3:9]] + [
+        [rng.choice(special) if rng.random() < 0.2 else rng.randrange(len(tokenizer))
+         for _ in range(rng.randint(1, 7))] for _ in range(500)]
+    for ids in windows:
+        for skip in (False, True):
+            assert decode(ids, skip) == tokenizer.decode(ids, skip_special_tokens=skip)
+
+
+def test_id_decoder_keeps_a_tokenizer_s_own_decode(tokenizer):
+    """A class that overrides ``_decode`` (or cleans up spaces) is called as it is."""
+    import copy
+
+    from tamis.engine.tokenizer import id_decoder
+
+    class Shouting(type(tokenizer)):
+        def _decode(self, token_ids, skip_special_tokens=False, **kwargs):
+            return super()._decode(token_ids, skip_special_tokens, **kwargs).upper()
+
+    shouting = copy.copy(tokenizer)
+    shouting.__class__ = Shouting
+    assert id_decoder(shouting)(tokenizer.encode("ok"), False) == "OK"
+    cleaning = copy.copy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    calls = []
+    cleaning.decode = lambda ids, **kw: calls.append(ids) or "x"
+    assert id_decoder(cleaning)([1], False) == "x" and calls == [[1]]
