@@ -68,6 +68,7 @@ class LLMEngine:
         self._init_cache_and_scheduler()
         self.outputs = OutputProcessor()
         self._structured = None
+        self._shut_down = False
         row_workers = self.config.resolved_structured_outputs_workers(self.device)
         if self.tokenizer is not None and row_workers > 0:
             # Made now so its row worker processes start while the engine warms up, not
@@ -109,6 +110,8 @@ class LLMEngine:
         prompt, token id outside the vocabulary, parameter the model cannot honour,
         duplicate id); nothing is queued then."""
         request_id = str(request_id)
+        if self._shut_down:
+            raise RuntimeError("the engine was shut down (shutdown()): make a new one")
         if request_id in self.outputs:
             raise ValueError(f"request id {request_id!r} is already in use")
         if priority != 0 and self.config.scheduling_policy != "priority":
@@ -515,7 +518,9 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stops what the engine started beside this process: a tensor- or pipeline-
         parallel runner's other ranks and the structured-output row workers. Unfinished
-        requests are aborted (their blocks freed). Idempotent."""
+        requests are aborted (their blocks freed); ``add_request`` refuses any after it.
+        Idempotent."""
+        self._shut_down = True
         self.abort_request(list(self.outputs.groups))
         if self._structured is not None:
             self._structured.close()

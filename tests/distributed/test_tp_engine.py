@@ -111,3 +111,5 @@ def test_llm_shutdown_stops_the_ranks_and_aborts_what_is_unfinished(checkpoint):
     assert engine.kv_cache.num_free_blocks > used   # the aborted request's blocks came back
     assert all(not rank.is_alive() for rank in ranks)
     llm.shutdown()   # idempotent
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([PROMPT], greedy(4), use_tqdm=False)
