@@ -68,6 +68,12 @@ torch.set_num_threads(1)  # tiny shapes: a second thread only adds sync waits
 pytestmark = pytest.mark.network   # the libraries' venv is built from PyPI on first use
 
 ATOL = 1e-4
+# INT8 W8A8 rounds each token's activations to steps of amax / 127: an fp32 difference of
+# an ulp between two correct runs (tamis multiplies fused q/k/v and gate/up weights, the
+# reference separate ones) can move one activation across a rounding boundary, a whole
+# step. Once in a CI run (the library checkpoint is rebuilt each run): logits off by up to
+# 0.0056 where they are ~1e-6 otherwise (logits' std ~0.8); a wrong scale is off by far more.
+ATOL_INT8_ACTIVATIONS = 2e-2
 # kind -> (tamis's expert method, the reference run matching tamis's activations here)
 KINDS = {
     "moe-ct-w4a16": ("CompressedTensorsWNA16MoEMethod", "library"),
@@ -163,8 +169,9 @@ def test_library_moe_checkpoint_matches_compressed_tensors(arch, kind, library_c
     assert {type(m.quant_method).__name__ for m in _moe_blocks(model)} == {method}
     for name, weight in dense.items():
         assert torch.equal(_tamis_linear_weight(model, name), weight), name
+    atol = ATOL_INT8_ACTIVATIONS if run == "int8_per_token" else ATOL
     for prompt, expected in zip(MOE_PROMPTS, reference[run]["logits"]):
-        torch.testing.assert_close(_tamis_logits(model, prompt), expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(_tamis_logits(model, prompt), expected, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("arch,kind", CASES)
