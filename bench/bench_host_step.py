@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from call_timing import time_calls  # noqa: E402
 from tiny_models import make_tiny_checkpoint  # noqa: E402
 
 from tamis import SamplingParams  # noqa: E402
@@ -31,19 +32,6 @@ from tamis.engine.sampling_params import RequestOutputKind  # noqa: E402
 
 PROMPT_LEN = 128
 WARMUP_STEPS = 10
-
-
-def timed(owner, name: str, times: list[float]) -> None:
-    """Wraps ``owner.name`` so that every call appends its wall seconds to ``times``."""
-    inner = getattr(owner, name)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            times.append(time.perf_counter() - start)
-    setattr(owner, name, wrapper)
 
 
 def run(model: Path, batch: int, steps: int) -> dict[str, float]:
@@ -56,8 +44,8 @@ def run(model: Path, batch: int, steps: int) -> dict[str, float]:
     while engine.scheduler.waiting:   # prefill first: only decode steps are timed
         engine.step()
     times = {"schedule": [], "finish": []}
-    timed(engine.scheduler, "schedule", times["schedule"])
-    timed(engine, "_finish_step", times["finish"])
+    time_calls(engine.scheduler, "schedule", times["schedule"].append)
+    time_calls(engine, "_finish_step", times["finish"].append)
     batches = []
     execute = engine.runner.execute_model
     engine.runner.execute_model = lambda b, *a, **k: (batches.append(b), execute(b, *a, **k))[1]

@@ -50,7 +50,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "constrain"))
+from call_timing import time_calls  # noqa: E402
 from conformance import CONFORMANCE, compact, in_schema_order, maskbench_sample, smollm2  # noqa: E402
 
 from tamis.constrain import ConstraintError, StructuredOutputsParams  # noqa: E402
@@ -251,16 +253,10 @@ class HostTimers:
         self.calls = Counter()
 
     def wrap(self, owner, attr: str, label: str) -> None:
-        inner = getattr(owner, attr)
-
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                self.seconds[label] += time.perf_counter() - start
-                self.calls[label] += 1
-        setattr(owner, attr, timed)
+        def add(seconds: float) -> None:
+            self.seconds[label] += seconds
+            self.calls[label] += 1
+        time_calls(owner, attr, add)
 
     def reset(self) -> None:
         self.seconds.clear()

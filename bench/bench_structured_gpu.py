@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llama8b import make_prompts, write_llama8b_config  # noqa: E402
 from subprocess_runs import run_each  # noqa: E402
 from bench_structured import THROUGHPUT_SCHEMA  # noqa: E402
+from call_timing import time_calls  # noqa: E402
 
 VOCAB = 49152
 
@@ -142,16 +143,10 @@ class HostProfile:
         self._wrap(engine, "step", "step")
 
     def _wrap(self, obj, method, label):
-        inner = getattr(obj, method)
-
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a, **k)
-            finally:
-                self.totals[label] = self.totals.get(label, 0.0) + time.perf_counter() - t0
-                self.steps += label == "step"
-        setattr(obj, method, timed)
+        def add(seconds: float) -> None:
+            self.totals[label] = self.totals.get(label, 0.0) + seconds
+            self.steps += label == "step"
+        time_calls(obj, method, add)
 
     def summary(self, seconds: float) -> dict:
         steps = max(self.steps, 1)
