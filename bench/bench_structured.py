@@ -28,7 +28,7 @@
   median of ``--repeats`` alternating passes. Jump-forward lets the constrained side append
   forced tokens without sampling them (fewer engine steps); ``--no-jump-forward`` turns it off
   so both sides run the same steps, and "s per engine step" compares the steps themselves.
-  Every pass reports where the time went (forward, bitmask fill, EOS clearing, bitmask
+  Every pass reports where the time went (forward, bitmask fill with the EOS policy, bitmask
   apply, accept, jump-forward).
 - with ``--engine-masks``: the mask fill time on the engine's step path during real
   constrained generation (``structured_engine_masks.py``: batch 32, each request its own
@@ -271,7 +271,6 @@ def _instrument(llm, jump_forward: bool) -> HostTimers:
     if not jump_forward:        # every token sampled: both sides run the same number of steps
         manager.jump_forward_tokens = lambda request: []
     timers.wrap(manager, "fill_bitmask", "bitmask fill")
-    timers.wrap(engine, "_forbid_early_eos", "EOS clearing")
     timers.wrap(manager, "accept_token", "accept")
     timers.wrap(manager, "jump_forward_tokens", "jump-forward")
     timers.wrap(sampler_module, "apply_bitmask", "bitmask apply")
